@@ -1,0 +1,181 @@
+"""The pipekit operator contracts: `Operator`, `StatefulOperator`, `ModelOp`.
+
+A model operator wraps a backend model (an `eqx.Module`, a `torch.nn.Module`, a
+`keras.Model`) built by an importable factory from JSON keyword arguments, so it can
+be rebuilt anywhere from its config alone. Weights travel separately as bytes in the
+backend's own safe format; nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import numpy as np
+
+from ._errors import ConfigError
+from ._imports import import_string, object_path
+
+if TYPE_CHECKING:
+    from ._adapter import Adapter
+
+__all__ = [
+    "ModelOp",
+    "ModelOpBase",
+    "Operator",
+    "StatefulOperator",
+    "model_op_from_config",
+]
+
+
+class Operator(Protocol):
+    """Something that maps inputs to outputs on numpy arrays and has a JSON config."""
+
+    def __call__(self, inputs: Any) -> Any:
+        """Apply the operator."""
+        ...
+
+    def get_config(self) -> dict[str, Any]:
+        """Return a JSON-serialisable config from which `from_config` rebuilds the operator."""
+        ...
+
+
+class StatefulOperator(Protocol):
+    """An operator whose state advances when it runs (`TrainingLoop`, `Cycle`, sweeps)."""
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """Advance the state and return the result."""
+        ...
+
+
+class ModelOp(Operator, Protocol):
+    """A trained-model operator: config, deterministic weight bytes, rebuild with weights."""
+
+    backend: str
+
+    def serialize_weights(self) -> bytes:
+        """Return the weights as bytes (same weights give the same bytes)."""
+        ...
+
+    def with_weights(self, blob: bytes) -> ModelOp:
+        """Return a new operator with the same config and the weights in `blob`."""
+        ...
+
+
+def _check_json(kwargs: Mapping[str, Any], *, owner: str) -> dict[str, Any]:
+    try:
+        text = json.dumps(dict(kwargs), sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"`{owner}` keyword arguments must be JSON-serialisable (numbers, strings, lists, "
+            f"dicts) so the model can be rebuilt from its config. Received: kwargs={dict(kwargs)!r} "
+            f"({exc})."
+        ) from exc
+    return json.loads(text)
+
+
+class ModelOpBase:
+    """Shared machinery of the backend model operators.
+
+    Subclasses set `backend`, implement `_build(factory, kwargs, seed)` (returning the
+    backend model), `__call__`, `serialize_weights`, `_load_weights(blob)` and
+    `default_adapter()`.
+
+    Args:
+        factory: an importable callable or its `"module:function"` string.
+        seed: the seed the model is built under.
+        **kwargs: JSON keyword arguments forwarded to the factory.
+    """
+
+    backend: ClassVar[str] = "abstract"
+
+    def __init__(self, factory: str | Callable[..., Any], *, seed: int = 0, **kwargs: Any):
+        if callable(factory) and not isinstance(factory, str):
+            factory_path = object_path(factory)
+            factory_fn = factory
+        else:
+            factory_path = factory  # type: ignore[assignment]
+            factory_fn = import_string(factory_path, field="factory")
+            if not callable(factory_fn):
+                raise ConfigError(
+                    f"`factory` must name a callable. Received: factory={factory_path!r}, "
+                    f"which is a {type(factory_fn).__name__}."
+                )
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ConfigError(f"`seed` must be an int. Received: seed={seed!r}.")
+        self.factory: str = factory_path
+        self.seed: int = int(seed)
+        self.kwargs: dict[str, Any] = _check_json(kwargs, owner=type(self).__name__)
+        self._factory_fn = factory_fn
+        self.model: Any = self._build(factory_fn, self.kwargs, self.seed)
+
+    # -- to be provided by each backend ------------------------------------------------
+    def _build(self, factory: Callable[..., Any], kwargs: dict[str, Any], seed: int) -> Any:
+        raise NotImplementedError
+
+    def _load_weights(self, blob: bytes) -> None:
+        raise NotImplementedError
+
+    def serialize_weights(self) -> bytes:
+        """Return the weights as deterministic bytes in the backend's safe format."""
+        raise NotImplementedError
+
+    def __call__(self, inputs: Any) -> np.ndarray:
+        """Run batched inference on a numpy array and return a numpy array."""
+        raise NotImplementedError
+
+    def default_adapter(self) -> Adapter:
+        """The adapter `TrainingLoop` uses for this operator when none is given."""
+        raise NotImplementedError
+
+    # -- shared ------------------------------------------------------------------------
+    def get_config(self) -> dict[str, Any]:
+        """Return `{"type", "factory", "kwargs", "seed", "backend"}` (JSON)."""
+        return {
+            "type": object_path(type(self)),
+            "backend": self.backend,
+            "factory": self.factory,
+            "kwargs": dict(self.kwargs),
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> ModelOpBase:
+        """Rebuild an operator (with freshly initialised weights) from `get_config()`."""
+        return cls(config["factory"], seed=config.get("seed", 0), **config.get("kwargs", {}))
+
+    def with_weights(self, blob: bytes) -> ModelOpBase:
+        """Return a new operator with this config and the weights in `blob`."""
+        new = type(self).from_config(self.get_config())
+        new._load_weights(blob)
+        return new
+
+    def with_model(self, model: Any) -> ModelOpBase:
+        """Return a shallow copy of this operator holding `model` (used by adapters)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.model = model
+        return new
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.factory!r}, seed={self.seed}, **{self.kwargs!r})"
+
+
+def model_op_from_config(config: Mapping[str, Any]) -> Any:
+    """Rebuild a model operator from its config by importing `config["type"]`.
+
+    Only classes that define `from_config` are accepted; nothing is unpickled.
+    """
+    if "type" not in config:
+        raise ConfigError(
+            "A model config needs a `type` ('module:Class'). "
+            f"Received: config keys={sorted(config)}."
+        )
+    cls = import_string(config["type"], field="type")
+    if not hasattr(cls, "from_config"):
+        raise ConfigError(
+            f"`type` must name a model operator class with `from_config`. "
+            f"Received: type={config['type']!r}."
+        )
+    return cls.from_config(config)
