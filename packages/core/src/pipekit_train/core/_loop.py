@@ -1,0 +1,348 @@
+"""`TrainingLoop`: validate a training description up front, freeze it, run it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._artifact import TrainingArtifact
+from ._checkpoint import Checkpoint
+from ._checkpointing import has_checkpoints
+from ._errors import ConfigError
+from ._plan import Plan, is_core_dataset, steps_per_epoch
+from ._runtime import HOOKS
+
+__all__ = ["TrainingLoop", "resolve_optimizer_config"]
+
+_DEFAULT_OPTIMIZER = {"name": "adam", "learning_rate": 1e-3}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if not _is_int(value) or value < 1:
+        fix = " or None" if allow_none else ""
+        raise ConfigError(f"`{name}` must be a positive int{fix}. Received: {name}={value!r}.")
+    return int(value)
+
+
+def resolve_optimizer_config(config: Any) -> Any:
+    """Normalise a dict optimizer config: `lr` → `learning_rate`, checked values.
+
+    Non-dict values (a backend-native optimizer object) are returned unchanged for the
+    adapter to validate.
+    """
+    if config is None:
+        return dict(_DEFAULT_OPTIMIZER)
+    if not isinstance(config, Mapping):
+        return config
+    out = dict(config)
+    if "lr" in out:
+        lr = out.pop("lr")
+        if "learning_rate" in out and out["learning_rate"] != lr:
+            raise ConfigError(
+                "`optimizer_config` has both `lr` and `learning_rate` with different values. "
+                f"Received: lr={lr!r}, learning_rate={out['learning_rate']!r}. Pass only one."
+            )
+        out["learning_rate"] = lr
+    name = out.get("name", "adam")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(
+            f"`optimizer_config['name']` must be an optimizer name such as 'adam'. Received: name={name!r}."
+        )
+    out["name"] = name.lower()
+    lr = out.setdefault("learning_rate", _DEFAULT_OPTIMIZER["learning_rate"])
+    if isinstance(lr, Mapping):
+        if "schedule" not in lr and "name" not in lr:
+            raise ConfigError(
+                "A learning-rate schedule must be a dict with `schedule` (e.g. 'cosine'). "
+                f"Received: learning_rate={lr!r}."
+            )
+    elif isinstance(lr, bool) or not isinstance(lr, (int, float)) or not np.isfinite(lr) or lr <= 0:
+        raise ConfigError(
+            "`optimizer_config['learning_rate']` (or `lr`) must be a positive finite number or "
+            f"a schedule dict. Received: learning_rate={lr!r}."
+        )
+    clip = out.get("clip_norm", out.get("gradient_clip_norm"))
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip <= 0):
+        raise ConfigError(f"`optimizer_config['clip_norm']` must be a positive number. Received: clip_norm={clip!r}.")
+    return out
+
+
+def _resolve_loss(loss: Any) -> Callable[..., Any]:
+    from . import losses
+
+    if isinstance(loss, str) or callable(loss):
+        return losses.get(loss)
+    raise ConfigError(
+        f"`loss` must be a loss name (e.g. 'mse') or a callable `loss(pred, target)`. Received: loss={loss!r}."
+    )
+
+
+def _resolve_metrics(metrics: Any) -> dict[str, Callable[..., Any]]:
+    from . import metrics as metric_lib
+
+    if metrics is None:
+        return {}
+    if isinstance(metrics, str) or callable(metrics):
+        metrics = [metrics]
+    if isinstance(metrics, Mapping):
+        return {str(k): metric_lib.get(v) for k, v in metrics.items()}
+    if not isinstance(metrics, Sequence):
+        raise ConfigError(
+            f"`metrics` must be a list of metric names or callables. Received: metrics={metrics!r}."
+        )
+    out: dict[str, Callable[..., Any]] = {}
+    for m in metrics:
+        fn = metric_lib.get(m)
+        out[m if isinstance(m, str) else getattr(fn, "__name__", repr(fn))] = fn
+    return out
+
+
+def _check_dataset(name: str, data: Any, batch_size: int, drop_remainder: bool, adapter: Any) -> None:
+    if data is None:
+        if name == "data":
+            raise ConfigError("`data` is required. Received: data=None.")
+        return
+    if not is_core_dataset(data):
+        accepts = getattr(adapter, "accepts_data", None)
+        if callable(accepts) and accepts(data):
+            return
+        raise ConfigError(
+            f"`{name}` must be a pipekit dataset (ArrayDataset, SimulationDataset, CachedDataset, "
+            f"IterableDataset, a split) or a loader the backend accepts. Received: {name}={type(data).__name__}."
+        )
+    if not hasattr(data, "__len__"):
+        return  # a stream
+    n = len(data)
+    if n == 0:
+        raise ConfigError(f"`{name}` is empty. Received: len({name})=0.")
+    if name == "data" and drop_remainder and batch_size > n:
+        raise ConfigError(
+            f"`batch_size` must not exceed the number of training samples. Received: batch_size="
+            f"{batch_size}, but the dataset has {n} samples. Use batch_size <= {n} or drop_remainder=False."
+        )
+    sample = data[0]
+    if not isinstance(sample, Mapping) or "x" not in sample or "y" not in sample:
+        keys = sorted(sample) if isinstance(sample, Mapping) else type(sample).__name__
+        raise ConfigError(
+            f"`{name}` samples must be dicts with an input under 'x' and a target under 'y'. "
+            f"Received: keys={keys}. Rename the arrays, e.g. ArrayDataset(x=..., y=...)."
+        )
+
+
+def _check_callbacks(callbacks: Any) -> tuple[Any, ...]:
+    if callbacks is None:
+        return ()
+    if not isinstance(callbacks, Sequence) or isinstance(callbacks, str):
+        raise ConfigError(f"`callbacks` must be a list. Received: callbacks={callbacks!r}.")
+    for cb in callbacks:
+        if not any(callable(getattr(cb, hook, None)) for hook in HOOKS):
+            raise ConfigError(
+                f"Each callback must implement at least one of {list(HOOKS)}. Received: {cb!r}."
+            )
+    return tuple(callbacks)
+
+
+def _check_writers(writers: Any) -> tuple[Any, ...]:
+    if writers is None:
+        return ()
+    if not isinstance(writers, Sequence) or isinstance(writers, str):
+        raise ConfigError(f"`writers` must be a list of metric writers. Received: writers={writers!r}.")
+    for w in writers:
+        if not callable(getattr(w, "write", None)):
+            raise ConfigError(
+                f"Each writer must have `write(step, metrics)`. Received: {w!r}. "
+                "Use a MetricWriter such as JsonlWriter('metrics.jsonl')."
+            )
+    return tuple(writers)
+
+
+class TrainingLoop:
+    """One training description that runs on any backend.
+
+    Everything is validated at construction (nothing touches disk until `run()`), then
+    frozen into a `Plan`. The adapter defaults to the model operator's own
+    (`EquinoxModelOp` → `Equinox()`, `LightningModelOp` → `Lightning()`, ...).
+
+    Args:
+        model: a model operator (`EquinoxModelOp`, `LightningModelOp`, `KerasModelOp`)
+            or a backend-native model the chosen adapter accepts.
+        data: the training dataset (samples `{"x": ..., "y": ...}`) or a native loader.
+        validation: an optional validation dataset.
+        loss: a loss name (`"mse"`), a `Loss`, or a callable `loss(pred, target)`.
+        metrics: validation metric names or callables.
+        optimizer_config: `{"name": "adam", "lr": 1e-3, ...}` (`lr` and `learning_rate`
+            both accepted; schedules as `{"schedule": "cosine", ...}`), or a
+            backend-native optimizer.
+        batch_size: samples per optimizer step.
+        max_steps: stop after this many optimizer steps.
+        max_epochs: stop after this many passes over the data (sized datasets).
+        callbacks: objects implementing any of the `Callback` hooks.
+        writers: metric writers.
+        checkpoint: a `Checkpoint` policy (or a directory path for the defaults).
+        seed: the seed of the data order and of the backend's RNG streams.
+        adapter: the backend adapter; inferred from `model` when None.
+        sharding: a backend-specific sharding spec (e.g. Equinox `ShardingSpec`).
+        validate_every_n_steps: validation schedule (default: every epoch and at the end).
+        log_every_n_steps: metrics are fetched from the device and written in groups of
+            this many steps.
+        shuffle: shuffle the training data each epoch.
+        drop_remainder: drop the last partial batch of each epoch.
+        sweep_id: set by sweeps; recorded on the artifact.
+        normalizer: a `Normalizer` that travels with the trained model to the registry.
+        progress: show a progress bar (default: only on a TTY).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        data: Any,
+        validation: Any = None,
+        *,
+        loss: Any = "mse",
+        metrics: Any = None,
+        optimizer_config: Any = None,
+        batch_size: int = 32,
+        max_steps: int | None = None,
+        max_epochs: int | None = None,
+        callbacks: Sequence[Any] | None = None,
+        writers: Sequence[Any] | None = None,
+        checkpoint: Checkpoint | str | os.PathLike[str] | None = None,
+        seed: int = 0,
+        adapter: Any = None,
+        sharding: Any = None,
+        validate_every_n_steps: int | None = None,
+        log_every_n_steps: int = 50,
+        shuffle: bool = True,
+        drop_remainder: bool = True,
+        sweep_id: str | None = None,
+        normalizer: Any = None,
+        progress: bool | None = None,
+    ):
+        batch_size = _positive_int("batch_size", batch_size)  # type: ignore[assignment]
+        max_steps = _positive_int("max_steps", max_steps, allow_none=True)
+        max_epochs = _positive_int("max_epochs", max_epochs, allow_none=True)
+        if max_steps is None and max_epochs is None:
+            raise ConfigError(
+                "Set `max_steps` or `max_epochs` so the run knows when to stop. "
+                "Received: max_steps=None, max_epochs=None."
+            )
+        validate_every_n_steps = _positive_int("validate_every_n_steps", validate_every_n_steps, allow_none=True)
+        log_every_n_steps = _positive_int("log_every_n_steps", log_every_n_steps)  # type: ignore[assignment]
+        if not _is_int(seed) or seed < 0:
+            raise ConfigError(f"`seed` must be a non-negative int. Received: seed={seed!r}.")
+        for flag, value in (("shuffle", shuffle), ("drop_remainder", drop_remainder)):
+            if not isinstance(value, bool):
+                raise ConfigError(f"`{flag}` must be True or False. Received: {flag}={value!r}.")
+        if sweep_id is not None and not isinstance(sweep_id, str):
+            raise ConfigError(f"`sweep_id` must be a string. Received: sweep_id={sweep_id!r}.")
+        if adapter is None:
+            default = getattr(model, "default_adapter", None)
+            if not callable(default):
+                raise ConfigError(
+                    "`model` must be a model operator (EquinoxModelOp, LightningModelOp, KerasModelOp) "
+                    f"or `adapter=` must be given. Received: model={type(model).__name__}, adapter=None."
+                )
+            adapter = default()
+        elif not callable(getattr(adapter, "run", None)):
+            raise ConfigError(
+                f"`adapter` must be a backend adapter such as Equinox(). Received: adapter={adapter!r}."
+            )
+        if isinstance(checkpoint, (str, os.PathLike)):
+            checkpoint = Checkpoint(checkpoint)
+        if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+            raise ConfigError(
+                f"`checkpoint` must be a Checkpoint policy or a directory. Received: checkpoint={checkpoint!r}."
+            )
+        if checkpoint is not None and checkpoint.resume == "never" and has_checkpoints(checkpoint.path):
+            raise ConfigError(
+                f"`Checkpoint.resume='never'` but {checkpoint.path} already holds checkpoints. "
+                "Use resume='auto' to continue from them, or an empty directory."
+            )
+        _check_dataset("data", data, batch_size, drop_remainder, adapter)
+        _check_dataset("validation", validation, batch_size, False, adapter)
+        loss_fn = _resolve_loss(loss)
+        metric_fns = _resolve_metrics(metrics)
+        if metric_fns and validation is None:
+            raise ConfigError(
+                f"`metrics` are computed on validation data, but `validation` is None. "
+                f"Received: metrics={list(metric_fns)}. Pass validation=... or drop the metrics."
+            )
+        callbacks = _check_callbacks(callbacks)
+        writers = _check_writers(writers)
+        for cb in callbacks:
+            monitor = getattr(cb, "monitor", None)
+            if isinstance(monitor, str) and monitor.startswith("val_") and validation is None:
+                raise ConfigError(
+                    f"`{type(cb).__name__}` monitors {monitor!r}, which needs validation data. "
+                    "Received: validation=None. Pass validation=... or monitor 'loss'."
+                )
+        if checkpoint is not None and checkpoint.keep_best and checkpoint.monitor.startswith("val_") and validation is None:
+            raise ConfigError(
+                f"`Checkpoint.keep_best` ranks by {checkpoint.monitor!r}, which needs validation data. "
+                "Received: validation=None."
+            )
+        spe = steps_per_epoch(data, batch_size, drop_remainder)
+        total = max_steps
+        if max_epochs is not None:
+            if spe is None:
+                if max_steps is None:
+                    raise ConfigError(
+                        "`max_epochs` needs a dataset with a length; this data is a stream. "
+                        f"Received: max_epochs={max_epochs}. Use max_steps instead."
+                    )
+            else:
+                total = max_epochs * spe if total is None else min(total, max_epochs * spe)
+        self.plan = Plan(
+            model=model,
+            data=data,
+            validation=validation,
+            loss=loss_fn,
+            metrics=metric_fns,
+            optimizer_config=resolve_optimizer_config(optimizer_config),
+            batch_size=batch_size,
+            max_steps=max_steps,
+            max_epochs=max_epochs,
+            total_steps=total,
+            steps_per_epoch=spe,
+            callbacks=callbacks,
+            writers=writers,
+            checkpoint=checkpoint,
+            seed=int(seed),
+            adapter=adapter,
+            sharding=sharding,
+            validate_every_n_steps=validate_every_n_steps,
+            log_every_n_steps=log_every_n_steps,
+            shuffle=shuffle,
+            drop_remainder=drop_remainder,
+            sweep_id=sweep_id,
+            normalizer=normalizer,
+            progress=progress,
+        )
+        validate = getattr(adapter, "validate", None)
+        if callable(validate):
+            validate(self.plan)
+
+    @property
+    def adapter(self) -> Any:
+        """The adapter that will run the plan."""
+        return self.plan.adapter
+
+    def get_config(self) -> dict[str, Any]:
+        """The frozen JSON plan."""
+        return self.plan.to_json()
+
+    def run(self) -> TrainingArtifact:
+        """Train (resuming from the latest complete checkpoint if any) and return the artifact."""
+        return self.plan.adapter.run(self.plan)
+
+    def __repr__(self) -> str:
+        return f"TrainingLoop(backend={self.plan.backend!r}, total_steps={self.plan.total_steps})"

@@ -1,0 +1,155 @@
+"""`Plan`: the frozen, validated description of one training run."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._checkpoint import Checkpoint
+
+__all__ = ["Plan", "describe_callable", "is_core_dataset", "steps_per_epoch"]
+
+
+def describe_callable(fn: Any) -> Any:
+    """A JSON description of a loss, metric or callable."""
+    describe = getattr(fn, "describe", None)
+    if callable(describe):
+        return describe()
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if module and qualname and "<" not in qualname:
+        return f"{module}:{qualname}"
+    return repr(fn)
+
+
+def is_core_dataset(data: Any) -> bool:
+    """Whether `data` is a core indexable dataset (len + getitem) or a core stream."""
+    if _is_stream(data):
+        return True
+    return hasattr(data, "__len__") and hasattr(data, "__getitem__") and hasattr(data, "get_batch")
+
+
+def _is_stream(data: Any) -> bool:
+    return type(data).__name__ == "IterableDataset" and type(data).__module__.startswith(
+        "pipekit_train.core"
+    )
+
+
+def steps_per_epoch(data: Any, batch_size: int, drop_remainder: bool) -> int | None:
+    """Optimizer steps in one epoch of a sized dataset (None for streams / native loaders)."""
+    if not is_core_dataset(data) or _is_stream(data):
+        return None
+    n = len(data)
+    return n // batch_size if drop_remainder else math.ceil(n / batch_size)
+
+
+def _describe_data(data: Any) -> dict[str, Any]:
+    if data is None:
+        return {}
+    info: dict[str, Any] = {"type": type(data).__name__}
+    if is_core_dataset(data) and not _is_stream(data):
+        info["length"] = len(data)
+    fingerprint = getattr(data, "fingerprint", None)
+    if callable(fingerprint):
+        try:
+            info["fingerprint"] = fingerprint()
+        except Exception:  # a fingerprint is informative only
+            pass
+    return info
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything `TrainingLoop` validated, frozen for the adapter.
+
+    Holds the live objects the adapter needs (model operator, datasets, callbacks,
+    writers) and serialises to JSON with `to_json()` for artifacts, registries and
+    checkpoints.
+    """
+
+    model: Any
+    data: Any
+    validation: Any
+    loss: Callable[..., Any]
+    metrics: dict[str, Callable[..., Any]]
+    optimizer_config: Any
+    batch_size: int
+    max_steps: int | None
+    max_epochs: int | None
+    total_steps: int | None
+    steps_per_epoch: int | None
+    callbacks: tuple[Any, ...]
+    writers: tuple[Any, ...]
+    checkpoint: Checkpoint | None
+    seed: int
+    adapter: Any
+    sharding: Any = None
+    validate_every_n_steps: int | None = None
+    log_every_n_steps: int = 50
+    shuffle: bool = True
+    drop_remainder: bool = True
+    sweep_id: str | None = None
+    normalizer: Any = None
+    progress: bool | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def backend(self) -> str:
+        """The adapter's backend name."""
+        return str(getattr(self.adapter, "name", type(self.adapter).__name__))
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form of the plan (live objects described, not stored)."""
+        model_config = self.model.get_config() if hasattr(self.model, "get_config") else {
+            "type": type(self.model).__name__
+        }
+        optimizer = (
+            dict(self.optimizer_config)
+            if isinstance(self.optimizer_config, dict)
+            else {"object": type(self.optimizer_config).__name__}
+        )
+        adapter_config = self.adapter.get_config() if hasattr(self.adapter, "get_config") else {}
+        plan = {
+            "backend": self.backend,
+            "adapter": adapter_config,
+            "model": model_config,
+            "data": _describe_data(self.data),
+            "validation": _describe_data(self.validation),
+            "loss": describe_callable(self.loss),
+            "metrics": {k: describe_callable(v) for k, v in self.metrics.items()},
+            "optimizer": optimizer,
+            "batch_size": self.batch_size,
+            "max_steps": self.max_steps,
+            "max_epochs": self.max_epochs,
+            "total_steps": self.total_steps,
+            "steps_per_epoch": self.steps_per_epoch,
+            "callbacks": [type(cb).__name__ for cb in self.callbacks],
+            "writers": [type(w).__name__ for w in self.writers],
+            "checkpoint": None
+            if self.checkpoint is None
+            else {
+                "directory": str(self.checkpoint.path),
+                "every_n_steps": self.checkpoint.every_n_steps,
+                "max_to_keep": self.checkpoint.max_to_keep,
+                "keep_best": self.checkpoint.keep_best,
+                "monitor": self.checkpoint.monitor,
+                "mode": self.checkpoint.mode,
+                "async_save": self.checkpoint.async_save,
+                "resume": self.checkpoint.resume,
+            },
+            "seed": self.seed,
+            "sharding": None if self.sharding is None else repr(self.sharding),
+            "validate_every_n_steps": self.validate_every_n_steps,
+            "shuffle": self.shuffle,
+            "drop_remainder": self.drop_remainder,
+            "sweep_id": self.sweep_id,
+        }
+        return json.loads(json.dumps(plan, default=repr))
+
+    def resume_key(self) -> dict[str, Any]:
+        """The plan fields that must match for a checkpoint to be resumed."""
+        plan = self.to_json()
+        return {k: plan[k] for k in ("backend", "model", "loss", "optimizer", "batch_size", "seed", "shuffle")}

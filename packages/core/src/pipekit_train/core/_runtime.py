@@ -1,0 +1,526 @@
+"""`RunContext`: the machinery every adapter shares.
+
+An adapter reports what happened (`record_step`, `record_steps`, `record_validation`,
+`record_checkpoint`) and asks what is due (`due_validation`, `due_checkpoint`, `done`);
+the context dispatches callbacks, routes metrics to writers in groups (device values are
+fetched to the host only when a callback reads them or a group is flushed), keeps the
+history, tracks the best monitored metric, and assembles the `TrainingArtifact`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._artifact import TrainingArtifact
+from ._history import History
+from ._plan import Plan
+
+__all__ = ["RunContext", "RunState", "default_fetch"]
+
+HOOKS = ("on_train_start", "on_step_end", "on_validation_end", "on_checkpoint", "on_train_end")
+
+
+def default_fetch(values: Sequence[Any]) -> list[np.ndarray]:
+    """Bring device values to the host as numpy arrays (one call per group)."""
+    return [np.asarray(v) for v in values]
+
+
+class RunState:
+    """The read-only view of a run that callbacks receive."""
+
+    def __init__(self, ctx: RunContext):
+        self._ctx = ctx
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed."""
+        return self._ctx.step
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch (0-based)."""
+        return self._ctx.epoch
+
+    @property
+    def max_steps(self) -> int | None:
+        """Total steps of the run, when known."""
+        return self._ctx.plan.total_steps
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The latest metrics as host floats (fetches pending device values)."""
+        return self._ctx.latest_metrics()
+
+    @property
+    def learning_rate(self) -> float | None:
+        """The current learning rate, if the backend reports one."""
+        return self._ctx.learning_rate()
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether a callback asked to stop."""
+        return self._ctx.stop_reason is not None
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why a callback asked to stop."""
+        return self._ctx.stop_reason
+
+    @property
+    def is_tty(self) -> bool:
+        """Whether stderr is a terminal (progress bars default to on there)."""
+        return bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+    @property
+    def backend(self) -> str:
+        """The backend name."""
+        return self._ctx.backend
+
+    @property
+    def plan(self) -> dict[str, Any]:
+        """The JSON plan."""
+        return self._ctx.plan_json
+
+    def log(self, metrics: Mapping[str, float]) -> None:
+        """Send extra metrics to the writers at the current step."""
+        self._ctx.log(metrics)
+
+    def request_stop(self, reason: str) -> None:
+        """Stop training after the current step."""
+        self._ctx.request_stop(reason)
+
+
+class _PendingGroup:
+    """`count` consecutive steps whose metrics are still device values."""
+
+    __slots__ = ("first_step", "count", "raw", "stacked", "rows")
+
+    def __init__(self, first_step: int, count: int, raw: Mapping[str, Any], stacked: bool):
+        self.first_step = first_step
+        self.count = count
+        self.raw = dict(raw)
+        self.stacked = stacked
+        self.rows: list[dict[str, float]] | None = None
+
+    def to_rows(self, arrays: Mapping[str, np.ndarray]) -> list[dict[str, float]]:
+        """Per-step host rows from the fetched arrays."""
+        return [
+            {
+                name: float(arr[offset] if self.stacked else arr.reshape(()))
+                for name, arr in arrays.items()
+            }
+            for offset in range(self.count)
+        ]
+
+
+class RunContext:
+    """Shared run machinery for adapters (see the module docstring).
+
+    Args:
+        plan: the frozen plan.
+        fetch: turns a list of device values into numpy arrays in one go (e.g.
+            `jax.device_get`); default `np.asarray` on each.
+        learning_rate: `() -> float | None`, evaluated only when a callback asks.
+        is_chief: only the chief process writes metrics and dispatches callbacks that
+            write files (multi-process runs); every process follows stop requests.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        fetch: Callable[[Sequence[Any]], Sequence[Any]] | None = None,
+        learning_rate: Callable[[], float | None] | None = None,
+        is_chief: bool = True,
+    ):
+        self.plan = plan
+        self.plan_json = plan.to_json()
+        self.backend = plan.backend
+        self.step = 0
+        self.epoch = 0
+        self.stop_reason: str | None = None
+        self.resumed_from_step: int | None = None
+        self.history = History()
+        self.best_metric: float | None = None
+        self.best_step: int | None = None
+        self.monitor = plan.checkpoint.monitor if plan.checkpoint else "val_loss"
+        self.mode = plan.checkpoint.mode if plan.checkpoint else "min"
+        self.is_chief = is_chief
+        self._fetch = fetch or default_fetch
+        self._lr = learning_rate
+        self._pending: list[_PendingGroup] = []
+        self._pending_steps = 0
+        self._latest: dict[str, float] = {}
+        self._writers = list(plan.writers) if is_chief else []
+        self._callbacks = list(plan.callbacks)
+        if plan.progress or (plan.progress is None and RunState(self).is_tty and is_chief):
+            from .callbacks import ProgressBar
+
+            if not any(isinstance(cb, ProgressBar) for cb in self._callbacks):
+                self._callbacks.append(ProgressBar())
+        self._step_hooks = [getattr(cb, "on_step_end") for cb in self._callbacks if callable(getattr(cb, "on_step_end", None))]
+        self.state = RunState(self)
+        self._t_start = time.perf_counter()
+        self._steps_at_start = 0
+        self._train_iter: Any = None
+        self._last_checkpoint: str | None = None
+        self._active: _PendingGroup | None = None
+
+    # -- data --------------------------------------------------------------------------
+    def train_batches(self, data_state: Mapping[str, Any] | None = None, *, shard: tuple[int, int] = (0, 1)) -> Any:
+        """The core batch iterator over the training data, positioned by `data_state`."""
+        from .data import make_batches
+
+        it = make_batches(
+            self.plan.data,
+            self.plan.batch_size,
+            seed=self.plan.seed,
+            shuffle=self.plan.shuffle,
+            drop_remainder=self.plan.drop_remainder,
+            shard=shard,
+        )
+        if data_state:
+            it.set_state(dict(data_state))
+        self._train_iter = it
+        return it
+
+    def _sync_epoch(self) -> None:
+        spe = self.plan.steps_per_epoch
+        if spe:
+            self.epoch = self.step // spe
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def restore(self, meta: Mapping[str, Any]) -> None:
+        """Load the run state saved in a checkpoint's meta (`checkpoint_meta()`)."""
+        run = meta.get("run", {})
+        self.step = int(meta.get("step", run.get("step", 0)))
+        self.resumed_from_step = self.step
+        self._sync_epoch()
+        self.history = History.from_json(run.get("history", {}))
+        self.best_metric = run.get("best_metric")
+        self.best_step = run.get("best_step")
+        self._latest = {k: float(v) for k, v in run.get("latest", {}).items()}
+        states = run.get("callbacks", {})
+        for key, obj in self._stateful():
+            if key in states and callable(getattr(obj, "load_state_dict", None)):
+                obj.load_state_dict(states[key])
+
+    def _stateful(self) -> list[tuple[str, Any]]:
+        out = []
+        for i, obj in enumerate([*self._callbacks, *self._writers]):
+            if callable(getattr(obj, "state_dict", None)):
+                out.append((f"{i}:{type(obj).__name__}", obj))
+        return out
+
+    def begin(self) -> None:
+        """Start the clock and dispatch `on_train_start`."""
+        self._t_start = time.perf_counter()
+        self._steps_at_start = self.step
+        self._dispatch("on_train_start")
+
+    @property
+    def done(self) -> bool:
+        """Whether training should stop now (total steps reached or a stop requested)."""
+        total = self.plan.total_steps
+        return self.stop_reason is not None or (total is not None and self.step >= total)
+
+    def steps_until_event(self, limit: int) -> int:
+        """How many steps may be fused before the next validation/checkpoint/end (≤ limit)."""
+        k = limit
+        total = self.plan.total_steps
+        if total is not None:
+            k = min(k, total - self.step)
+        ck = self.plan.checkpoint
+        if ck is not None:
+            k = min(k, ck.every_n_steps - self.step % ck.every_n_steps)
+        if self.plan.validation is not None:
+            every = self.plan.validate_every_n_steps or self.plan.steps_per_epoch
+            if every:
+                k = min(k, every - self.step % every)
+        return max(1, k)
+
+    # -- metrics -----------------------------------------------------------------------
+    def record_step(self, metrics: Mapping[str, Any]) -> None:
+        """One optimizer step finished; `metrics` may hold device scalars."""
+        self.step += 1
+        self._sync_epoch()
+        self._pending.append(_PendingGroup(self.step, 1, metrics, stacked=False))
+        self._after_steps(1)
+
+    def record_steps(self, stacked: Mapping[str, Any], count: int) -> None:
+        """`count` fused steps finished; each value is a device array of shape `(count,)`."""
+        group = _PendingGroup(self.step + 1, count, stacked, stacked=True)
+        if self._step_hooks:
+            self._active = group
+            try:
+                for _ in range(count):
+                    self.step += 1
+                    self._sync_epoch()
+                    for hook in self._step_hooks:
+                        hook(self.state)
+            finally:
+                self._active = None
+        else:
+            self.step += count
+            self._sync_epoch()
+        self._pending.append(group)
+        self._pending_steps += count
+        self._maybe_flush()
+
+    def _after_steps(self, count: int) -> None:
+        for hook in self._step_hooks:
+            hook(self.state)
+        self._pending_steps += count
+        self._maybe_flush()
+
+    def _maybe_flush(self) -> None:
+        if self._pending_steps >= self.plan.log_every_n_steps:
+            self.flush_metrics()
+
+    def flush_metrics(self) -> None:
+        """Fetch every pending device value in one call and write the steps in order."""
+        if not self._pending:
+            return
+        groups, self._pending, self._pending_steps = self._pending, [], 0
+        self._fetch_rows(groups)
+        for group in groups:
+            for offset, row in enumerate(group.rows or ()):
+                self._write(group.first_step + offset, row)
+
+    def _fetch_rows(self, groups: Sequence[_PendingGroup]) -> None:
+        """Fill `group.rows` for every group that lacks them, with one fetch call."""
+        todo = [g for g in groups if g.rows is None]
+        keys: list[tuple[int, str]] = []
+        values: list[Any] = []
+        for gi, group in enumerate(todo):
+            for name, value in group.raw.items():
+                keys.append((gi, name))
+                values.append(value)
+        fetched = self._fetch(values) if values else []
+        per_group: list[dict[str, np.ndarray]] = [{} for _ in todo]
+        for (gi, name), value in zip(keys, fetched, strict=True):
+            per_group[gi][name] = np.asarray(value)
+        for group, arrays in zip(todo, per_group, strict=True):
+            group.rows = group.to_rows(arrays)
+            group.raw = {}
+
+    def _write(self, step: int, metrics: Mapping[str, float]) -> None:
+        if not metrics:
+            return
+        self._latest.update(metrics)
+        self.history.add(step, metrics)
+        for writer in self._writers:
+            writer.write(step, metrics)
+
+    def latest_metrics(self) -> dict[str, float]:
+        """The latest value of every metric (flushes pending device values first)."""
+        self.flush_metrics()
+        latest = dict(self._latest)
+        active = self._active
+        if active is not None:
+            self._fetch_rows([active])
+            latest.update((active.rows or [{}])[self.step - active.first_step])
+        return latest
+
+    def log(self, metrics: Mapping[str, float]) -> None:
+        """Write extra host metrics at the current step."""
+        self.flush_metrics()
+        self._write(self.step, {k: float(v) for k, v in metrics.items()})
+
+    def learning_rate(self) -> float | None:
+        """The backend's current learning rate, if it reports one."""
+        return None if self._lr is None else self._lr()
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the run to stop after the current step."""
+        if self.stop_reason is None:
+            self.stop_reason = str(reason)
+
+    # -- validation --------------------------------------------------------------------
+    def due_validation(self) -> bool:
+        """Whether validation is due after the current step."""
+        if self.plan.validation is None or self.step == 0:
+            return False
+        every = self.plan.validate_every_n_steps or self.plan.steps_per_epoch
+        if every and self.step % every == 0:
+            return True
+        return self.done
+
+    def validate(self, eval_batch: Callable[[dict[str, np.ndarray]], tuple[Any, Any]]) -> dict[str, float]:
+        """Run validation with `eval_batch(batch) -> (pred, mean_loss)` and record it.
+
+        Predictions come back to the host; the loss is averaged weighted by batch size and
+        every metric is computed once on the concatenated predictions (numpy).
+        """
+        from .data import make_batches
+
+        it = make_batches(
+            self.plan.validation,
+            self.plan.batch_size,
+            seed=self.plan.seed,
+            shuffle=False,
+            drop_remainder=False,
+            num_epochs=1,
+        )
+        preds, targets, total, count = [], [], 0.0, 0
+        for batch in it:
+            pred, loss = eval_batch(batch)
+            n = len(batch["y"])
+            total += float(np.asarray(loss)) * n
+            count += n
+            if self.plan.metrics:
+                preds.append(np.asarray(pred))
+                targets.append(np.asarray(batch["y"]))
+        metrics = {"loss": total / max(count, 1)}
+        if self.plan.metrics:
+            pred_all, target_all = np.concatenate(preds), np.concatenate(targets)
+            for name, fn in self.plan.metrics.items():
+                metrics[name] = float(np.asarray(fn(pred_all, target_all)))
+        return self.record_validation(metrics)
+
+    def record_validation(self, metrics: Mapping[str, float]) -> dict[str, float]:
+        """Record validation metrics (names get a `val_` prefix) and dispatch the hook."""
+        self.flush_metrics()
+        row = {(k if k.startswith("val_") else f"val_{k}"): float(v) for k, v in metrics.items()}
+        self._write(self.step, row)
+        value = row.get(self.monitor)
+        if value is not None and math.isfinite(value):
+            better = (
+                self.best_metric is None
+                or (value < self.best_metric if self.mode == "min" else value > self.best_metric)
+            )
+            if better:
+                self.best_metric, self.best_step = value, self.step
+        self._dispatch("on_validation_end")
+        return row
+
+    # -- checkpoints -------------------------------------------------------------------
+    def due_checkpoint(self) -> bool:
+        """Whether a checkpoint is due after the current step."""
+        ck = self.plan.checkpoint
+        return ck is not None and ck.due(self.step, final=self.done)
+
+    def checkpoint_meta(self, data_state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The JSON saved with every checkpoint: step, data iterator state, run state, plan."""
+        self.flush_metrics()
+        if data_state is None and self._train_iter is not None:
+            data_state = self._train_iter.get_state()
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "data_iter": None if data_state is None else dict(data_state),
+            "run": {
+                "step": self.step,
+                "history": self.history.to_json(),
+                "best_metric": self.best_metric,
+                "best_step": self.best_step,
+                "latest": self._latest,
+                "callbacks": {key: obj.state_dict() for key, obj in self._stateful()},
+            },
+            "resume_key": self.plan.resume_key(),
+            "plan": self.plan_json,
+        }
+
+    def checkpoint_metrics(self) -> dict[str, float]:
+        """Host metrics for retention decisions (the monitored metric, when known)."""
+        return dict(self._latest)
+
+    def record_checkpoint(self, path: str) -> None:
+        """A checkpoint was written (or scheduled, for async engines); dispatch the hook."""
+        self._last_checkpoint = path
+        self._dispatch("on_checkpoint", path)
+
+    # -- end ---------------------------------------------------------------------------
+    def _dispatch(self, hook: str, *args: Any) -> None:
+        for cb in self._callbacks:
+            fn = getattr(cb, hook, None)
+            if callable(fn):
+                fn(self.state, *args)
+
+    def finish(self, model: Any, *, extra: Mapping[str, Any] | None = None) -> TrainingArtifact:
+        """Flush, assemble the artifact, dispatch `on_train_end`, close the writers."""
+        self.flush_metrics()
+        wall = time.perf_counter() - self._t_start
+        ran = self.step - self._steps_at_start
+        final = {name: self.history.last(name) for name in self.history.names}
+        artifact = TrainingArtifact(
+            model=model,
+            history=self.history,
+            final_metrics={k: v for k, v in final.items() if v is not None},
+            best_metric=self.best_metric,
+            best_step=self.best_step,
+            checkpoint_dir=None if self.plan.checkpoint is None else str(self.plan.checkpoint.path),
+            weights_sha256=TrainingArtifact.hash_weights(model),
+            plan=self.plan_json,
+            backend=self.backend,
+            versions=library_versions(self.backend),
+            wall_time_s=wall,
+            steps_per_s=ran / wall if wall > 0 else 0.0,
+            steps=self.step,
+            resumed_from_step=self.resumed_from_step,
+            stop_reason=self.stop_reason or "max_steps",
+            sweep_id=self.plan.sweep_id,
+            normalizer=self.plan.normalizer,
+            extra=dict(extra or {}),
+        )
+        try:
+            self._dispatch("on_train_end", artifact)
+        finally:
+            self.close_writers()
+        return artifact
+
+    def close_writers(self) -> None:
+        """Flush and close every writer (idempotent)."""
+        writers, self._writers = self._writers, []
+        errors = []
+        for writer in writers:
+            try:
+                if callable(getattr(writer, "flush", None)):
+                    writer.flush()
+                if callable(getattr(writer, "close", None)):
+                    writer.close()
+            except Exception as exc:  # close every writer, then report the first failure
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def abort(self) -> None:
+        """Flush what is pending and close the writers after a failure (never raises)."""
+        try:
+            self.flush_metrics()
+        except Exception:
+            pass
+        try:
+            self.close_writers()
+        except Exception:
+            pass
+
+
+_BACKEND_PACKAGES = {
+    "equinox": ("jax", "jaxlib", "equinox", "optax", "orbax-checkpoint", "pipekit-train-equinox"),
+    "lightning": ("torch", "lightning", "safetensors", "pipekit-train-lightning"),
+    "keras": ("keras", "jax", "torch", "pipekit-train-keras"),
+    "numpy": (),
+}
+
+
+def library_versions(backend: str) -> dict[str, str]:
+    """Versions of numpy, grain, zarr, core and the backend's libraries."""
+    names = ("python", "numpy", "grain", "zarr", "pipekit-train-core", *_BACKEND_PACKAGES.get(backend, ()))
+    out: dict[str, str] = {}
+    for name in names:
+        if name == "python":
+            out[name] = sys.version.split()[0]
+            continue
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out

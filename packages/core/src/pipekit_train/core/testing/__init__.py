@@ -1,0 +1,37 @@
+"""Test utilities shipped with pipekit-train-core.
+
+- `AdapterConformance`: the conformance suite each adapter package subclasses.
+- `NumpyAdapter`, `NumpyLinearOp`: a pure-numpy reference backend (linear model,
+  analytic gradients) that runs the suite without any framework.
+- `regression_task`, `oscillator_task`, `damped_oscillator_step`: the shared toy tasks.
+"""
+
+from typing import Any
+
+from ._numpy_adapter import NumpyAdapter
+from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arrays, linear
+from ._tasks import damped_oscillator_step, oscillator_task, regression_task
+
+__all__ = [
+    "BAD_INPUTS",
+    "AdapterConformance",
+    "HookRecorder",
+    "LinearModel",
+    "NumpyAdapter",
+    "NumpyLinearOp",
+    "damped_oscillator_step",
+    "decode_arrays",
+    "encode_arrays",
+    "linear",
+    "oscillator_task",
+    "regression_task",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The conformance suite imports pytest; load it only when asked for.
+    if name in ("AdapterConformance", "BAD_INPUTS", "HookRecorder"):
+        from . import _conformance
+
+        return getattr(_conformance, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,177 @@
+"""A pure-numpy reference adapter: a linear model with analytic gradients.
+
+It exists so the conformance suite, `RunContext`, `run_step_loop` and the checkpoint
+store are tested without any backend. It supports the `mse` loss, `sgd`/`adam`
+optimizers with a constant learning rate and optional gradient noise (drawn from a
+checkpointed RNG, so exact resume covers RNG state).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._checkpointing import DirectoryCheckpointer
+from .._driver import run_step_loop
+from .._errors import ConfigError
+from .._plan import Plan, describe_callable
+from ._numpy_model import decode_arrays, encode_arrays
+
+__all__ = ["NumpyAdapter"]
+
+_OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclass
+class _State:
+    params: dict[str, np.ndarray]
+    opt: dict[str, np.ndarray]
+    t: int
+    rng: np.random.Generator
+
+
+class NumpyAdapter:
+    """The numpy reference adapter (`backend = "numpy"`).
+
+    Args:
+        gradient_noise: standard deviation of Gaussian noise added to each gradient,
+            drawn from the run's RNG (exercises RNG checkpointing).
+    """
+
+    name = "numpy"
+
+    def __init__(self, gradient_noise: float = 0.0):
+        if isinstance(gradient_noise, bool) or not isinstance(gradient_noise, (int, float)) or gradient_noise < 0:
+            raise ConfigError(
+                f"`gradient_noise` must be a non-negative number. Received: gradient_noise={gradient_noise!r}."
+            )
+        self.gradient_noise = float(gradient_noise)
+
+    def get_config(self) -> dict[str, Any]:
+        """JSON options."""
+        return {"type": "pipekit_train.core.testing:NumpyAdapter", "kwargs": {"gradient_noise": self.gradient_noise}}
+
+    def validate(self, plan: Plan) -> None:
+        """Only linear models with parameters, the mse loss and sgd/adam are supported."""
+        if not callable(getattr(plan.model, "serialize_weights", None)) or getattr(plan.model, "backend", None) != "numpy":
+            raise ConfigError(
+                f"NumpyAdapter trains numpy model operators. Received: model={type(plan.model).__name__}."
+            )
+        self.validate_online(plan)
+        if plan.sharding is not None:
+            raise ConfigError(f"NumpyAdapter does not shard. Received: sharding={plan.sharding!r}.")
+
+    def validate_online(self, plan: Plan) -> None:
+        """Checks shared by `TrainingLoop` and `OnlineTrainer`."""
+        if describe_callable(plan.loss) != {"name": "mse"} and getattr(plan.loss, "__name__", "") != "mse":
+            raise ConfigError(
+                f"NumpyAdapter computes analytic gradients for 'mse' only. Received: loss={describe_callable(plan.loss)!r}."
+            )
+        cfg = plan.optimizer_config
+        if not isinstance(cfg, Mapping):
+            raise ConfigError(f"NumpyAdapter needs a dict optimizer_config. Received: {cfg!r}.")
+        if cfg["name"] not in _OPTIMIZERS:
+            raise ConfigError(
+                f"`optimizer_config['name']` must be one of {list(_OPTIMIZERS)} for NumpyAdapter. "
+                f"Received: name={cfg['name']!r}."
+            )
+        if not isinstance(cfg["learning_rate"], (int, float)):
+            raise ConfigError(
+                f"NumpyAdapter supports a constant learning rate only. Received: learning_rate={cfg['learning_rate']!r}."
+            )
+
+    def step_backend(self, plan: Plan) -> _NumpyBackend:
+        """The step backend for `run_step_loop` and `OnlineTrainer`."""
+        return _NumpyBackend(plan, self.gradient_noise)
+
+    def run(self, plan: Plan) -> Any:
+        """Train with the shared step driver."""
+        return run_step_loop(plan, self.step_backend(plan))
+
+
+class _NumpyBackend:
+    name = "numpy"
+
+    def __init__(self, plan: Plan, noise: float):
+        self.plan = plan
+        self.noise = noise
+        cfg = plan.optimizer_config
+        self.opt_name = cfg["name"]
+        self.lr = float(cfg["learning_rate"])
+        self.b1, self.b2, self.eps = float(cfg.get("b1", 0.9)), float(cfg.get("b2", 0.999)), float(cfg.get("eps", 1e-8))
+
+    def init_state(self) -> _State:
+        params = {k: v.copy() for k, v in self.plan.model.model.parameters().items()}
+        opt = {}
+        if self.opt_name == "adam":
+            for k, v in params.items():
+                opt[f"m/{k}"] = np.zeros_like(v)
+                opt[f"v/{k}"] = np.zeros_like(v)
+        return _State(params, opt, 0, np.random.default_rng([self.plan.seed, 7919]))
+
+    def put(self, batch: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        return batch
+
+    def _forward(self, params: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, np.float32) @ params["W"] + params["b"]
+
+    def train_step(self, state: _State, batch: Mapping[str, np.ndarray]) -> tuple[_State, dict[str, Any]]:
+        x = np.asarray(batch["x"], np.float32)
+        y = np.asarray(batch["y"], np.float32)
+        pred = self._forward(state.params, x)
+        err = pred - y
+        loss = np.float32(np.mean(err * err))
+        g = (2.0 / err.size) * err
+        grads = {"W": x.T @ g, "b": g.sum(axis=0)}
+        if self.noise:
+            grads = {k: v + self.noise * state.rng.standard_normal(v.shape).astype(np.float32) for k, v in grads.items()}
+        t = state.t + 1
+        params, opt = {}, dict(state.opt)
+        for k, p in state.params.items():
+            gk = grads[k].astype(np.float32)
+            if self.opt_name == "sgd":
+                params[k] = (p - self.lr * gk).astype(np.float32)
+            else:
+                m = self.b1 * opt[f"m/{k}"] + (1 - self.b1) * gk
+                v = self.b2 * opt[f"v/{k}"] + (1 - self.b2) * gk * gk
+                opt[f"m/{k}"], opt[f"v/{k}"] = m.astype(np.float32), v.astype(np.float32)
+                mhat = m / (1 - self.b1**t)
+                vhat = v / (1 - self.b2**t)
+                params[k] = (p - self.lr * mhat / (np.sqrt(vhat) + self.eps)).astype(np.float32)
+        return _State(params, opt, t, state.rng), {"loss": loss}
+
+    def eval_batch(self, state: _State, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, float]:
+        pred = self._forward(state.params, batch["x"])
+        err = pred - np.asarray(batch["y"], np.float32)
+        return pred, float(np.mean(err * err))
+
+    def learning_rate(self, state: _State) -> float:
+        return self.lr
+
+    def model_op(self, state: _State) -> Any:
+        return self.plan.model.with_model(self.plan.model.model.replace(**{k: v.copy() for k, v in state.params.items()}))
+
+    # -- checkpointing -------------------------------------------------------------------
+    def _encode(self, state: _State) -> dict[str, bytes]:
+        arrays = {f"params/{k}": v for k, v in state.params.items()}
+        arrays.update({f"opt/{k}": v for k, v in state.opt.items()})
+        rng_state = json.dumps(state.rng.bit_generator.state, sort_keys=True).encode()
+        return {"arrays.bin": encode_arrays(arrays), "train.json": json.dumps({"t": state.t}).encode(), "rng.json": rng_state}
+
+    def _decode(self, blobs: Mapping[str, bytes], template: _State) -> _State:
+        arrays = decode_arrays(blobs["arrays.bin"])
+        params = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("params/")}
+        opt = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("opt/")}
+        if set(params) != set(template.params):
+            raise ValueError(f"checkpoint parameters {sorted(params)} do not match the model's {sorted(template.params)}")
+        rng = np.random.default_rng()
+        rng.bit_generator.state = json.loads(blobs["rng.json"])
+        return _State(params, opt, int(json.loads(blobs["train.json"])["t"]), rng)
+
+    def checkpointer(self) -> DirectoryCheckpointer:
+        assert self.plan.checkpoint is not None
+        return DirectoryCheckpointer(self.plan.checkpoint, encode=self._encode, decode=self._decode)
