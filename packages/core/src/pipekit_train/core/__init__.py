@@ -11,6 +11,7 @@ import importlib.metadata as _metadata
 from ._adapter import Adapter
 from ._artifact import TrainingArtifact
 from ._checkpoint import Checkpoint
+from ._cycle import Cycle, NeuralForward, NonFiniteStateError
 from ._checkpointing import Checkpointer, DirectoryCheckpointer, Restored, TornCheckpointWarning
 from ._driver import StepBackend, run_step_loop, stack_batches
 from ._errors import CheckpointError, ConfigError, IntegrityError, PipekitError
@@ -20,6 +21,14 @@ from ._online import OnlineTrainer
 from ._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
 from ._plan import Plan
 from ._runtime import RunContext, RunState
+from .registry import (
+    FsspecModelRegistry,
+    LocalModelRegistry,
+    ModelRecord,
+    ModelRegistry,
+    RegistryError,
+    S3ModelRegistry,
+)
 
 __version__ = _metadata.version("pipekit-train-core")
 
@@ -28,6 +37,15 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "Checkpointer",
+    "Cycle",
+    "FsspecModelRegistry",
+    "LocalModelRegistry",
+    "ModelRecord",
+    "ModelRegistry",
+    "NeuralForward",
+    "NonFiniteStateError",
+    "RegistryError",
+    "S3ModelRegistry",
     "ConfigError",
     "DirectoryCheckpointer",
     "History",

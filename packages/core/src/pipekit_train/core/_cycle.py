@@ -1,0 +1,254 @@
+"""`NeuralForward` and `Cycle`: trained models as forward operators, and closed-loop rollouts.
+
+A *forward operator* maps a state to the next state. A simulator is one; so is a trained
+emulator wrapped in `NeuralForward`. `Cycle` advances a state with any forward operator
+for `n_steps` and returns the trajectory, optionally calling a hook after every step
+(e.g. to assimilate observations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._errors import ConfigError, PipekitError
+from ._imports import object_path
+from .registry._record import normalizer_to_dict
+
+__all__ = ["Cycle", "NeuralForward", "NonFiniteStateError"]
+
+
+class NonFiniteStateError(PipekitError, FloatingPointError):
+    """A `Cycle` state became NaN or infinite (the rollout diverged)."""
+
+
+def _describe(obj: Any) -> Any:
+    """A JSON description of a callable: its config if it has one, else its import path."""
+    if obj is None:
+        return None
+    get_config = getattr(obj, "get_config", None)
+    if callable(get_config):
+        return get_config()
+    try:
+        return object_path(
+            obj if isinstance(obj, type) or hasattr(obj, "__qualname__") else type(obj)
+        )
+    except ConfigError:
+        return repr(obj)
+
+
+def _normalizer_json(normalizer: Any) -> Any:
+    try:
+        return normalizer_to_dict(normalizer)
+    except ConfigError:
+        return type(normalizer).__name__
+
+
+class NeuralForward:
+    """A trained model operator used as a forward operator: state → next state.
+
+    Per call: the state (one state of shape `(d,)`, or a batch `(n, d)`) is normalised
+    with `normalizer.apply({state_key: batch})[state_key]`, passed through the model,
+    de-normalised with `normalizer.invert({output_key: pred})[output_key]`, and — with
+    `residual=True` — added to the input state (the model predicts the increment).
+
+    With the defaults the keys are the training keys: inputs are normalised as `"x"`,
+    predictions inverted as `"y"`, so the normalizer fitted on the training data
+    (`pipekit_train.core.data.Normalizer`, or any object with `apply(batch)` /
+    `invert(batch)` on dicts of arrays) is used unchanged.
+
+    Args:
+        model_op: a model operator, `model_op(batch) -> batch` on numpy arrays.
+        normalizer: `None`, or an object with `apply(dict)` and `invert(dict)`.
+        residual: if True the model's output is an increment added to the input state.
+        state_key: the normalizer key of the input state (default `"x"`).
+        output_key: the normalizer key of the model's output (default `"y"`).
+
+    Example:
+        ```python
+        record, op = registry.load_record_and_model("oscillator")
+        forward = NeuralForward(op, normalizer=record.load_normalizer())
+        trajectory = Cycle(forward, n_steps=100).run(x0)
+        ```
+    """
+
+    def __init__(
+        self,
+        model_op: Callable[[np.ndarray], Any],
+        normalizer: Any = None,
+        residual: bool = False,
+        state_key: str = "x",
+        output_key: str = "y",
+    ):
+        if not callable(model_op):
+            raise ConfigError(
+                f"`model_op` must be a callable model operator. Received: model_op={model_op!r}."
+            )
+        if normalizer is not None and not (
+            callable(getattr(normalizer, "apply", None))
+            and callable(getattr(normalizer, "invert", None))
+        ):
+            raise ConfigError(
+                "`normalizer` must have `apply(batch)` and `invert(batch)` methods. "
+                f"Received: normalizer={type(normalizer).__name__}. Pass a Normalizer or None."
+            )
+        if not isinstance(residual, bool):
+            raise ConfigError(f"`residual` must be a bool. Received: residual={residual!r}.")
+        for field, key in (("state_key", state_key), ("output_key", output_key)):
+            if not isinstance(key, str) or not key:
+                raise ConfigError(
+                    f"`{field}` must be a non-empty string. Received: {field}={key!r}."
+                )
+        self.model_op = model_op
+        self.normalizer = normalizer
+        self.residual = residual
+        self.state_key = state_key
+        self.output_key = output_key
+
+    def __call__(self, state: Any) -> np.ndarray:
+        """Advance one state `(d,)` or a batch of states `(n, d)` by one step."""
+        x = np.asarray(state)
+        if x.ndim not in (1, 2):
+            raise ConfigError(
+                "`state` must be one state (1-D) or a batch of states (2-D). "
+                f"Received: state.shape={x.shape}."
+            )
+        single = x.ndim == 1
+        batch = x[None, :] if single else x
+        inputs = batch
+        if self.normalizer is not None:
+            inputs = np.asarray(self.normalizer.apply({self.state_key: batch})[self.state_key])
+        pred = np.asarray(self.model_op(inputs))
+        if self.normalizer is not None:
+            pred = np.asarray(self.normalizer.invert({self.output_key: pred})[self.output_key])
+        if self.residual:
+            if pred.shape != batch.shape:
+                raise ConfigError(
+                    "With `residual=True` the model must predict an increment of the state's shape. "
+                    f"Received: state shape {batch.shape[1:]}, prediction shape {pred.shape[1:]}. "
+                    "Use residual=False or a model with out_size == in_size."
+                )
+            pred = batch + pred
+        return pred[0] if single else pred
+
+    def get_config(self) -> dict[str, Any]:
+        """JSON description: the model's config, the normalizer's JSON and the options."""
+        model_config = (
+            self.model_op.get_config()
+            if hasattr(self.model_op, "get_config")
+            else _describe(self.model_op)
+        )
+        return {
+            "type": object_path(type(self)),
+            "model": model_config,
+            "normalizer": _normalizer_json(self.normalizer),
+            "residual": self.residual,
+            "state_key": self.state_key,
+            "output_key": self.output_key,
+        }
+
+    def __repr__(self) -> str:
+        return f"NeuralForward({self.model_op!r}, residual={self.residual})"
+
+
+class Cycle:
+    """The closed loop: advance a state with a forward operator and return the trajectory.
+
+    A `StatefulOperator`: `run(state)` returns an array of shape `(n_steps + 1, *state.shape)`
+    whose row 0 is the initial state and row `k` the state after step `k` (after the hook).
+
+    Args:
+        forward: any callable state → next state of the same shape (a simulator, a
+            `NeuralForward` on any backend).
+        n_steps: the number of steps (a positive int).
+        hook: optional `hook(step, state) -> state | None`, called after each step
+            (`step` = 1..n_steps) with the new state; a returned array replaces the state
+            (e.g. after assimilating an observation), `None` keeps it.
+
+    Raises:
+        NonFiniteStateError: (from `run`) a state became NaN/inf; the message names the step.
+    """
+
+    def __init__(
+        self,
+        forward: Callable[[np.ndarray], Any],
+        n_steps: int,
+        hook: Callable[[int, np.ndarray], Any] | None = None,
+    ):
+        if not callable(forward):
+            raise ConfigError(
+                f"`forward` must be a callable state -> next state. Received: forward={forward!r}."
+            )
+        if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or n_steps < 1:
+            raise ConfigError(f"`n_steps` must be a positive int. Received: n_steps={n_steps!r}.")
+        if hook is not None and not callable(hook):
+            raise ConfigError(
+                f"`hook` must be a callable hook(step, state) or None. Received: hook={hook!r}."
+            )
+        self.forward = forward
+        self.n_steps = int(n_steps)
+        self.hook = hook
+
+    def run(self, state: Any) -> np.ndarray:
+        """Roll the state forward `n_steps` times and return the trajectory.
+
+        Args:
+            state: the initial state (any shape; `forward` must keep it). Integer states
+                are promoted to float64.
+
+        Returns:
+            The trajectory, shape `(n_steps + 1, *state.shape)`, including the initial state.
+
+        Raises:
+            ConfigError: the initial state is not finite or a step changes the shape.
+            NonFiniteStateError: a state became NaN or infinite.
+        """
+        x0 = np.asarray(state)
+        if not np.issubdtype(x0.dtype, np.inexact):
+            x0 = x0.astype(np.float64)
+        if not np.all(np.isfinite(x0)):
+            raise ConfigError(
+                "The initial `state` must be finite. Received: a state with NaN or inf entries."
+            )
+        trajectory = np.empty((self.n_steps + 1, *x0.shape), dtype=x0.dtype)
+        trajectory[0] = x0
+        current = trajectory[0].copy()  # never hand the caller's array to `forward`
+        for step in range(1, self.n_steps + 1):
+            nxt = np.asarray(self.forward(current))
+            nxt = self._check(nxt, x0.shape, step, "forward")
+            if self.hook is not None:
+                hooked = self.hook(step, nxt)
+                if hooked is not None:
+                    nxt = self._check(np.asarray(hooked), x0.shape, step, "hook")
+            trajectory[step] = nxt
+            current = trajectory[step].copy()  # the forward may not alias the trajectory
+        return trajectory
+
+    @staticmethod
+    def _check(x: np.ndarray, shape: tuple[int, ...], step: int, who: str) -> np.ndarray:
+        if x.shape != shape:
+            raise ConfigError(
+                f"`{who}` must return a state of the input's shape. Received: shape {x.shape} "
+                f"at step {step}, expected {shape}."
+            )
+        if not np.all(np.isfinite(x)):
+            raise NonFiniteStateError(
+                f"The state became non-finite (NaN or inf) at step {step} (after `{who}`). "
+                "The forward operator diverged; use a smaller time step, a stabler model or "
+                "fewer steps."
+            )
+        return x
+
+    def get_config(self) -> dict[str, Any]:
+        """JSON description: `n_steps` and descriptions of `forward` and `hook`."""
+        return {
+            "type": object_path(type(self)),
+            "n_steps": self.n_steps,
+            "forward": _describe(self.forward),
+            "hook": _describe(self.hook),
+        }
+
+    def __repr__(self) -> str:
+        return f"Cycle({self.forward!r}, n_steps={self.n_steps})"

@@ -1,0 +1,71 @@
+"""Package-level rules: namespace layout, the backend ban, import time, public API."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pipekit_train.core as core
+
+ROOT = Path(__file__).resolve().parents[3]
+BACKENDS = ("jax", "jaxlib", "torch", "keras", "equinox", "lightning", "tensorflow", "optax", "orbax")
+
+
+def test_no_namespace_init_in_any_member() -> None:
+    members = sorted((ROOT / "packages").iterdir())
+    assert {m.name for m in members} >= {"core", "equinox", "lightning", "keras", "sweep"}
+    for member in members:
+        src = member / "src" / "pipekit_train"
+        assert src.is_dir(), member
+        assert not (src / "__init__.py").exists(), f"{src}/__init__.py breaks the namespace"
+        assert (src / member.name / "__init__.py").exists()
+
+
+def _fresh(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_core_imports_no_backend_in_a_fresh_interpreter() -> None:
+    code = (
+        "import sys, json\n"
+        "import pipekit_train.core, pipekit_train.core.losses, pipekit_train.core.metrics\n"
+        "import pipekit_train.core.callbacks, pipekit_train.core.writers, pipekit_train.core.data\n"
+        "import pipekit_train.core.registry, pipekit_train.core.testing\n"
+        f"print(json.dumps(sorted(m for m in {BACKENDS!r} if m in sys.modules)))"
+    )
+    assert json.loads(_fresh(code)) == []
+
+
+def test_core_batching_does_not_pull_a_backend() -> None:
+    # grain opportunistically imports jax; the batching engine keeps it out.
+    code = (
+        "import sys, json, numpy as np\n"
+        "from pipekit_train.core.data import ArrayDataset, make_batches\n"
+        "it = make_batches(ArrayDataset(x=np.zeros((8, 2)), y=np.zeros((8, 1))), 4, seed=0)\n"
+        "next(it)\n"
+        f"print(json.dumps(sorted(m for m in {BACKENDS!r} if m in sys.modules)))"
+    )
+    assert json.loads(_fresh(code)) == []
+
+
+def test_import_time_under_one_second() -> None:
+    code = "import time; t = time.perf_counter(); import pipekit_train.core; print(time.perf_counter() - t)"
+    best = min(float(_fresh(code)) for _ in range(3))
+    assert best < 1.0, best
+
+
+def test_public_api_is_declared() -> None:
+    for name in core.__all__:
+        assert hasattr(core, name), name
+    assert core.ConfigError.__mro__[1] is core.PipekitError
+    assert issubclass(core.ConfigError, ValueError)
+    assert core.__version__ == "0.1.0"
+
+
+def test_ruff_bans_backend_imports_in_core() -> None:
+    config = (ROOT / "packages" / "core" / "pyproject.toml").read_text()
+    for name in ("jax", "torch", "keras", "equinox", "lightning", "tensorflow"):
+        assert f'"{name}".msg' in config
