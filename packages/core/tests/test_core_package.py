@@ -53,7 +53,7 @@ def test_core_batching_does_not_pull_a_backend() -> None:
 
 def test_import_time_under_one_second() -> None:
     code = "import time; t = time.perf_counter(); import pipekit_train.core; print(time.perf_counter() - t)"
-    best = min(float(_fresh(code)) for _ in range(3))
+    best = min(float(_fresh(code)) for _ in range(5))
     assert best < 1.0, best
 
 

@@ -6,8 +6,9 @@ machinery every backend reuses, and the pipekit handoffs (operators, model regis
 `NeuralForward`, `Cycle`). It never imports a backend framework.
 """
 
-import importlib.metadata as _metadata
+from typing import Any as _Any
 
+from . import callbacks, data, losses, metrics, registry, writers
 from ._adapter import Adapter
 from ._artifact import TrainingArtifact
 from ._checkpoint import Checkpoint
@@ -21,6 +22,38 @@ from ._online import OnlineTrainer
 from ._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
 from ._plan import Plan
 from ._runtime import RunContext, RunState
+from .callbacks import (
+    Callback,
+    EarlyStopping,
+    LambdaCallback,
+    LearningRateLogger,
+    NaNGuard,
+    NonFiniteLossError,
+    ProgressBar,
+)
+from .data import (
+    ArrayDataset,
+    BatchIterator,
+    CachedDataset,
+    Dataset,
+    IterableDataset,
+    Normalizer,
+    SimulationDataset,
+    SimulationError,
+    Subset,
+    make_batches,
+    split,
+)
+from .losses import Loss
+from .writers import (
+    AsyncWriter,
+    CsvWriter,
+    JsonlWriter,
+    MemoryWriter,
+    MetricWriter,
+    MlflowWriter,
+    TensorBoardWriter,
+)
 from .registry import (
     FsspecModelRegistry,
     LocalModelRegistry,
@@ -30,43 +63,83 @@ from .registry import (
     S3ModelRegistry,
 )
 
-__version__ = _metadata.version("pipekit-train-core")
+
+
+def __getattr__(name: str) -> _Any:
+    # importlib.metadata costs ~0.1 s: resolve the version only when asked for.
+    if name == "__version__":
+        import importlib.metadata
+
+        return importlib.metadata.version("pipekit-train-core")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "Adapter",
+    "ArrayDataset",
+    "AsyncWriter",
+    "BatchIterator",
+    "CachedDataset",
+    "Callback",
     "Checkpoint",
     "CheckpointError",
     "Checkpointer",
-    "Cycle",
-    "FsspecModelRegistry",
-    "LocalModelRegistry",
-    "ModelRecord",
-    "ModelRegistry",
-    "NeuralForward",
-    "NonFiniteStateError",
-    "RegistryError",
-    "S3ModelRegistry",
     "ConfigError",
+    "CsvWriter",
+    "Cycle",
+    "Dataset",
     "DirectoryCheckpointer",
+    "EarlyStopping",
+    "FsspecModelRegistry",
     "History",
     "IntegrityError",
+    "IterableDataset",
+    "JsonlWriter",
+    "LambdaCallback",
+    "LearningRateLogger",
+    "LocalModelRegistry",
+    "Loss",
+    "MemoryWriter",
+    "MetricWriter",
+    "MlflowWriter",
     "ModelOp",
     "ModelOpBase",
+    "ModelRecord",
+    "ModelRegistry",
+    "NaNGuard",
+    "NeuralForward",
+    "NonFiniteLossError",
+    "NonFiniteStateError",
+    "Normalizer",
     "OnlineTrainer",
     "Operator",
     "PipekitError",
     "Plan",
+    "ProgressBar",
+    "RegistryError",
     "Restored",
     "RunContext",
     "RunState",
+    "S3ModelRegistry",
+    "SimulationDataset",
+    "SimulationError",
     "StatefulOperator",
     "StepBackend",
+    "Subset",
+    "TensorBoardWriter",
     "TornCheckpointWarning",
     "TrainingArtifact",
     "TrainingLoop",
-    "__version__",
+    "callbacks",
+    "data",
+    "losses",
+    "make_batches",
+    "metrics",
     "model_op_from_config",
+    "registry",
     "resolve_optimizer_config",
     "run_step_loop",
+    "split",
     "stack_batches",
+    "writers",
+    "__version__",
 ]

@@ -14,6 +14,7 @@ from ._checkpointing import has_checkpoints
 from ._errors import ConfigError
 from ._plan import Plan, is_core_dataset, steps_per_epoch
 from ._runtime import HOOKS
+from ._schedules import check_schedule
 
 __all__ = ["TrainingLoop", "resolve_optimizer_config"]
 
@@ -60,11 +61,7 @@ def resolve_optimizer_config(config: Any) -> Any:
     out["name"] = name.lower()
     lr = out.setdefault("learning_rate", _DEFAULT_OPTIMIZER["learning_rate"])
     if isinstance(lr, Mapping):
-        if "schedule" not in lr and "name" not in lr:
-            raise ConfigError(
-                "A learning-rate schedule must be a dict with `schedule` (e.g. 'cosine'). "
-                f"Received: learning_rate={lr!r}."
-            )
+        out["learning_rate"] = check_schedule(lr)
     elif isinstance(lr, bool) or not isinstance(lr, (int, float)) or not np.isfinite(lr) or lr <= 0:
         raise ConfigError(
             "`optimizer_config['learning_rate']` (or `lr`) must be a positive finite number or "
@@ -197,7 +194,10 @@ class TrainingLoop:
         shuffle: shuffle the training data each epoch.
         drop_remainder: drop the last partial batch of each epoch.
         sweep_id: set by sweeps; recorded on the artifact.
-        normalizer: a `Normalizer` that travels with the trained model to the registry.
+        normalizer: a fitted `Normalizer`: every training and validation batch passes
+            through `normalizer.apply` (so validation metrics are in normalised units),
+            and it travels with the trained model to the registry, where `NeuralForward`
+            applies it around the model.
         progress: show a progress bar (default: only on a TTY).
     """
 
@@ -244,6 +244,10 @@ class TrainingLoop:
                 raise ConfigError(f"`{flag}` must be True or False. Received: {flag}={value!r}.")
         if sweep_id is not None and not isinstance(sweep_id, str):
             raise ConfigError(f"`sweep_id` must be a string. Received: sweep_id={sweep_id!r}.")
+        if normalizer is not None and not (callable(getattr(normalizer, "apply", None)) and callable(getattr(normalizer, "invert", None))):
+            raise ConfigError(
+                f"`normalizer` must be a fitted Normalizer (with apply/invert). Received: normalizer={normalizer!r}."
+            )
         if adapter is None:
             default = getattr(model, "default_adapter", None)
             if not callable(default):

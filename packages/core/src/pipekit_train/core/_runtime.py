@@ -97,6 +97,23 @@ class RunState:
         self._ctx.request_stop(reason)
 
 
+class _Normalized:
+    """A batch iterator whose batches pass through `normalizer.apply` (state unchanged)."""
+
+    def __init__(self, inner: Any, normalizer: Any):
+        self._inner = inner
+        self._normalizer = normalizer
+
+    def __iter__(self) -> _Normalized:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        return self._normalizer.apply(next(self._inner))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 class _PendingGroup:
     """`count` consecutive steps whose metrics are still device values."""
 
@@ -189,6 +206,8 @@ class RunContext:
         if data_state:
             it.set_state(dict(data_state))
         self._train_iter = it
+        if self.plan.normalizer is not None:
+            return _Normalized(it, self.plan.normalizer)
         return it
 
     def _sync_epoch(self) -> None:
@@ -370,7 +389,10 @@ class RunContext:
             num_epochs=1,
         )
         preds, targets, total, count = [], [], 0.0, 0
+        norm = self.plan.normalizer
         for batch in it:
+            if norm is not None:
+                batch = norm.apply(batch)
             pred, loss = eval_batch(batch)
             n = len(batch["y"])
             total += float(np.asarray(loss)) * n

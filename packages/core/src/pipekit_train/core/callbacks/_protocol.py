@@ -1,0 +1,92 @@
+"""The `Callback` protocol and the read-only run view its hooks receive.
+
+Callbacks are duck-typed: the runtime dispatches with `getattr(cb, hook, None)`, so a
+callback implements any subset of the hooks. `Callback` is therefore a plain (not
+`runtime_checkable`) `typing.Protocol`: it documents the full hook surface for static
+typing only (ADR D9).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+__all__ = ["Callback", "RunStateView"]
+
+
+class RunStateView(Protocol):
+    """What a hook may read and do (the runtime's `RunState` provides it).
+
+    `metrics` may force a device→host fetch: read it only when needed.
+    """
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed."""
+        ...
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch (0-based)."""
+        ...
+
+    @property
+    def max_steps(self) -> int | None:
+        """Total steps of the run, when known."""
+        ...
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The latest step's metrics (plus `val_*` ones in `on_validation_end`), host floats."""
+        ...
+
+    @property
+    def learning_rate(self) -> float | None:
+        """The current learning rate, computed on access, when the backend reports one."""
+        ...
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether a callback asked to stop."""
+        ...
+
+    @property
+    def is_tty(self) -> bool:
+        """Whether the process writes to a terminal."""
+        ...
+
+    def log(self, metrics: Mapping[str, float]) -> None:
+        """Send extra metrics to the writers at the current step."""
+        ...
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the run to stop after the current step."""
+        ...
+
+
+class Callback(Protocol):
+    """The hooks a callback may implement (any subset; dispatch is by `getattr`).
+
+    A callback that must resume exactly may also implement `state_dict() -> dict` (JSON)
+    and `load_state_dict(d)`; the runtime stores them with each checkpoint.
+    """
+
+    def on_train_start(self, state: RunStateView) -> None:
+        """Called once before the first step (also after a resume)."""
+        ...
+
+    def on_step_end(self, state: RunStateView) -> None:
+        """Called after every optimizer step."""
+        ...
+
+    def on_validation_end(self, state: RunStateView) -> None:
+        """Called after a validation pass; `state.metrics` holds the `val_*` metrics."""
+        ...
+
+    def on_checkpoint(self, state: RunStateView, path: str) -> None:
+        """Called after a checkpoint was written at `path`."""
+        ...
+
+    def on_train_end(self, state: RunStateView, artifact: Any) -> None:
+        """Called once after training, with the training artifact."""
+        ...

@@ -1,0 +1,44 @@
+"""Losses: `fn(pred, target) -> scalar`, written once against the Python array API.
+
+The built-in losses run unchanged on numpy, jax (inside `jax.jit` / `jax.grad`) and torch
+(autograd) arrays. Names resolve through a registry:
+
+>>> from pipekit_train.core import losses
+>>> losses.get("mse") is losses.mse
+True
+>>> losses.names()
+['binary_cross_entropy', 'cross_entropy', 'gaussian_nll', 'huber', 'mae', 'mse']
+
+Every loss is a `Loss` with a JSON `describe()`; compose with `Loss.weighted(...)` or
+`losses.mse + 0.1 * losses.mae` (the same object), and `Loss.per_key(...)` for dict
+outputs.
+"""
+
+from ._compose import (
+    Loss,
+    PerKeyLoss,
+    WeightedLoss,
+    describe_callable,
+    from_description,
+    get,
+    names,
+    register,
+)
+from ._losses import binary_cross_entropy, cross_entropy, gaussian_nll, huber, mae, mse
+
+__all__ = [
+    "Loss",
+    "PerKeyLoss",
+    "WeightedLoss",
+    "binary_cross_entropy",
+    "cross_entropy",
+    "describe_callable",
+    "from_description",
+    "gaussian_nll",
+    "get",
+    "huber",
+    "mae",
+    "mse",
+    "names",
+    "register",
+]

@@ -1,0 +1,135 @@
+"""The same array-API losses and metrics on jax (jit, grad) and torch (autograd) arrays.
+
+Core never imports a backend; only these tests do, inside the test functions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipekit_train.core import losses, metrics
+from pipekit_train.core.losses import Loss
+
+RNG = np.random.default_rng(3)
+P = RNG.normal(size=(8, 4)).astype(np.float32)
+T = RNG.normal(size=(8, 4)).astype(np.float32)
+LABELS = RNG.integers(0, 4, size=8)
+ONE_HOT = np.eye(4, dtype=np.float32)[LABELS]
+BINARY = (RNG.random(size=(8, 4)) > 0.5).astype(np.float32)
+GAUSS_T = T[:, :2]
+
+
+def _torch_gaussian(full):
+    def ref(p, t):
+        import torch.nn.functional as F  # noqa: TID251 (tests may use torch)
+
+        return F.gaussian_nll_loss(p[:, :2], t, p[:, 2:].exp(), full=full)
+
+    return ref
+
+
+def _fn(name, **kw):
+    def ref(p, t):
+        import torch.nn.functional as F  # noqa: TID251 (tests may use torch)
+
+        if name == "cross_entropy" and not t.is_floating_point():
+            t = t.long()
+        return getattr(F, name)(p, t, **kw)
+
+    return ref
+
+
+# (id, loss, pred, target, torch-native reference or None)
+CASES = [
+    ("mse", losses.mse, P, T, _fn("mse_loss")),
+    ("mae", losses.mae, P, T, _fn("l1_loss")),
+    ("huber", losses.huber, P * 2, T, _fn("huber_loss", delta=1.0)),
+    ("huber_0.3", losses.huber(delta=0.3), P, T, _fn("huber_loss", delta=0.3)),
+    ("gaussian_nll", losses.gaussian_nll, P, GAUSS_T, _torch_gaussian(False)),
+    ("gaussian_nll_full", losses.gaussian_nll(full=True), P, GAUSS_T, _torch_gaussian(True)),
+    ("cross_entropy_int", losses.cross_entropy, P, LABELS, _fn("cross_entropy")),
+    ("cross_entropy_onehot", losses.cross_entropy, P, ONE_HOT, _fn("cross_entropy")),
+    ("bce", losses.binary_cross_entropy, P * 3, BINARY, _fn("binary_cross_entropy_with_logits")),
+    ("weighted", losses.mse + 0.25 * losses.huber(delta=0.5), P, T, None),
+    (
+        "per_key",
+        Loss.per_key({"a": "mse", "b": "gaussian_nll"}, weights={"b": 0.5}),
+        {"a": P, "b": P},
+        {"a": T, "b": GAUSS_T},
+        None,
+    ),
+]
+
+
+def _map(fn, x):
+    return {k: fn(v) for k, v in x.items()} if isinstance(x, dict) else fn(x)
+
+
+def _leaves(x):
+    return [x[k] for k in sorted(x)] if isinstance(x, dict) else [x]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_loss_same_on_numpy_jax_and_torch(case):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    torch = pytest.importorskip("torch")
+    _, loss, pred, target, native = case
+    ref = float(loss(pred, target))
+
+    # jax: eager, under jit, and differentiated under jit
+    jp, jt = _map(jnp.asarray, pred), _map(jnp.asarray, target)
+    value = loss(jp, jt)
+    assert isinstance(value, jax.Array) and value.shape == () and value.dtype == jnp.float32
+    assert float(value) == pytest.approx(ref, rel=1e-5, abs=1e-6)
+    assert float(jax.jit(loss)(jp, jt)) == pytest.approx(ref, rel=1e-5, abs=1e-6)
+    jax_grads = _leaves(jax.jit(jax.grad(loss))(jp, jt))
+
+    # torch: autograd through the same function
+    tp = _map(lambda a: torch.tensor(a, requires_grad=True), pred)
+    tt = _map(torch.as_tensor, target)
+    tvalue = loss(tp, tt)
+    assert isinstance(tvalue, torch.Tensor) and tvalue.shape == () and tvalue.dtype == torch.float32
+    assert float(tvalue.detach()) == pytest.approx(ref, rel=1e-5, abs=1e-6)
+    tvalue.backward()
+    torch_grads = [leaf.grad.numpy() for leaf in _leaves(tp)]
+    for gj, gt in zip(jax_grads, torch_grads, strict=True):
+        np.testing.assert_allclose(np.asarray(gj), gt, rtol=1e-5, atol=1e-7)
+
+    # torch's own implementation agrees on value and gradient
+    if native is not None:
+        tp2 = torch.tensor(pred, requires_grad=True)
+        expected = native(tp2, torch.as_tensor(target))
+        assert float(expected.detach()) == pytest.approx(ref, rel=1e-5, abs=1e-6)
+        expected.backward()
+        np.testing.assert_allclose(tp2.grad.numpy(), torch_grads[0], rtol=1e-5, atol=1e-7)
+
+
+def test_numpy_target_with_backend_prediction():
+    jax = pytest.importorskip("jax")
+    torch = pytest.importorskip("torch")
+    ref = float(losses.mse(P, T))
+    assert float(jax.jit(lambda p: losses.mse(p, T))(jax.numpy.asarray(P))) == pytest.approx(ref)
+    assert float(losses.mse(torch.as_tensor(P), T)) == pytest.approx(ref)
+
+
+METRIC_CASES = [
+    ("mae", P, T),
+    ("rmse", P, T),
+    ("r2", P, T),
+    ("accuracy", P, LABELS),
+    ("binary_accuracy", P, BINARY),
+]
+
+
+@pytest.mark.parametrize("name,pred,target", METRIC_CASES, ids=[c[0] for c in METRIC_CASES])
+def test_metric_same_on_numpy_jax_and_torch(name, pred, target):
+    jax = pytest.importorskip("jax")
+    torch = pytest.importorskip("torch")
+    fn = metrics.get(name)
+    ref = float(fn(pred, target))
+    jp, jt = jax.numpy.asarray(pred), jax.numpy.asarray(target)
+    assert float(fn(jp, jt)) == pytest.approx(ref, rel=1e-5)
+    assert float(jax.jit(fn)(jp, jt)) == pytest.approx(ref, rel=1e-5)
+    assert float(fn(torch.as_tensor(pred), torch.as_tensor(target))) == pytest.approx(ref, rel=1e-5)
