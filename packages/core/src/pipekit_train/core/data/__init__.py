@@ -1,0 +1,42 @@
+"""Layer 0, data: datasets, caches, splits, normalisation and the batching engine.
+
+A *sample* is a `dict[str, np.ndarray]` (inputs under `"x"`, targets under `"y"`);
+a *batch* is the same dict with a leading batch axis. `make_batches` turns any
+dataset here into a checkpointable `BatchIterator` built on grain.
+
+Importing this package is cheap: zarr and grain are imported on first use.
+"""
+
+from ._batching import make_batches
+from ._cached import CachedDataset
+from ._dataset import (
+    ArrayDataset,
+    ArraySpec,
+    Batch,
+    Dataset,
+    IterableDataset,
+    Sample,
+    gather_batch,
+)
+from ._iterator import BatchIterator
+from ._normalizer import Normalizer
+from ._simulation import SimulationDataset, SimulationError
+from ._split import Subset, split
+
+__all__ = [
+    "ArrayDataset",
+    "ArraySpec",
+    "Batch",
+    "BatchIterator",
+    "CachedDataset",
+    "Dataset",
+    "IterableDataset",
+    "Normalizer",
+    "Sample",
+    "SimulationDataset",
+    "SimulationError",
+    "Subset",
+    "gather_batch",
+    "make_batches",
+    "split",
+]

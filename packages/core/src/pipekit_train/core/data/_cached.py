@@ -1,0 +1,370 @@
+"""`CachedDataset`: a dataset materialised in a zarr v3 group (local or any fsspec URI).
+
+Layout of a cache at `uri`: a zarr v3 group with one array per sample key, shape
+`(n, *sample_shape)`, chunked `chunk_size` rows along axis 0, plus a boolean
+`_pipekit_done` array (one element per chunk) marking the chunks whose rows are
+all written. The group attribute `pipekit_cache` records the source fingerprint,
+the layout and whether the build completed.
+
+Reading is chunk-aware: each zarr read call costs ~1 ms, so rows are never read one
+by one. A cache whose arrays fit in `memory_budget_bytes` is loaded whole when
+opened (one read per key); a larger one keeps an LRU cache of whole chunks and
+declares a chunk-aware shuffle (`chunk_size`, `shuffle_window`) that `make_batches`
+uses, so a shuffled epoch reads each chunk about once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from pipekit_train.core._errors import ConfigError
+
+from ._dataset import ArraySpec, Batch, Sample, block_rows
+
+__all__ = ["CachedDataset"]
+
+META_KEY = "pipekit_cache"
+DONE_KEY = "_pipekit_done"
+FORMAT_VERSION = 1
+DEFAULT_MEMORY_BUDGET = 1 << 30
+DEFAULT_SHUFFLE_WINDOW = 16
+
+
+def zarr_module() -> Any:
+    """Import zarr lazily (it costs ~1 s; `import pipekit_train.core` must stay fast)."""
+    return importlib.import_module("zarr")
+
+
+def uri_string(uri: Any) -> str:
+    """Validate a cache URI (a path or an fsspec URL) and return it as a string."""
+    if isinstance(uri, os.PathLike):
+        uri = os.fspath(uri)
+    if not isinstance(uri, str) or not uri:
+        raise ConfigError(
+            "`uri` must be a local path or an fsspec URL such as 's3://bucket/cache.zarr'. "
+            f"Received: uri={uri!r}."
+        )
+    return uri
+
+
+def _local_path(uri: str) -> str | None:
+    if uri.startswith("file://"):
+        return uri[len("file://") :]
+    return None if "://" in uri else uri
+
+
+def open_store(uri: str, storage_options: Mapping[str, Any] | None, *, read_only: bool) -> Any:
+    """A zarr store for `uri`: `LocalStore` for paths, `FsspecStore` for other URLs."""
+    zarr = zarr_module()
+    local = _local_path(uri)
+    if local is not None:
+        if storage_options:
+            raise ConfigError(
+                "`storage_options` only apply to fsspec URLs. Received: storage_options="
+                f"{dict(storage_options)!r} for the local path {uri!r}."
+            )
+        return zarr.storage.LocalStore(local, read_only=read_only)
+    return zarr.storage.FsspecStore.from_url(
+        uri, storage_options=dict(storage_options or {}), read_only=read_only
+    )
+
+
+def read_meta(uri: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, Any] | None:
+    """Open the group at `uri` read-only: `(group, meta)`, `(group, None)` or None if absent."""
+    zarr = zarr_module()
+    try:
+        group = zarr.open_group(open_store(uri, storage_options, read_only=True), mode="r")
+    except (FileNotFoundError, zarr.errors.BaseZarrError):
+        return None
+    return group, group.attrs.get(META_KEY)
+
+
+class _Pending:
+    """A chunk being read by one thread while others wait for it."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._value: dict[str, np.ndarray] | None = None
+        self._error: BaseException | None = None
+
+    def set(self, value: dict[str, np.ndarray] | None, error: BaseException | None) -> None:
+        self._value, self._error = value, error
+        self._event.set()
+
+    def result(self) -> dict[str, np.ndarray]:
+        self._event.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
+
+
+def check_read_options(memory_budget_bytes: Any, shuffle_window: Any) -> None:
+    """Validate the reading options of a `CachedDataset`."""
+    if (
+        isinstance(memory_budget_bytes, bool)
+        or not isinstance(memory_budget_bytes, (int, np.integer))
+        or memory_budget_bytes < 0
+    ):
+        raise ConfigError(
+            "`memory_budget_bytes` must be a non-negative int. "
+            f"Received: memory_budget_bytes={memory_budget_bytes!r}. Use e.g. 2**30."
+        )
+    if not (
+        shuffle_window is None
+        or shuffle_window == "auto"
+        or (
+            isinstance(shuffle_window, (int, np.integer))
+            and not isinstance(shuffle_window, bool)
+            and shuffle_window > 0
+        )
+    ):
+        raise ConfigError(
+            "`shuffle_window` must be 'auto', None or a positive number of chunks. "
+            f"Received: shuffle_window={shuffle_window!r}."
+        )
+
+
+class CachedDataset:
+    """A dataset read from a zarr v3 cache built by `CachedDataset.build`.
+
+    Args:
+        uri: a local path or an fsspec URL (`s3://...`, `gs://...`, `memory://...`).
+        storage_options: options for the fsspec filesystem (credentials, endpoint).
+        memory_budget_bytes: load the whole cache into memory when its arrays fit
+            this many bytes (default 1 GiB); otherwise read whole chunks on demand
+            into an LRU chunk cache of about this size.
+        shuffle_window: the chunk-aware shuffle `make_batches` uses: `"auto"` (a
+            full permutation when loaded in memory, else windows of 16 chunks),
+            None (always a full permutation) or a number of chunks per window. The
+            epoch order depends on it: keep it fixed across a resume (the iterator
+            state records it and refuses a mismatch).
+
+    Raises:
+        ConfigError: nothing at `uri`, not a pipekit cache, or an incomplete build.
+    """
+
+    def __init__(
+        self,
+        uri: str | os.PathLike[str],
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
+        shuffle_window: int | str | None = "auto",
+    ) -> None:
+        self.uri = uri_string(uri)
+        check_read_options(memory_budget_bytes, shuffle_window)
+        opened = read_meta(self.uri, storage_options)
+        if opened is None:
+            raise ConfigError(
+                f"`uri` holds no cache. Received: uri={self.uri!r}. Build one with "
+                "CachedDataset.build(dataset, uri)."
+            )
+        group, meta = opened
+        if not isinstance(meta, Mapping) or meta.get("format") != FORMAT_VERSION:
+            raise ConfigError(
+                f"`uri` holds a zarr group that is not a pipekit cache (format {FORMAT_VERSION}). "
+                f"Received: uri={self.uri!r}. Build one with CachedDataset.build(dataset, uri)."
+            )
+        if not meta.get("complete"):
+            done = int(np.count_nonzero(group[DONE_KEY][:]))
+            raise ConfigError(
+                f"`uri` holds an incomplete cache ({done} of {meta['num_chunks']} chunks written; "
+                f"the build was interrupted). Received: uri={self.uri!r}. Resume it with "
+                "CachedDataset.build(dataset, uri) on the same dataset."
+            )
+        self._meta = dict(meta)
+        self._length = int(meta["num_samples"])
+        self.chunk_size: int = int(meta["chunk_size"])
+        self._spec = {k: ArraySpec.from_json(v) for k, v in meta["keys"].items()}
+        self._zarrays = {k: group[k] for k in self._spec}
+        row_bytes = sum(
+            int(np.prod(s.shape, dtype=np.int64)) * s.dtype.itemsize for s in self._spec.values()
+        )
+        self.nbytes = row_bytes * self._length
+        self.in_memory = self.nbytes <= memory_budget_bytes
+        if shuffle_window == "auto":
+            shuffle_window = None if self.in_memory else DEFAULT_SHUFFLE_WINDOW
+        self.shuffle_window: int | None = None if shuffle_window is None else int(shuffle_window)
+        self._data: dict[str, np.ndarray] | None = None
+        if self.in_memory:
+            self._data = {k: np.asarray(z[...]) for k, z in self._zarrays.items()}
+        window = self.shuffle_window or DEFAULT_SHUFFLE_WINDOW
+        chunk_bytes = max(1, row_bytes * self.chunk_size)
+        self._capacity = max(2 * window, int(memory_budget_bytes) // chunk_bytes)
+        self._chunks: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._loading: dict[int, _Pending] = {}
+        self.chunk_reads = 0
+
+    # -- metadata ----------------------------------------------------------------------
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The `pipekit_cache` group attribute (source fingerprint, layout, build info)."""
+        return dict(self._meta)
+
+    @property
+    def element_spec(self) -> dict[str, ArraySpec]:
+        """Shape and dtype per key."""
+        return dict(self._spec)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The sample keys."""
+        return tuple(self._spec)
+
+    @property
+    def gather_block_rows(self) -> int:
+        """Rows `make_batches` may gather in one call (a pure row gather; ~4 MiB)."""
+        return block_rows(self._spec)
+
+    def fingerprint(self) -> str:
+        """The fingerprint of the source the cache was built from (same content, same digest)."""
+        return str(self._meta["source_fingerprint"])
+
+    def __len__(self) -> int:
+        return self._length
+
+    # -- reading -----------------------------------------------------------------------
+    def _chunk(self, cid: int) -> dict[str, np.ndarray]:
+        """Chunk `cid` (all keys) from the LRU cache; each chunk is read once even when
+        several prefetch threads ask for it at the same time."""
+        with self._lock:
+            chunk = self._chunks.get(cid)
+            if chunk is not None:
+                self._chunks.move_to_end(cid)
+                return chunk
+            loading = self._loading.get(cid)
+            owner = loading is None
+            if owner:
+                loading = self._loading[cid] = _Pending()
+        if not owner:
+            return loading.result()
+        try:
+            start = cid * self.chunk_size
+            stop = min(self._length, start + self.chunk_size)
+            chunk = {k: np.asarray(z[start:stop]) for k, z in self._zarrays.items()}
+        except BaseException as exc:
+            with self._lock:
+                del self._loading[cid]
+            loading.set(None, exc)
+            raise
+        with self._lock:
+            self.chunk_reads += 1
+            self._chunks[cid] = chunk
+            while len(self._chunks) > self._capacity:
+                self._chunks.popitem(last=False)
+            del self._loading[cid]
+        loading.set(chunk, None)
+        return chunk
+
+    def get_batch(self, indices: np.ndarray) -> Batch:
+        """Gather rows: from memory, or from whole chunks held in the LRU chunk cache."""
+        idx = np.asarray(indices, dtype=np.intp)
+        if self._data is not None:
+            return {k: a.take(idx, axis=0) for k, a in self._data.items()}
+        if idx.size and (idx.min() < 0 or idx.max() >= self._length):
+            raise IndexError(f"indices out of range for a dataset of {self._length}")
+        cids = idx // self.chunk_size
+        first, last = int(cids.min(initial=0)), int(cids.max(initial=0))
+        if first == last:
+            chunk = self._chunk(first)
+            offsets = idx - first * self.chunk_size
+            return {k: a.take(offsets, axis=0) for k, a in chunk.items()}
+        out = {k: np.empty((idx.size, *s.shape), dtype=s.dtype) for k, s in self._spec.items()}
+        by_chunk = np.argsort(cids, kind="stable")
+        sorted_cids = cids[by_chunk]
+        unique, starts = np.unique(sorted_cids, return_index=True)
+        ends = [*starts[1:].tolist(), idx.size]
+        for cid, a, b in zip(unique.tolist(), starts.tolist(), ends, strict=True):
+            chunk = self._chunk(cid)
+            rows = by_chunk[a:b]
+            offsets = idx[rows] - cid * self.chunk_size
+            for k, values in chunk.items():
+                out[k][rows] = values.take(offsets, axis=0)
+        return out
+
+    def __getitem__(self, index: int) -> Sample:
+        i = int(index)
+        if not -self._length <= i < self._length:
+            raise IndexError(f"index {index} is out of range for a dataset of {self._length}")
+        batch = self.get_batch(np.array([i % self._length]))
+        return {k: v[0] for k, v in batch.items()}
+
+    # -- building ----------------------------------------------------------------------
+    @classmethod
+    def build(
+        cls,
+        dataset: Any,
+        uri: str | os.PathLike[str],
+        *,
+        chunk_size: int | None = None,
+        progress: bool | Callable[[int, int], None] = False,
+        workers: int = 0,
+        storage_options: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+        mp_context: str = "spawn",
+        memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
+        shuffle_window: int | str | None = "auto",
+    ) -> CachedDataset:
+        """Write `dataset` into a zarr v3 cache at `uri` (resumable) and open it.
+
+        Every argument is validated, and the source fingerprinted, before anything is
+        written. If `uri` already holds a cache of the same source, the build resumes:
+        chunks marked done are skipped (a complete cache is returned as is). A cache of
+        another source (a different fingerprint) is refused unless `overwrite=True`.
+
+        Args:
+            dataset: an indexable dataset with a fixed element spec (numeric dtypes).
+            uri: a local path or an fsspec URL (`s3://`, `gs://`, `memory://`, ...).
+            chunk_size: rows per chunk along axis 0; None picks about 1 MiB per chunk
+                of the widest key. Also the unit of resumption and of parallel work.
+            progress: True shows a tqdm bar; a callable gets `(chunks_done, chunks)`.
+            workers: compute rows in this many processes (0: in this process). Meant
+                for expensive sources such as `SimulationDataset`; the bytes are the
+                same as a serial build. The dataset must be picklable.
+            storage_options: fsspec filesystem options for URLs.
+            overwrite: delete an existing cache at `uri` (of any source) and rebuild.
+            mp_context: `"spawn"` (default), `"forkserver"` or `"fork"`.
+            memory_budget_bytes: forwarded to the returned `CachedDataset`.
+            shuffle_window: forwarded to the returned `CachedDataset`.
+
+        Returns:
+            The opened `CachedDataset`.
+
+        Raises:
+            ConfigError: invalid arguments, a stale cache, a non-cache at `uri`, or a
+                sample that does not match the element spec.
+        """
+        from ._cache_build import build_cache
+
+        check_read_options(memory_budget_bytes, shuffle_window)
+        build_cache(
+            dataset,
+            uri_string(uri),
+            chunk_size=chunk_size,
+            progress=progress,
+            workers=workers,
+            storage_options=storage_options,
+            overwrite=overwrite,
+            mp_context=mp_context,
+        )
+        return cls(
+            uri,
+            storage_options=storage_options,
+            memory_budget_bytes=memory_budget_bytes,
+            shuffle_window=shuffle_window,
+        )
+
+    def __repr__(self) -> str:
+        mode = "in memory" if self.in_memory else f"chunked, window={self.shuffle_window}"
+        return (
+            f"CachedDataset({self.uri!r}, n={self._length}, chunk_size={self.chunk_size}, {mode})"
+        )
