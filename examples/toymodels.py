@@ -1,0 +1,97 @@
+"""Toy models and simulators shared by the worked examples.
+
+Model factories are referenced by import string (`"toymodels:equinox_mlp"`), so a
+registry can rebuild them from JSON; each backend's library is imported only inside
+its own factory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# -- the damped oscillator ------------------------------------------------------------------
+
+
+def oscillator_step(state: np.ndarray, omega: float = 2.0, zeta: float = 0.1, dt: float = 0.1) -> np.ndarray:
+    """One semi-implicit Euler step of `x'' + 2ζωx' + ω²x = 0` on `[..., (x, v)]`."""
+    state = np.asarray(state, dtype=np.float64)
+    x, v = state[..., 0], state[..., 1]
+    v_next = v + dt * (-2.0 * zeta * omega * v - omega**2 * x)
+    return np.stack([x + dt * v_next, v_next], axis=-1)
+
+
+def sample_state(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A random oscillator state: position and velocity in [-1, 1]."""
+    return {"x": rng.uniform(-1.0, 1.0, size=2).astype(np.float32)}
+
+
+def one_step(params: dict[str, np.ndarray]) -> np.ndarray:
+    """Simulator for `SimulationDataset`: the next state of the state in `params["x"]`."""
+    return oscillator_step(params["x"]).astype(np.float32)
+
+
+def trajectory(omega: float, zeta: float, n_steps: int = 40, x0: float = 1.0, dt: float = 0.1) -> np.ndarray:
+    """Positions of a damped oscillator started at `(x0, 0)`."""
+    state = np.array([x0, 0.0])
+    out = []
+    for _ in range(n_steps):
+        state = oscillator_step(state, omega=omega, zeta=zeta, dt=dt)
+        out.append(state[0])
+    return np.asarray(out, dtype=np.float32)
+
+
+# -- model factories, one per backend --------------------------------------------------------
+
+
+def equinox_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2, *, key: Any) -> Any:
+    """An Equinox MLP on one sample (`(in,) -> (out,)`; the adapter vmaps it over the batch)."""
+    import equinox as eqx
+    import jax
+
+    return eqx.nn.MLP(in_size, out_size, width, depth, activation=jax.nn.tanh, key=key)
+
+
+def torch_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2) -> Any:
+    """A torch MLP with tanh activations."""
+    import torch
+
+    layers: list[Any] = []
+    size = in_size
+    for _ in range(depth):
+        layers += [torch.nn.Linear(size, width), torch.nn.Tanh()]
+        size = width
+    layers.append(torch.nn.Linear(size, out_size))
+    return torch.nn.Sequential(*layers)
+
+
+def keras_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2) -> Any:
+    """A Keras MLP with tanh activations."""
+    import keras
+
+    inputs = keras.Input((in_size,))
+    h = inputs
+    for _ in range(depth):
+        h = keras.layers.Dense(width, activation="tanh")(h)
+    return keras.Model(inputs, keras.layers.Dense(out_size)(h))
+
+
+def model_op(backend: str, in_size: int, out_size: int, width: int = 64, depth: int = 2, seed: int = 0) -> Any:
+    """The model operator of `backend` wrapping the matching MLP factory."""
+    if backend == "equinox":
+        from pipekit_train.equinox import EquinoxModelOp
+
+        return EquinoxModelOp("toymodels:equinox_mlp", in_size=in_size, out_size=out_size, width=width, depth=depth, seed=seed)
+    if backend == "lightning":
+        from pipekit_train.lightning import LightningModelOp
+
+        return LightningModelOp("toymodels:torch_mlp", in_size=in_size, out_size=out_size, width=width, depth=depth, seed=seed)
+    if backend == "keras":
+        import os
+
+        os.environ.setdefault("KERAS_BACKEND", "jax")
+        from pipekit_train.keras import KerasModelOp
+
+        return KerasModelOp("toymodels:keras_mlp", in_size=in_size, out_size=out_size, width=width, depth=depth, seed=seed)
+    raise SystemExit(f"--backend must be equinox, lightning or keras. Received: backend={backend!r}.")

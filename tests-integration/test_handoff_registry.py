@@ -1,0 +1,95 @@
+"""Registry handoff per backend: TrainingLoop → artifact → registry → load, bytes identical."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import toymodels
+from pipekit_train.core import LocalModelRegistry, S3ModelRegistry, TrainingLoop
+from pipekit_train.core.testing import regression_task
+
+BACKENDS = ("equinox", "lightning", "keras")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[str]:
+    moto_server = pytest.importorskip("moto.server")
+    s3fs = pytest.importorskip("s3fs")
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch_module.setenv(key, value)
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    fs = s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs={"endpoint_url": endpoint})
+    fs.mkdir("models")
+    yield endpoint
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def trained(request: pytest.FixtureRequest) -> tuple[str, object]:
+    backend = request.param
+    train, val = regression_task()
+    loop = TrainingLoop(
+        model=toymodels.model_op(backend, in_size=4, out_size=1, width=16, seed=0),
+        data=train,
+        validation=val,
+        loss="mse",
+        metrics=["mae"],
+        optimizer_config={"name": "adam", "lr": 1e-2},
+        batch_size=32,
+        max_steps=40,
+        seed=0,
+        sweep_id="sweep-handoff",
+        progress=False,
+    )
+    return backend, loop.run()
+
+
+def _check_round_trip(registry: object, artifact: object) -> dict:
+    record = artifact.register(registry, "regressor")
+    loaded_record, loaded = registry.load_record_and_model("regressor")
+    blob = artifact.model.serialize_weights()
+    assert hashlib.sha256(loaded.serialize_weights()).hexdigest() == hashlib.sha256(blob).hexdigest() == record.weights_sha256
+    x = regression_task()[1].get_batch(np.arange(32))["x"]
+    np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(artifact.model(x)))
+    assert loaded_record.version == record.version
+    return loaded_record.lineage
+
+
+def test_local_registry_round_trip(trained: tuple[str, object], tmp_path: Path) -> None:
+    backend, artifact = trained
+    lineage = _check_round_trip(LocalModelRegistry(tmp_path / "registry"), artifact)
+    assert lineage["sweep_id"] == "sweep-handoff"
+    assert lineage["backend"] == backend and lineage["plan"]["batch_size"] == 32
+    assert "numpy" in lineage["versions"] and "pipekit-train-core" in lineage["versions"]
+    manifest = json.loads(next((tmp_path / "registry").rglob("manifest.json")).read_text())
+    assert manifest["config"]["factory"].startswith("toymodels:")
+
+
+def test_s3_registry_round_trip(trained: tuple[str, object], s3_endpoint: str) -> None:
+    backend, artifact = trained
+    registry = S3ModelRegistry(f"s3://models/{backend}", key="testing", secret="testing", client_kwargs={"endpoint_url": s3_endpoint})
+    lineage = _check_round_trip(registry, artifact)
+    assert lineage["sweep_id"] == "sweep-handoff"
