@@ -66,7 +66,7 @@ class NeuralForward:
         state_key: the normalizer key of the input state (default `"x"`).
         output_key: the normalizer key of the model's output (default `"y"`).
 
-    Example:
+    Examples:
         ```python
         record, op = registry.load_record_and_model("oscillator")
         forward = NeuralForward(op, normalizer=record.load_normalizer())

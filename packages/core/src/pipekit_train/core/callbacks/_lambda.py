@@ -25,7 +25,7 @@ class LambdaCallback:
         on_checkpoint: `fn(state, path)`.
         on_train_end: `fn(state, artifact)`.
 
-    Example:
+    Examples:
         >>> cb = LambdaCallback(on_step_end=lambda state: print(state.step))
     """
 

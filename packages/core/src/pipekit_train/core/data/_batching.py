@@ -95,7 +95,7 @@ def make_batches(
         ConfigError: an argument is invalid, or `batch_size` exceeds the samples of
             a shard while `drop_remainder=True`.
 
-    Example:
+    Examples:
         >>> it = make_batches(ArrayDataset(x=x, y=y), 256, seed=0)
         >>> batch = next(it)
         >>> state = it.get_state()                  # JSON, goes into a checkpoint

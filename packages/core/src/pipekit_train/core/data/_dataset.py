@@ -193,7 +193,7 @@ class ArrayDataset:
     Raises:
         ConfigError: no arrays, a 0-d array, a non-numeric dtype, or unequal lengths.
 
-    Example:
+    Examples:
         >>> ds = ArrayDataset(x=np.zeros((100, 8), np.float32), y=np.zeros((100, 1)))
         >>> ds.get_batch(np.array([3, 1]))["x"].shape
         (2, 8)
@@ -290,7 +290,7 @@ class IterableDataset:
         ConfigError: `source` is not callable (e.g. a generator object was passed
             instead of the generator function).
 
-    Example:
+    Examples:
         >>> def samples():
         ...     for i in range(10):
         ...         yield {"x": np.full(3, i, np.float32), "y": np.float32(i)}

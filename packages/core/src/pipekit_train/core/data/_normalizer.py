@@ -226,7 +226,7 @@ class Normalizer:
     def invert(self, data: Any, key: str | None = None) -> Any:
         """Undo `apply`: `x * std + mean` for a dict (fitted keys) or one array of `key`.
 
-        Example:
+        Examples:
             >>> y_pred = normalizer.invert(model(x_norm), key="y")
         """
         return self._map(data, key, False)

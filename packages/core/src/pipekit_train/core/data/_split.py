@@ -118,7 +118,7 @@ def split(dataset: Any, fractions: Sequence[float], seed: int = 0) -> tuple[Subs
         ConfigError: a fraction is not positive, they sum to more than 1, or a part
             would be empty.
 
-    Example:
+    Examples:
         >>> train, val = split(ds, (0.9, 0.1), seed=0)
     """
     if isinstance(fractions, (int, float)) or not isinstance(fractions, Sequence) or not fractions:

@@ -155,7 +155,7 @@ class Loss:
         params: default values of the keyword parameters of `fn` (JSON values).
         check: `check(params)` validates parameters, raising `ConfigError`.
 
-    Example:
+    Examples:
         >>> from pipekit_train.core import losses
         >>> total = losses.mse + 0.1 * losses.mae
         >>> total.describe()["weighted"][1]

@@ -139,7 +139,7 @@ class FsspecModelRegistry:
         **storage_options: passed to fsspec (e.g. `key`, `secret`,
             `client_kwargs={"endpoint_url": ...}` for s3fs).
 
-    Example:
+    Examples:
         ```python
         registry = LocalModelRegistry("models")
         record = registry.register("emulator", artifact.model, metrics={"val_loss": 0.01})

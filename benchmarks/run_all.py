@@ -1,0 +1,400 @@
+"""Run every side-by-side benchmark and write `docs/performance.md`.
+
+    uv run python benchmarks/run_all.py            # full runs (minutes to tens of minutes)
+    uv run python benchmarks/run_all.py --quick    # short runs; what the page usually shows
+    uv run python benchmarks/run_all.py --only bench_import bench_checkpoint --output /tmp/perf.md
+
+Convention for `benchmarks/bench_*.py` (every script follows it; run_all relies on it):
+
+- Runs standalone: `python benchmarks/bench_<topic>.py`, and prints a human-readable
+  summary on stdout.
+- `--quick`: a short run, seconds to about a minute on a 2-core machine, with the same
+  cases and fewer repeats or smaller sizes. run_all passes it when run with `--quick`.
+- `--json PATH`: also write the results to PATH as a JSON list of rows:
+
+      {"benchmark": "equinox",            # the topic (usually the script's suffix)
+       "case": "adapter, steps_per_execution=10",   # what was measured
+       "metric": "steps/s (best of 3)",   # what the value is
+       "value": 1234.5,                   # number or null (not measured / failed)
+       "unit": "steps/s",
+       "ratio": 0.97,                     # value relative to the reference case (e.g. the
+                                          # hand-written loop), null if none; say which
+                                          # reference in `metric`, `case` or `note`
+       "target": ">= 0.95",               # the quality bar as text, null if none
+       "ok": true,                        # whether the target is met; null if no target
+       "note": "optional free text"}      # optional
+
+  Rows are reported in the order given. A missed target is `"ok": false`, not a
+  non-zero exit status. Exit non-zero only if the benchmark could not run.
+- Measurements that are compared run interleaved in one process, so that machine noise
+  hits both sides. The times are wall-clock times on whatever machine runs them.
+
+run_all runs each script with this interpreter and the flags the script supports. It
+finds them by looking for the strings `--quick` and `--json` in the script's source. A
+script without `--json` still runs, and its stdout goes into the page verbatim. A script
+that fails or times out gets a row saying so. The page has one results table plus the
+machine it ran on: CPU model, cores, RAM, load, OS, Python, library versions, date and
+git commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+FIELDS = ("benchmark", "case", "metric", "value", "unit", "ratio", "target", "ok")
+LIBRARIES = (
+    "pipekit-train-core",
+    "pipekit-train-equinox",
+    "pipekit-train-lightning",
+    "pipekit-train-keras",
+    "pipekit-train-sweep",
+    "numpy",
+    "grain",
+    "zarr",
+    "jax",
+    "jaxlib",
+    "equinox",
+    "optax",
+    "orbax-checkpoint",
+    "torch",
+    "lightning",
+    "keras",
+    "optuna",
+    "ray",
+)
+
+
+# -- machine -----------------------------------------------------------------------------------
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _ram_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 1024**2
+    except OSError:
+        pass
+    return None
+
+
+def _git_commit() -> str:
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        return sha + (" (with uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _load() -> str:
+    try:
+        return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    except (OSError, AttributeError):
+        return "n/a"
+
+
+def machine_info() -> dict[str, str]:
+    """What the page reports about the machine and the software."""
+    ram = _ram_gb()
+    versions = []
+    for name in LIBRARIES:
+        try:
+            versions.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return {
+        "CPU": _cpu_model(),
+        "Cores": str(os.cpu_count()),
+        "RAM": f"{ram:.0f} GB" if ram else "unknown",
+        "OS": platform.platform(),
+        "Python": platform.python_version(),
+        "Libraries": ", ".join(versions),
+        "Date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "Load average (1, 5, 15 min) at the start": _load(),
+        "Commit": _git_commit(),
+    }
+
+
+# -- running the scripts -----------------------------------------------------------------------
+def discover(only: list[str] | None, skip: list[str]) -> list[Path]:
+    """`benchmarks/bench_*.py`, sorted, filtered by name (with or without `.py`)."""
+    scripts = sorted(HERE.glob("bench_*.py"))
+    names = lambda items: {i.removesuffix(".py") for i in items}  # noqa: E731
+    if only:
+        wanted = names(only)
+        unknown = wanted - {p.stem for p in scripts}
+        if unknown:
+            raise SystemExit(
+                f"unknown benchmark(s) {sorted(unknown)}; have {[p.stem for p in scripts]}"
+            )
+        scripts = [p for p in scripts if p.stem in wanted]
+    return [p for p in scripts if p.stem not in names(skip)]
+
+
+def _tail(text: str, lines: int = 3) -> str:
+    return " / ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())
+
+
+def run_script(script: Path, *, quick: bool, timeout: float) -> dict[str, Any]:
+    """Run one benchmark; return its rows (or its stdout when it has no `--json`)."""
+    source = script.read_text()
+    has_json, has_quick = "--json" in source, "--quick" in source
+    topic = script.stem.removeprefix("bench_")
+    cmd = [sys.executable, str(script)]
+    if quick and has_quick:
+        cmd.append("--quick")
+    json_path = None
+    if has_json:
+        fd, json_path = tempfile.mkstemp(prefix=f"{script.stem}-", suffix=".json")
+        os.close(fd)
+        cmd += ["--json", json_path]
+    env = {
+        **os.environ,
+        "KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "jax"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    print(f"== {script.name} {' '.join(cmd[2:])}", flush=True)
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env, check=False
+        )
+        stdout, stderr, code = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        stderr, code = f"timed out after {timeout:.0f} s", None
+    seconds = time.perf_counter() - t0
+    print(stdout, end="" if stdout.endswith("\n") else "\n", flush=True)
+    result: dict[str, Any] = {
+        "script": script.name,
+        "seconds": seconds,
+        "rows": [],
+        "stdout": None,
+        "quick": quick and has_quick,
+    }
+    try:
+        if json_path is not None and code == 0:
+            with open(json_path) as fh:
+                rows = json.load(fh)
+            if not isinstance(rows, list):
+                raise ValueError(
+                    f"{script.name} wrote {type(rows).__name__}, expected a list of rows"
+                )
+            result["rows"] = [_normalise(r, topic) for r in rows]
+        elif code == 0:
+            result["stdout"] = stdout.strip()
+        else:
+            why = stderr if code is None else f"exit {code}: {_tail(stderr or stdout)}"
+            result["rows"] = [_failure(topic, why)]
+            print(f"   failed: {why}", flush=True)
+    except (OSError, ValueError) as exc:
+        result["rows"] = [_failure(topic, f"unreadable --json output: {exc}")]
+    finally:
+        if json_path is not None:
+            Path(json_path).unlink(missing_ok=True)
+    return result
+
+
+def _failure(topic: str, why: str) -> dict[str, Any]:
+    return {
+        "benchmark": topic,
+        "case": "(the script)",
+        "metric": "did not complete",
+        "value": None,
+        "unit": "",
+        "ratio": None,
+        "target": None,
+        "ok": False,
+        "note": why,
+    }
+
+
+def _normalise(row: Any, topic: str) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise ValueError(f"a row must be a JSON object, got {row!r}")
+    out = {key: row.get(key) for key in FIELDS}
+    out["benchmark"] = out["benchmark"] or topic
+    if row.get("note"):
+        out["note"] = row["note"]
+    return out
+
+
+# -- the page ----------------------------------------------------------------------------------
+def _num(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            return str(value)
+        if value == 0:
+            return "0"
+        magnitude = abs(value)
+        if magnitude >= 1000:
+            return f"{value:,.0f}"
+        if magnitude >= 0.01:
+            return f"{value:.3g}"
+        return f"{value:.2e}"
+    return str(value)
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ") if text is not None else ""
+
+
+def _ok(ok: Any) -> str:
+    return {True: "✅", False: "❌"}.get(ok, "")
+
+
+def render(
+    results: list[dict[str, Any]], machine: dict[str, str], *, quick: bool, command: str
+) -> str:
+    """The whole `docs/performance.md`."""
+    rows = [r for res in results for r in res["rows"]]
+    raw = [res for res in results if res["stdout"]]
+    missed = [r for r in rows if r["ok"] is False]
+    lines = [
+        "# Performance",
+        "",
+        "Side-by-side benchmarks from `benchmarks/`: each pipekit-train code path is timed next",
+        "to the hand-written code it replaces (a plain `eqx.filter_jit` + optax loop, plain",
+        "`Trainer.fit`, plain `model.fit`, a numpy batching loop), in the same process and on",
+        "the same data. The page is generated; do not edit it by hand. Regenerate it with:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        "Absolute times depend on the machine and on whatever else it was running. The ratios",
+        "are the numbers to compare. A ratio is the case's value divided by its reference (named",
+        "in the metric or the note). **OK** says whether the quality bar in **Target** is met.",
+        "",
+        '!!! note "' + ("Quick run" if quick else "Full run") + '"',
+        "    "
+        + (
+            "These numbers come from `--quick` runs: fewer repeats and smaller sizes than"
+            " a full run, so they are noisier."
+            if quick
+            else "These numbers come from full runs (no `--quick`)."
+        ),
+        "",
+        "## Results",
+        "",
+        "| Benchmark | Case | Metric | Value | Unit | Ratio | Target | OK | Note |",
+        "| --- | --- | --- | ---: | --- | ---: | --- | :---: | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    _cell(r["benchmark"]),
+                    _cell(r["case"]),
+                    _cell(r["metric"]),
+                    _num(r["value"]),
+                    _cell(r["unit"]),
+                    _num(r["ratio"]),
+                    _cell(r["target"]),
+                    _ok(r["ok"]),
+                    _cell(r.get("note")),
+                ]
+            )
+            + " |"
+        )
+    if not rows:
+        lines.append("| – | no results | | | | | | | |")
+    lines += [
+        "",
+        f"{len(rows)} rows; {len([r for r in rows if r['ok'] is True])} targets met, {len(missed)} missed.",
+        "",
+    ]
+    timing = ", ".join(f"`{res['script']}` {res['seconds']:.0f} s" for res in results)
+    lines += ["## Machine", "", "| | |", "| --- | --- |"]
+    for key, value in machine.items():
+        lines.append(f"| {key} | {_cell(value)} |")
+    lines.append(f"| Load average (1, 5, 15 min) at the end | {_load()} |")
+    lines.append(f"| Run time | {timing} |")
+    lines.append("")
+    if raw:
+        lines += ["## Output of scripts without `--json`", ""]
+        for res in raw:
+            lines += [f"### `{res['script']}`", "", "```text", res["stdout"], "```", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="pass --quick to every script that supports it"
+    )
+    parser.add_argument(
+        "--only", nargs="+", default=None, help="run only these scripts (e.g. bench_import)"
+    )
+    parser.add_argument("--skip", nargs="+", default=[], help="skip these scripts")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per script (default: 900 with --quick, 7200 without)",
+    )
+    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "performance.md")
+    parser.add_argument("--json-out", type=Path, default=None, help="also write every row here")
+    args = parser.parse_args(argv)
+    timeout = args.timeout or (900.0 if args.quick else 7200.0)
+
+    scripts = discover(args.only, args.skip)
+    if not scripts:
+        raise SystemExit("no benchmarks to run")
+    machine = machine_info()
+    results = [run_script(s, quick=args.quick, timeout=timeout) for s in scripts]
+    command = "uv run python benchmarks/run_all.py" + (" --quick" if args.quick else "")
+    if args.only:
+        command += " --only " + " ".join(s.stem for s in scripts)
+    args.output.write_text(render(results, machine, quick=args.quick, command=command))
+    if args.json_out:
+        args.json_out.write_text(json.dumps({"machine": machine, "results": results}, indent=2))
+    rows = [r for res in results for r in res["rows"]]
+    print(
+        f"wrote {args.output} ({len(rows)} rows; {sum(r['ok'] is False for r in rows)} targets missed)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
