@@ -40,7 +40,9 @@ def worker(process_id: int, port: int, directory: Path) -> None:
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
+        coordinator_address=f"127.0.0.1:{port}",
+        num_processes=2,
+        process_id=process_id,
         initialization_timeout=60,
     )
     import numpy as np
@@ -55,11 +57,20 @@ def worker(process_id: int, port: int, directory: Path) -> None:
 
     def loop(max_steps: int) -> TrainingLoop:
         return TrainingLoop(
-            model=EquinoxModelOp("pipekit_train.equinox.testing:mlp", in_size=4, out_size=1, width=16, seed=0),
-            data=train, validation=val, loss="mse", optimizer_config={"name": "adam", "lr": 0.01},
-            batch_size=8, max_steps=max_steps, seed=0, validate_every_n_steps=10,
+            model=EquinoxModelOp(
+                "pipekit_train.equinox.testing:mlp", in_size=4, out_size=1, width=16, seed=0
+            ),
+            data=train,
+            validation=val,
+            loss="mse",
+            optimizer_config={"name": "adam", "lr": 0.01},
+            batch_size=8,
+            max_steps=max_steps,
+            seed=0,
+            validate_every_n_steps=10,
             checkpoint=Checkpoint(directory / "ckpt", every_n_steps=10, max_to_keep=2),
-            sharding=ShardingSpec(mesh), progress=False,
+            sharding=ShardingSpec(mesh),
+            progress=False,
         )
 
     first = loop(20).run()
@@ -86,8 +97,20 @@ def launch(timeout: float) -> int:
         env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
         procs = [
             subprocess.Popen(
-                [sys.executable, __file__, "--process-id", str(i), "--port", str(port), "--dir", str(directory)],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                [
+                    sys.executable,
+                    __file__,
+                    "--process-id",
+                    str(i),
+                    "--port",
+                    str(port),
+                    "--dir",
+                    str(directory),
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
             for i in range(2)
         ]
@@ -110,7 +133,9 @@ def launch(timeout: float) -> int:
         a, b = results
         checks = {
             "both processes trained 30 steps": a["steps"] == b["steps"] == 30,
-            "the resume started from step 20": a["resumed_from_step"] == b["resumed_from_step"] == 20,
+            "the resume started from step 20": a["resumed_from_step"]
+            == b["resumed_from_step"]
+            == 20,
             "same weights on both processes": a["weights_sha256"] == b["weights_sha256"],
             "same losses on both processes": a["losses"] == b["losses"],
             "same predictions on both processes": a["prediction"] == b["prediction"],
@@ -120,7 +145,9 @@ def launch(timeout: float) -> int:
         for name, ok in checks.items():
             print(f"  {'ok  ' if ok else 'FAIL'} {name}")
         wall = time.perf_counter() - t0
-        print(f"losses: first {a['losses'][0]:.4f}, last {a['losses'][-1]:.4f}; val_loss {a['val_loss']:.4f}; {wall:.1f}s")
+        print(
+            f"losses: first {a['losses'][0]:.4f}, last {a['losses'][-1]:.4f}; val_loss {a['val_loss']:.4f}; {wall:.1f}s"
+        )
         return 0 if all(checks.values()) else 1
 
 

@@ -1,0 +1,247 @@
+"""Side-by-side benchmark of the Equinox adapter (not part of the test run).
+
+Run:  uv run python benchmarks/bench_equinox.py [--repeats 3] [--rss-steps 20000]
+
+Three loops train the same model (same initial weights, adam lr 1e-3, mse) on the same
+batches — every loop draws numpy batches from core's batching engine (`make_batches`),
+none is pre-staged on the device:
+
+- `adapter`: `TrainingLoop(..., adapter=Equinox(...)).run()`, i.e. core's step driver,
+  `RunContext` (metrics buffered on the device and fetched every 50 steps, history,
+  writers) and the adapter's compiled step.
+- `filter_jit`: the usual hand-written loop, `eqx.filter_jit` step + optax.
+- `jit`: a hand-written `jax.jit` step over `eqx.partition`ed arrays with donation.
+
+What is measured: steps/s after warm-up (compilation excluded). For the adapter, a
+writer records `time.perf_counter()` when the metrics of step `warmup` are flushed
+and when the last step is flushed (metrics are fetched in groups of 50, each fetch
+waits for the device), so the interval covers exactly steps `warmup+1 .. total`,
+including batching, dispatch and logging. The hand-written loops are timed over the
+same steps and end with `jax.block_until_ready`. Each measurement is repeated (runs
+interleaved, so machine noise hits all sides alike) and the best rate is kept.
+
+Cases: (a) MLP 8→256→256→1, batch 256; (b) MLP 2→32→1, batch 32; (c) (b) with
+`steps_per_execution=10` (against the per-step loops). Last, the peak RSS of a long
+run of (a) at 10% and at 100% of its steps (it must not grow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import resource
+import time
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from pipekit_train.core import TrainingLoop
+from pipekit_train.core.data import ArrayDataset, make_batches
+from pipekit_train.equinox import Equinox, EquinoxModelOp
+
+LR = 1e-3
+SEED = 0
+
+
+def make_data(in_size: int, rows: int) -> ArrayDataset:
+    """A synthetic regression dataset (float32)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows, in_size)).astype(np.float32)
+    y = (np.sin(x).sum(axis=1, keepdims=True) + 0.1 * rng.standard_normal((rows, 1))).astype(
+        np.float32
+    )
+    return ArrayDataset(x=x, y=y)
+
+
+def make_op(in_size: int, width: int, depth: int) -> EquinoxModelOp:
+    """The benchmark MLP as a model operator (ReLU, `eqx.nn.MLP`)."""
+    return EquinoxModelOp(
+        "pipekit_train.equinox.testing:mlp",
+        in_size=in_size,
+        out_size=1,
+        width=width,
+        depth=depth,
+        seed=SEED,
+    )
+
+
+# -- the adapter ---------------------------------------------------------------------------
+class _Clock:
+    """A metric writer that timestamps the flush of two given steps and samples peak RSS."""
+
+    def __init__(self, marks: tuple[int, ...]):
+        self.marks = set(marks)
+        self.times: dict[int, float] = {}
+        self.rss: dict[int, int] = {}
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        if step in self.marks:
+            self.times[step] = time.perf_counter()
+            self.rss[step] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def run_adapter(
+    data: ArrayDataset, op: EquinoxModelOp, batch: int, warmup: int, total: int, k: int = 1
+) -> tuple[float, _Clock]:
+    """Steps/s of `TrainingLoop.run()` over steps `warmup+1 .. total`."""
+    clock = _Clock((warmup, total))
+    TrainingLoop(
+        model=op,
+        data=data,
+        loss="mse",
+        optimizer_config={"name": "adam", "lr": LR},
+        batch_size=batch,
+        max_steps=total,
+        seed=SEED,
+        adapter=Equinox(steps_per_execution=k),
+        writers=[clock],
+        log_every_n_steps=50,
+        progress=False,
+    ).run()
+    return (total - warmup) / (clock.times[total] - clock.times[warmup]), clock
+
+
+# -- hand-written loops --------------------------------------------------------------------
+def _loss(model: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+    return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+
+def run_filter_jit(
+    data: ArrayDataset, op: EquinoxModelOp, batch: int, warmup: int, total: int
+) -> float:
+    """The usual loop: `eqx.filter_jit` + `eqx.filter_value_and_grad` + optax."""
+    optim = optax.adam(LR)
+    model = op.model
+    opt_state = optim.init(eqx.filter(model, eqx.is_array))
+
+    @eqx.filter_jit
+    def step(model: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple[Any, Any, jax.Array]:
+        loss, grads = eqx.filter_value_and_grad(_loss)(model, x, y)
+        updates, opt_state = optim.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+        return eqx.apply_updates(model, updates), opt_state, loss
+
+    it = make_batches(data, batch, seed=SEED)
+    t0 = 0.0
+    for i in range(total):
+        if i == warmup:
+            jax.block_until_ready(model)
+            t0 = time.perf_counter()
+        b = next(it)
+        model, opt_state, loss = step(model, opt_state, b["x"], b["y"])
+    jax.block_until_ready((model, loss))
+    return (total - warmup) / (time.perf_counter() - t0)
+
+
+def run_jit(
+    data: ArrayDataset,
+    op: EquinoxModelOp,
+    batch: int,
+    warmup: int,
+    total: int,
+    staged: bool = False,
+) -> float:
+    """`jax.jit` over `eqx.partition`ed arrays, model and optimizer state donated."""
+    optim = optax.adam(LR)
+    params, static = eqx.partition(op.model, eqx.is_array)
+    params = jax.tree.map(jnp.copy, params)
+    opt_state = optim.init(params)
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple[Any, Any, jax.Array]:
+        loss, grads = jax.value_and_grad(lambda p: _loss(eqx.combine(p, static), x, y))(params)
+        updates, opt_state = optim.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    it = make_batches(data, batch, seed=SEED)
+    staged_batches = [jax.device_put(next(it)) for _ in range(total)] if staged else None
+    t0 = 0.0
+    for i in range(total):
+        if i == warmup:
+            jax.block_until_ready(params)
+            t0 = time.perf_counter()
+        b = staged_batches[i] if staged_batches is not None else next(it)
+        params, opt_state, loss = step(params, opt_state, b["x"], b["y"])
+    jax.block_until_ready((params, loss))
+    return (total - warmup) / (time.perf_counter() - t0)
+
+
+def best(fn: Callable[[], float], results: list[float]) -> None:
+    results.append(fn())
+
+
+def bench_case(
+    name: str,
+    in_size: int,
+    width: int,
+    depth: int,
+    batch: int,
+    warmup: int,
+    total: int,
+    repeats: int,
+    k: int = 1,
+) -> dict[str, float]:
+    """Interleaved best-of-`repeats` steps/s of the three loops for one case."""
+    data = make_data(in_size, rows=max(batch * 64, 4096))
+    op = make_op(in_size, width, depth)
+    rates: dict[str, list[float]] = {
+        "adapter": [],
+        "filter_jit": [],
+        "jit": [],
+        "jit_prestaged": [],
+    }
+    for _ in range(repeats):
+        rates["adapter"].append(run_adapter(data, op, batch, warmup, total, k)[0])
+        rates["filter_jit"].append(run_filter_jit(data, op, batch, warmup, total))
+        rates["jit"].append(run_jit(data, op, batch, warmup, total))
+        rates["jit_prestaged"].append(run_jit(data, op, batch, warmup, total, staged=True))
+    out = {key: max(v) for key, v in rates.items()}
+    faster = max(out["filter_jit"], out["jit"])
+    print(
+        f"\n({name}) MLP {in_size}→{'→'.join([str(width)] * depth)}→1, batch {batch}, steps_per_execution={k}; "
+        f"steps {warmup + 1}..{total}, best of {repeats}"
+    )
+    for key, rate in out.items():
+        extra = "" if key == "adapter" else f"   adapter/{key} = {out['adapter'] / rate:.2f}x"
+        print(f"  {key:<14} {rate:>10.0f} steps/s{extra}")
+    print(f"  adapter / faster hand-written loop (same batching) = {out['adapter'] / faster:.2f}x")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rss-steps", type=int, default=20_000)
+    parser.add_argument("--skip-rss", action="store_true")
+    args = parser.parse_args()
+    print(
+        f"jax {jax.__version__}, equinox {eqx.__version__}, optax {optax.__version__}, devices {jax.devices()}"
+    )
+    a = bench_case("a", 8, 256, 2, 256, warmup=100, total=1100, repeats=args.repeats)
+    b = bench_case("b", 2, 32, 1, 32, warmup=200, total=3200, repeats=args.repeats)
+    c = bench_case("c", 2, 32, 1, 32, warmup=200, total=3200, repeats=args.repeats, k=10)
+    print("\nTargets:")
+    print(
+        f"  (a) adapter >= 0.95x faster hand-written: {a['adapter'] / max(a['filter_jit'], a['jit']):.2f}x"
+    )
+    print(
+        f"  (b) adapter >= 0.95x faster hand-written: {b['adapter'] / max(b['filter_jit'], b['jit']):.2f}x"
+    )
+    print(f"  (c) adapter K=10 >= 5x per-step filter_jit: {c['adapter'] / c['filter_jit']:.2f}x")
+    if not args.skip_rss:
+        n = args.rss_steps
+        data = make_data(8, rows=256 * 64)
+        rate, clock = run_adapter(data, make_op(8, 256, 2), 256, n // 10, n)
+        lo, hi = clock.rss[n // 10], clock.rss[n]
+        print(
+            f"\nPeak RSS of a {n}-step run of (a): {lo / 1024:.1f} MiB at step {n // 10}, "
+            f"{hi / 1024:.1f} MiB at step {n} (growth {(hi - lo) / 1024:.1f} MiB); {rate:.0f} steps/s"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""`EquinoxModelOp`: an `eqx.Module` built by an importable factory, as a model operator.
+
+Equinox modules act on one sample (`eqx.nn.Linear`, `eqx.nn.MLP`); the operator and the
+train step `jax.vmap` them over the batch with `axis_name="batch"` (what
+`eqx.nn.BatchNorm` expects). A factory whose module already takes a batch is declared
+with `batched=True`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, PRNGKeyArray, PyTree
+
+import equinox as eqx
+from pipekit_train.core import ConfigError, ModelOpBase
+
+if TYPE_CHECKING:
+    from ._adapter import Equinox
+
+__all__ = ["EquinoxModelOp", "apply_model", "has_stochastic_layers", "takes_key"]
+
+
+def takes_key(fn: Any, *, unknown: bool = False) -> bool:
+    """Whether calling `fn` accepts a `key=` argument (`unknown` when it cannot be told)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return unknown
+    return "key" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def has_stochastic_layers(model: Any) -> bool:
+    """Whether the model has layers with an `inference` switch (dropout, batch norm)."""
+    is_switch = lambda x: hasattr(x, "inference") and isinstance(x, eqx.Module)  # noqa: E731
+    return any(is_switch(x) for x in jax.tree_util.tree_leaves(model, is_leaf=is_switch))
+
+
+def apply_model(
+    model: Callable[..., Any],
+    x: Array,
+    state: eqx.nn.State | None,
+    key: PRNGKeyArray | None,
+    *,
+    batched: bool,
+) -> tuple[Array, eqx.nn.State | None]:
+    """Run `model` on a batch; return `(prediction, new layer state or None)`.
+
+    Per-sample modules are vmapped with `axis_name="batch"`; a key (when given) is split
+    into one key per sample; a stateful model is called `model(x, state)` and returns
+    `(y, state)`.
+    """
+    kw = (lambda k: {}) if key is None else (lambda k: {"key": k})
+    if batched:
+        if state is None:
+            return model(x, **kw(key)), None
+        return model(x, state, **kw(key))
+    if key is None:
+        if state is None:
+            return jax.vmap(model, axis_name="batch")(x), None
+        return jax.vmap(model, axis_name="batch", in_axes=(0, None), out_axes=(0, None))(x, state)
+    keys = jax.random.split(key, x.shape[0])
+    if state is None:
+        return jax.vmap(lambda xi, ki: model(xi, key=ki), axis_name="batch")(x, keys), None
+    return jax.vmap(
+        lambda xi, s, ki: model(xi, s, key=ki),
+        axis_name="batch",
+        in_axes=(0, None, 0),
+        out_axes=(0, None),
+    )(x, state, keys)
+
+
+def _host_array(x: Any) -> Any:
+    """A plain single-device copy of a (possibly sharded, multi-process) array."""
+    if not isinstance(x, jax.Array):
+        return x
+    if not x.is_fully_addressable and not x.is_fully_replicated:
+        from jax.experimental import multihost_utils
+
+        return jnp.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return jnp.asarray(np.asarray(jax.device_get(x)))
+
+
+class EquinoxModelOp(ModelOpBase):
+    """An Equinox model operator.
+
+    ```python
+    op = EquinoxModelOp("examples.models:mlp", in_size=2, out_size=1, width=64, seed=0)
+    y = op(np.zeros((8, 2), np.float32))     # jitted, inference mode
+    ```
+
+    Args:
+        factory: `"module:function"` or an importable callable; called as
+            `factory(**kwargs, key=jax.random.PRNGKey(seed))` and returning an
+            `eqx.Module`, or `(module, state)` when built with `eqx.nn.make_with_state`
+            (BatchNorm and other stateful layers).
+        seed: the seed of the initialisation key.
+        batched: the module takes a whole batch (default False: it takes one sample and
+            is vmapped).
+        **kwargs: JSON keyword arguments of the factory.
+
+    Attributes:
+        model: the `eqx.Module`.
+        model_state: the `eqx.nn.State`, or None for stateless models.
+    """
+
+    backend: ClassVar[str] = "equinox"
+
+    def __init__(
+        self,
+        factory: str | Callable[..., Any],
+        *,
+        seed: int = 0,
+        batched: bool = False,
+        **kwargs: Any,
+    ):
+        if not isinstance(batched, bool):
+            raise ConfigError(f"`batched` must be True or False. Received: batched={batched!r}.")
+        self.batched = batched
+        self.model_state: eqx.nn.State | None = None
+        self._infer: Callable[[np.ndarray], Any] | None = None
+        super().__init__(factory, seed=seed, **kwargs)
+
+    # -- building ----------------------------------------------------------------------
+    def _build(self, factory: Callable[..., Any], kwargs: dict[str, Any], seed: int) -> Any:
+        if not takes_key(factory, unknown=True):
+            raise ConfigError(
+                "An Equinox factory must take a keyword argument `key` (the PRNG key of the "
+                f"initialisation). Received: factory={self.factory!r}. Add `*, key` to its signature."
+            )
+        out = factory(**kwargs, key=jax.random.PRNGKey(seed))
+        if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], eqx.nn.State):
+            out, self.model_state = out
+        if not isinstance(out, eqx.Module):
+            raise ConfigError(
+                "An Equinox factory must return an `eqx.Module` (or `(module, state)` from "
+                f"`eqx.nn.make_with_state`). Received: factory={self.factory!r} returned {type(out).__name__}."
+            )
+        return out
+
+    def get_config(self) -> dict[str, Any]:
+        """`{"type", "backend", "factory", "kwargs", "seed"}` plus `batched` when True."""
+        config = super().get_config()
+        if self.batched:
+            config["batched"] = True
+        return config
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> EquinoxModelOp:
+        """Rebuild (with freshly initialised weights) from `get_config()`."""
+        return cls(
+            config["factory"],
+            seed=config.get("seed", 0),
+            batched=bool(config.get("batched", False)),
+            **config.get("kwargs", {}),
+        )
+
+    def with_model(self, model: Any, model_state: eqx.nn.State | None = None) -> EquinoxModelOp:
+        """A copy of this operator holding `model` (and `model_state` for stateful models)."""
+        new = super().with_model(model)
+        assert isinstance(new, EquinoxModelOp)
+        if model_state is not None:
+            new.model_state = model_state
+        new._infer = None
+        return new
+
+    def default_adapter(self) -> Equinox:
+        """`Equinox()`, the adapter `TrainingLoop` uses for this operator by default."""
+        from ._adapter import Equinox
+
+        return Equinox()
+
+    # -- inference ---------------------------------------------------------------------
+    def _tree(self) -> PyTree:
+        return self.model if self.model_state is None else (self.model, self.model_state)
+
+    def _compile(self) -> Callable[[np.ndarray], Any]:
+        arrays, static = eqx.partition(self._tree(), eqx.is_array)
+        batched = self.batched
+
+        @jax.jit
+        def infer(arrays: PyTree, x: Array) -> Array:
+            tree = eqx.combine(arrays, static)
+            model, state = (tree, None) if self.model_state is None else tree
+            model = eqx.nn.inference_mode(model)
+            return apply_model(model, x, state, None, batched=batched)[0]
+
+        return lambda x: infer(arrays, x)
+
+    def __call__(self, inputs: Any) -> np.ndarray:
+        """Batched inference in inference mode on a numpy array; returns numpy."""
+        if self._infer is None:
+            self._infer = self._compile()
+        x = np.asarray(inputs)
+        if x.dtype == np.float64:
+            x = x.astype(np.float32)
+        return np.asarray(self._infer(x))
+
+    # -- weights -----------------------------------------------------------------------
+    def serialize_weights(self) -> bytes:
+        """The weights (and layer state) via `eqx.tree_serialise_leaves`: same weights, same bytes."""
+        buf = io.BytesIO()
+        eqx.tree_serialise_leaves(buf, jax.tree.map(_host_array, self._tree()))
+        return buf.getvalue()
+
+    def _load_weights(self, blob: bytes) -> None:
+        like = self._tree()
+        buf = io.BytesIO(bytes(blob))
+        try:
+            tree = eqx.tree_deserialise_leaves(buf, like)
+        except Exception as exc:  # np.load raises several kinds on bad bytes
+            raise ConfigError(
+                f"The weight bytes do not fit this model ({exc}). Received: {len(blob)} bytes for "
+                f"factory={self.factory!r}. Load weights saved from the same factory and kwargs."
+            ) from exc
+        if buf.read(1):
+            raise ConfigError(
+                f"The weight bytes hold more leaves than this model. Received: {len(blob)} bytes for "
+                f"factory={self.factory!r}. Load weights saved from the same factory and kwargs."
+            )
+        for new, old in zip(jax.tree.leaves(tree), jax.tree.leaves(like), strict=True):
+            if eqx.is_array(old) and (
+                jnp.shape(new) != jnp.shape(old) or jnp.result_type(new) != jnp.result_type(old)
+            ):
+                raise ConfigError(
+                    "The weight bytes do not fit this model. Received: an array of shape "
+                    f"{jnp.shape(new)} {jnp.result_type(new)} where the model has {jnp.shape(old)} "
+                    f"{jnp.result_type(old)}. Load weights saved from the same factory and kwargs."
+                )
+        if self.model_state is None:
+            self.model = tree
+        else:
+            self.model, self.model_state = tree
+        self._infer = None

@@ -1,0 +1,81 @@
+"""Model factories for tests, benchmarks and examples.
+
+Each takes JSON keyword arguments and a keyword-only `key`, as `EquinoxModelOp` calls
+them; the modules act on one sample (the adapter vmaps them over the batch).
+"""
+
+from __future__ import annotations
+
+import jax
+from jaxtyping import Array, Float, PRNGKeyArray
+
+import equinox as eqx
+
+Features = Float[Array, " features"]
+"""One input sample."""
+Outputs = Float[Array, " outputs"]
+"""One output sample."""
+
+__all__ = ["BatchNormMLP", "DropoutMLP", "batchnorm_mlp", "dropout_mlp", "linear", "mlp"]
+
+
+def linear(in_size: int, out_size: int, *, key: PRNGKeyArray) -> eqx.nn.Linear:
+    """`eqx.nn.Linear(in_size, out_size)`: one sample `(in,)` → `(out,)`."""
+    return eqx.nn.Linear(in_size, out_size, key=key)
+
+
+def mlp(
+    in_size: int, out_size: int, width: int = 32, depth: int = 1, *, key: PRNGKeyArray
+) -> eqx.nn.MLP:
+    """`eqx.nn.MLP` with `depth` hidden layers of `width` and ReLU activations."""
+    return eqx.nn.MLP(in_size, out_size, width, depth, activation=jax.nn.relu, key=key)
+
+
+class DropoutMLP(eqx.Module):
+    """A one-hidden-layer MLP with dropout (needs a key in training mode)."""
+
+    hidden: eqx.nn.Linear
+    dropout: eqx.nn.Dropout
+    out: eqx.nn.Linear
+
+    def __init__(self, in_size: int, out_size: int, width: int, p: float, *, key: PRNGKeyArray):
+        k1, k2 = jax.random.split(key)
+        self.hidden = eqx.nn.Linear(in_size, width, key=k1)
+        self.dropout = eqx.nn.Dropout(p)
+        self.out = eqx.nn.Linear(width, out_size, key=k2)
+
+    def __call__(self, x: Features, *, key: PRNGKeyArray | None = None) -> Outputs:
+        h = jax.nn.relu(self.hidden(x))
+        return self.out(self.dropout(h, key=key))
+
+
+def dropout_mlp(
+    in_size: int, out_size: int, width: int = 32, p: float = 0.2, *, key: PRNGKeyArray
+) -> DropoutMLP:
+    """`DropoutMLP(in_size, out_size, width, p)`."""
+    return DropoutMLP(in_size, out_size, width, p, key=key)
+
+
+class BatchNormMLP(eqx.Module):
+    """Linear → BatchNorm → ReLU → Linear; called as `model(x, state) -> (y, state)`."""
+
+    hidden: eqx.nn.Linear
+    norm: eqx.nn.BatchNorm
+    out: eqx.nn.Linear
+
+    def __init__(self, in_size: int, out_size: int, width: int, *, key: PRNGKeyArray):
+        k1, k2 = jax.random.split(key)
+        self.hidden = eqx.nn.Linear(in_size, width, key=k1)
+        self.norm = eqx.nn.BatchNorm(width, axis_name="batch", mode="ema")
+        self.out = eqx.nn.Linear(width, out_size, key=k2)
+
+    def __call__(self, x: Features, state: eqx.nn.State) -> tuple[Outputs, eqx.nn.State]:
+        h, state = self.norm(self.hidden(x), state)
+        return self.out(jax.nn.relu(h)), state
+
+
+def batchnorm_mlp(
+    in_size: int, out_size: int, width: int = 16, *, key: PRNGKeyArray
+) -> tuple[BatchNormMLP, eqx.nn.State]:
+    """`eqx.nn.make_with_state(BatchNormMLP)(...)`: returns `(model, state)`."""
+    return eqx.nn.make_with_state(BatchNormMLP)(in_size, out_size, width, key=key)

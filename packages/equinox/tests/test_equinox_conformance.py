@@ -1,0 +1,27 @@
+"""The core adapter conformance suite, run against the Equinox adapter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipekit_train.core.testing import AdapterConformance
+from pipekit_train.equinox import Equinox, EquinoxModelOp
+
+
+class TestEquinoxConformance(AdapterConformance):
+    def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
+        return EquinoxModelOp(
+            "pipekit_train.equinox.testing:linear", in_size=in_size, out_size=out_size, seed=seed
+        )
+
+
+class TestEquinoxFusedConformance(AdapterConformance):
+    """The same suite with 4 steps fused per compiled call."""
+
+    def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
+        return EquinoxModelOp(
+            "pipekit_train.equinox.testing:linear", in_size=in_size, out_size=out_size, seed=seed
+        )
+
+    def make_adapter(self) -> Any:
+        return Equinox(steps_per_execution=4)
