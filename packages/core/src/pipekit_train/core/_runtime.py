@@ -51,7 +51,7 @@ class RunState:
     @property
     def max_steps(self) -> int | None:
         """Total steps of the run, when known."""
-        return self._ctx.plan.total_steps
+        return self._ctx.total_steps
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -189,6 +189,8 @@ class RunContext:
         self._train_iter: Any = None
         self._last_checkpoint: str | None = None
         self._active: _PendingGroup | None = None
+        self.steps_per_epoch: int | None = plan.steps_per_epoch
+        self.total_steps: int | None = plan.total_steps
 
     # -- data --------------------------------------------------------------------------
     def train_batches(self, data_state: Mapping[str, Any] | None = None, *, shard: tuple[int, int] = (0, 1)) -> Any:
@@ -203,15 +205,26 @@ class RunContext:
             drop_remainder=self.plan.drop_remainder,
             shard=shard,
         )
+        if shard[1] > 1:
+            # each process sees 1/count of the data: epochs are per-shard
+            self.steps_per_epoch = it.steps_per_epoch
+            if self.plan.max_epochs is not None and self.steps_per_epoch:
+                by_epochs = self.plan.max_epochs * self.steps_per_epoch
+                self.total_steps = by_epochs if self.plan.max_steps is None else min(self.plan.max_steps, by_epochs)
         if data_state:
-            it.set_state(dict(data_state))
+            data_state = dict(data_state)
+            saved = data_state.get("shard")
+            if isinstance(saved, (list, tuple)) and len(saved) == 2 and int(saved[1]) == shard[1]:
+                # the chief wrote the state; shards advance in lockstep, so take our own index
+                data_state["shard"] = type(saved)(shard) if isinstance(saved, tuple) else list(shard)
+            it.set_state(data_state)
         self._train_iter = it
         if self.plan.normalizer is not None:
             return _Normalized(it, self.plan.normalizer)
         return it
 
     def _sync_epoch(self) -> None:
-        spe = self.plan.steps_per_epoch
+        spe = self.steps_per_epoch
         if spe:
             self.epoch = self.step // spe
 
@@ -247,20 +260,20 @@ class RunContext:
     @property
     def done(self) -> bool:
         """Whether training should stop now (total steps reached or a stop requested)."""
-        total = self.plan.total_steps
+        total = self.total_steps
         return self.stop_reason is not None or (total is not None and self.step >= total)
 
     def steps_until_event(self, limit: int) -> int:
         """How many steps may be fused before the next validation/checkpoint/end (≤ limit)."""
         k = limit
-        total = self.plan.total_steps
+        total = self.total_steps
         if total is not None:
             k = min(k, total - self.step)
         ck = self.plan.checkpoint
         if ck is not None:
             k = min(k, ck.every_n_steps - self.step % ck.every_n_steps)
         if self.plan.validation is not None:
-            every = self.plan.validate_every_n_steps or self.plan.steps_per_epoch
+            every = self.plan.validate_every_n_steps or self.steps_per_epoch
             if every:
                 k = min(k, every - self.step % every)
         return max(1, k)
@@ -367,7 +380,7 @@ class RunContext:
         """Whether validation is due after the current step."""
         if self.plan.validation is None or self.step == 0:
             return False
-        every = self.plan.validate_every_n_steps or self.plan.steps_per_epoch
+        every = self.plan.validate_every_n_steps or self.steps_per_epoch
         if every and self.step % every == 0:
             return True
         return self.done

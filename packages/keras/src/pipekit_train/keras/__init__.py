@@ -1,7 +1,23 @@
-"""pipekit-train-keras."""
+"""pipekit-train-keras: train Keras 3 models with `model.fit` (jax or torch backend).
+
+- `Keras`: the adapter (`jit_compile`, `steps_per_execution`, `precision`).
+- `KerasModelOp`: a `keras.Model` factory as a pipekit model operator (byte-stable
+  safetensors weights).
+
+Importing this package does not import keras. If neither `KERAS_BACKEND` nor
+`~/.keras/keras.json` names an installed jax/torch backend, it sets `KERAS_BACKEND` to
+`jax` (or `torch`), because Keras would otherwise default to tensorflow.
+"""
 
 import importlib.metadata as _metadata
 
+from ._backend import configure as _configure
+
+_configure()
+
+from ._model import KerasModelOp  # noqa: E402
+from ._trainer import Keras  # noqa: E402
+
 __version__ = _metadata.version("pipekit-train-keras")
 
-__all__ = ["__version__"]
+__all__ = ["Keras", "KerasModelOp", "__version__"]
