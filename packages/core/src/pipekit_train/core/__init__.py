@@ -17,6 +17,7 @@ from ._checkpointing import Checkpointer, DirectoryCheckpointer, Restored, TornC
 from ._driver import StepBackend, run_step_loop, stack_batches
 from ._errors import CheckpointError, ConfigError, IntegrityError, PipekitError
 from ._history import History
+from ._imports import import_string, optional_import
 from ._loop import TrainingLoop, resolve_optimizer_config
 from ._online import OnlineTrainer
 from ._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
@@ -134,7 +135,9 @@ __all__ = [
     "losses",
     "make_batches",
     "metrics",
+    "import_string",
     "model_op_from_config",
+    "optional_import",
     "registry",
     "resolve_optimizer_config",
     "run_step_loop",
