@@ -13,10 +13,11 @@ from ._adapter import Adapter
 from ._artifact import TrainingArtifact
 from ._checkpoint import Checkpoint
 from ._cycle import Cycle, NeuralForward, NonFiniteStateError
-from ._checkpointing import Checkpointer, DirectoryCheckpointer, Restored, TornCheckpointWarning
-from ._driver import StepBackend, run_step_loop, stack_batches
+from ._checkpointing import Checkpointer, DirectoryCheckpointer, Restored, TornCheckpointWarning, step_dirs
+from ._driver import StepBackend, check_resume_key, restore_or_start, run_step_loop, stack_batches
 from ._errors import CheckpointError, ConfigError, IntegrityError, PipekitError
 from ._history import History
+from ._schedules import check_schedule, learning_rate_at
 from ._imports import import_string, optional_import
 from ._loop import TrainingLoop, resolve_optimizer_config
 from ._online import OnlineTrainer
@@ -135,14 +136,19 @@ __all__ = [
     "losses",
     "make_batches",
     "metrics",
+    "check_resume_key",
+    "check_schedule",
     "import_string",
+    "learning_rate_at",
     "model_op_from_config",
     "optional_import",
     "registry",
     "resolve_optimizer_config",
+    "restore_or_start",
     "run_step_loop",
     "split",
     "stack_batches",
+    "step_dirs",
     "writers",
     "__version__",
 ]

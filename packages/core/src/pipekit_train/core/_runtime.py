@@ -143,7 +143,9 @@ class RunContext:
     Args:
         plan: the frozen plan.
         fetch: turns a list of device values into numpy arrays in one go (e.g.
-            `jax.device_get`); default `np.asarray` on each.
+            `jax.device_get`); default `np.asarray` on each. Values arrive in step
+            order (group by group, metric by metric), so a backend may copy a whole
+            group to the host at once.
         learning_rate: `() -> float | None`, evaluated only when a callback asks.
         is_chief: only the chief process writes metrics and dispatches callbacks that
             write files (multi-process runs); every process follows stop requests.

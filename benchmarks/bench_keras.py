@@ -1,0 +1,147 @@
+"""Side-by-side: the Keras adapter (`TrainingLoop` + `Keras()`) vs plain `model.fit`.
+
+Same model factory, same arrays, same batch size, optimizer and `steps_per_execution`,
+jax backend by default. Each run trains `epochs` passes of `steps_per_epoch` steps; the
+first pass is warm-up (build, XLA compile) and the rest is timed in-run: by Keras
+`on_epoch_end` for plain `fit` (which keeps Keras's default callback dispatch), by a core
+`on_step_end` callback for the adapter. Steps/s, best of `--repeats` (interleaved, so
+load from other processes hits both sides alike).
+
+Baselines:
+- `fit`: plain `model.fit(x, y, batch_size, shuffle=True, verbose=0)`.
+- `fit+cb`: the same with a no-op `on_train_batch_end` callback (Keras then dispatches
+  callbacks synchronously, as it does for the adapter; see LIBRARY-NOTES).
+
+Usage:
+    uv run python benchmarks/bench_keras.py                 # jax
+    uv run python benchmarks/bench_keras.py --backend torch # torch (steps_per_execution=1 only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Keras adapter vs plain model.fit")
+    p.add_argument(
+        "--backend", default=os.environ.get("KERAS_BACKEND", "jax"), choices=["jax", "torch"]
+    )
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=4, help="passes per run (the first is warm-up)")
+    return p.parse_args()
+
+
+ARGS = parse()
+os.environ["KERAS_BACKEND"] = ARGS.backend
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from pipekit_train.core import TrainingLoop  # noqa: E402
+from pipekit_train.core.data import ArrayDataset  # noqa: E402
+from pipekit_train.keras import Keras, KerasModelOp  # noqa: E402
+
+FACTORY = "pipekit_train.keras.testing:mlp"  # ReLU MLP in → width × depth → out
+
+CASES = [
+    # name, factory kwargs, steps per epoch, batch
+    ("MLP 8-256-256-1 b256", {"in_size": 8, "out_size": 1, "width": 256, "depth": 2}, 100, 256),
+    ("MLP 2-32-1 b32", {"in_size": 2, "out_size": 1, "width": 32, "depth": 1}, 300, 32),
+]
+
+
+class EpochTimer(keras.callbacks.Callback):
+    """Times at the end of each epoch (keeps Keras's default batch dispatch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def on_epoch_end(self, epoch, logs=None):  # noqa: D102
+        # wait for the device: without a per-step callback nothing else blocks
+        keras.ops.convert_to_numpy(self.model.trainable_variables[0].value)
+        self.times.append(time.perf_counter())
+
+
+class NoOp(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):  # noqa: D102
+        pass
+
+
+class StepTimer:
+    """A core callback: time at the end of the warm-up pass and at the last step."""
+
+    def __init__(self, warm: int, total: int) -> None:
+        self.warm, self.total, self.times = warm, total, []
+
+    def on_step_end(self, state) -> None:  # noqa: D102
+        if state.step in (self.warm, self.total):
+            self.times.append(time.perf_counter())
+
+
+def data(rows: int, in_size: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows, in_size)).astype(np.float32)
+    y = np.sin(x).sum(axis=1, keepdims=True).astype(np.float32)
+    return x, y
+
+
+def run_plain(
+    kwargs: dict, x: np.ndarray, y: np.ndarray, batch: int, spe: int, k: int, cb: bool
+) -> float:
+    model = KerasModelOp(FACTORY, seed=0, **kwargs).model
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse", steps_per_execution=k)
+    timer = EpochTimer()
+    callbacks = [timer, NoOp()] if cb else [timer]
+    model.fit(
+        x, y, batch_size=batch, epochs=ARGS.epochs, shuffle=True, verbose=0, callbacks=callbacks
+    )
+    return (ARGS.epochs - 1) * spe / (timer.times[-1] - timer.times[0])
+
+
+def run_adapter(kwargs: dict, x: np.ndarray, y: np.ndarray, batch: int, spe: int, k: int) -> float:
+    total = ARGS.epochs * spe
+    timer = StepTimer(spe, total)
+    TrainingLoop(
+        model=KerasModelOp(FACTORY, seed=0, **kwargs),
+        data=ArrayDataset(x=x, y=y),
+        loss="mse",
+        optimizer_config={"name": "adam", "lr": 1e-3},
+        batch_size=batch,
+        max_steps=total,
+        adapter=Keras(steps_per_execution=k),
+        callbacks=[timer],
+        progress=False,
+    ).run()
+    return (total - spe) / (timer.times[-1] - timer.times[0])
+
+
+def main() -> None:
+    ks = (1, 10) if ARGS.backend == "jax" else (1,)
+    print(
+        f"keras {keras.__version__}, backend {keras.backend.backend()}, best of {ARGS.repeats}, "
+        f"{ARGS.epochs - 1} timed epochs after 1 warm-up epoch"
+    )
+    header = f"{'case':22s} {'K':>3s} {'fit':>8s} {'fit+cb':>8s} {'adapter':>8s} {'adapter/fit':>12s} {'adapter/fit+cb':>15s}"
+    print(header)
+    print("-" * len(header))
+    for name, kwargs, spe, batch in CASES:
+        x, y = data(spe * batch, kwargs["in_size"])
+        for k in ks:
+            plain = plain_cb = ours = 0.0
+            for _ in range(ARGS.repeats):
+                plain = max(plain, run_plain(kwargs, x, y, batch, spe, k, False))
+                plain_cb = max(plain_cb, run_plain(kwargs, x, y, batch, spe, k, True))
+                ours = max(ours, run_adapter(kwargs, x, y, batch, spe, k))
+            print(
+                f"{name:22s} {k:3d} {plain:8.0f} {plain_cb:8.0f} {ours:8.0f} {ours / plain:12.2f} {ours / plain_cb:15.2f}",
+                flush=True,
+            )
+    print("(steady-state steps/s; higher is better)")
+
+
+if __name__ == "__main__":
+    main()

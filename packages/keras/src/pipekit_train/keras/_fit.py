@@ -1,0 +1,256 @@
+"""One training run through `model.fit`, driven by core's `RunContext`.
+
+Keras runs its own compiled loop; a Keras callback (`RunBridge`) reports every step to
+the `RunContext` and asks it what is due:
+
+- after each execution (1 or K steps) it hands the steps' losses — still on the
+  device, a `StepSlice` of the `StepLossTracker` ring buffer — to `ctx.record_step` /
+  `ctx.record_steps` (core dispatches `on_step_end` per step and fetches the losses for
+  the writers in groups);
+- validation and checkpoints run when `ctx` says they are due; with
+  `steps_per_execution=K` the next execution is shortened
+  (`ctx.steps_until_event(K)`) so they land on exactly the same steps as with K=1;
+- `model.stop_training = True` when `ctx.done` (max steps, early stopping).
+
+Overriding `on_train_batch_end` also makes Keras dispatch callbacks synchronously,
+which is faster than its thread pool on small machines; the logs hold nothing Keras
+converts to host floats, so that costs no device sync.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
+
+import keras
+from pipekit_train.core import Plan, RunContext, TrainingArtifact
+from pipekit_train.core._driver import restore_or_start
+
+from . import _weights
+from ._data import FitFeed
+from ._model import model_weights
+from ._optimizers import build_optimizer
+from ._state import TrainHandle, checkpointer
+from ._step import (
+    COUNT_MODULUS,
+    StepSlice,
+    eval_loss,
+    fetch_values,
+    install_tracker,
+    keras_loss,
+    packed_losses,
+)
+
+__all__ = ["FitSession", "RunBridge", "build_train_handle", "output_model_op"]
+
+
+def build_train_handle(
+    plan: Plan,
+    *,
+    precision: str | None,
+    steps_per_execution: int,
+    jit_compile: Any,
+    deferred: bool = False,
+) -> TrainHandle:
+    """A fresh compiled copy of the plan's model, its built optimizer and the loss tracker.
+
+    `deferred` (a `model.fit` run): the per-step losses stay on the device in the logs
+    (jax), the ring buffer also spans a metrics group, and a restored torch RNG state is
+    applied only when `start_rng()` is called before the first step.
+    """
+    model = plan.model.build_model(precision=precision)
+    model.compile(
+        optimizer=build_optimizer(plan.optimizer_config),
+        loss=keras_loss(plan.loss),
+        steps_per_execution=steps_per_execution,
+        jit_compile=jit_compile,
+    )
+    optimizer = model.optimizer
+    optimizer.build(model.trainable_variables)  # before any restore (see _state)
+    # the ring buffer also covers a whole metrics group, so one snapshot serves a flush
+    capacity = steps_per_execution + (plan.log_every_n_steps if deferred else 0)
+    install_tracker(model, capacity, deferred=deferred and keras.backend.backend() == "jax")
+    sync = getattr(model, "jax_state_sync", None)
+    return TrainHandle(
+        model=model, optimizer=optimizer, seed=plan.seed, sync=sync, defer_rng=deferred
+    )
+
+
+def output_model_op(op: Any, model: Any) -> Any:
+    """A new operator (default dtype policy, not compiled) holding `model`'s weights."""
+    out = type(op).from_config(op.get_config())
+    arrays = _weights.arrays_of("w", model_weights(model))
+    _weights.assign_arrays(
+        "w", model_weights(out.model), arrays, what="The trained model", cast=True
+    )
+    return out
+
+
+def predict(handle: TrainHandle, x: np.ndarray) -> np.ndarray:
+    """Inference with the training model; float32 numpy out."""
+    pred = np.asarray(handle.model.predict_on_batch(x))
+    if pred.dtype != np.float64:
+        pred = pred.astype(np.float32)
+    return pred
+
+
+def learning_rate(handle: TrainHandle) -> float | None:
+    """The optimizer's current learning rate (schedules evaluated at its iteration)."""
+    if handle.sync is not None:
+        handle.sync()
+    try:
+        return float(keras.ops.convert_to_numpy(handle.optimizer.learning_rate))
+    except Exception:  # an exotic optimizer without a scalar rate
+        return None
+
+
+class RunBridge(keras.callbacks.Callback):
+    """The Keras callback that drives core's `RunContext` from inside `model.fit`."""
+
+    def __init__(self, session: FitSession):
+        super().__init__()
+        self.session = session
+        self.count = 0  # the tracker's step count (mod COUNT_MODULUS) after the last execution
+        self.consumed = 0  # batches trained on by this fit call
+        self.expected = 1
+        self._rng_started = False
+
+    def _schedule_next(self) -> None:
+        s = self.session
+        if s.k_max > 1:
+            k = s.ctx.steps_until_event(s.k_max)
+            if k != self.expected or s.handle.model.steps_per_execution != k:
+                s.handle.model.steps_per_execution = k  # read per call by Keras's jax loop
+            self.expected = k
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        """Size the first execution."""
+        self._schedule_next()
+        self._rng_started = False
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        """Before the first step (after Keras's torch data loader drew its seed): RNG."""
+        if not self._rng_started:
+            self._rng_started = True
+            self.session.handle.start_rng()
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        """Record the steps just run, then validate / checkpoint / stop as due."""
+        s, ctx = self.session, self.session.ctx
+        n = self.expected
+        # the losses stay on the device; RunContext fetches them in groups and
+        # StepSlice checks then that Keras ran exactly the n steps scheduled
+        losses = StepSlice(packed_losses(logs or {}), self.count, n)
+        self.count = (self.count + n) % COUNT_MODULUS
+        self.consumed += n
+        if n == 1:
+            ctx.record_step({"loss": losses})
+        else:
+            ctx.record_steps({"loss": losses}, n)
+        if ctx.due_validation():
+            s.validate()
+        if s.ckpt is not None and ctx.due_checkpoint():
+            s.save(self.consumed)
+        if ctx.done:
+            self.model.stop_training = True
+        else:
+            self._schedule_next()
+
+
+class FitSession:
+    """Everything one `Keras.run(plan)` call holds.
+
+    Args:
+        plan: the frozen plan.
+        precision: a Keras dtype policy name, or None for the default.
+        steps_per_execution: the most steps Keras runs between two callbacks.
+        jit_compile: forwarded to `model.compile`.
+        distribution: a `keras.distribution.Distribution` to train under, or None.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        precision: str | None,
+        steps_per_execution: int,
+        jit_compile: Any,
+        distribution: Any = None,
+    ):
+        self.plan = plan
+        self.k_max = int(steps_per_execution)
+        self.distribution = distribution
+        with self._scope():
+            self.handle = build_train_handle(
+                plan,
+                precision=precision,
+                steps_per_execution=self.k_max,
+                jit_compile=jit_compile,
+                deferred=True,
+            )
+        self.ctx = RunContext(
+            plan, fetch=fetch_values, learning_rate=lambda: learning_rate(self.handle)
+        )
+        self.ckpt = checkpointer(plan.checkpoint) if plan.checkpoint is not None else None
+        self.feed: FitFeed | None = None
+
+    def _scope(self) -> Any:
+        return self.distribution.scope() if self.distribution is not None else nullcontext()
+
+    # -- what the bridge calls -----------------------------------------------------------
+    def eval_batch(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, float]:
+        """`(predictions, mean loss)` of one validation batch."""
+        pred = predict(self.handle, batch["x"])
+        return pred, eval_loss(self.plan.loss, pred, np.asarray(batch["y"]))
+
+    def validate(self) -> None:
+        """Run core's validation with the current weights."""
+        if self.handle.sync is not None:
+            self.handle.sync()
+        self.ctx.validate(self.eval_batch)
+
+    def save(self, consumed: int) -> None:
+        """Checkpoint now: model, optimizer, RNG, data position, run state."""
+        assert self.ckpt is not None and self.feed is not None
+        ctx = self.ctx
+        meta = ctx.checkpoint_meta(self.feed.state_after(consumed))
+        path = self.ckpt.save(ctx.step, self.handle, meta, ctx.checkpoint_metrics())
+        ctx.record_checkpoint(path)
+
+    # -- the run ---------------------------------------------------------------------------
+    def run(self) -> TrainingArtifact:
+        """Restore or start, fit until done, and assemble the artifact."""
+        ctx, ckpt, model = self.ctx, self.ckpt, self.handle.model
+        try:
+            _, data_state = restore_or_start(self.plan, ckpt, self.handle, ctx)
+            self.feed = FitFeed(ctx.train_batches(data_state), self.k_max)
+            ctx.begin()
+            if not ctx.done:
+                with self._scope():
+                    model.fit(
+                        self.feed.generator(),
+                        epochs=1,
+                        verbose=0,
+                        shuffle=False,
+                        callbacks=[RunBridge(self)],
+                    )
+            ctx.flush_metrics()  # fetches (and checks) the last steps' losses
+            if ckpt is not None:
+                ckpt.wait()
+            artifact = ctx.finish(output_model_op(self.plan.model, model))
+        except BaseException:
+            ctx.abort()
+            if ckpt is not None:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    try:
+                        ckpt.close()
+                    except Exception:
+                        pass
+            raise
+        if ckpt is not None:
+            ckpt.close()
+        return artifact

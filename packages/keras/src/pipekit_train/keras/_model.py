@@ -1,0 +1,156 @@
+"""`KerasModelOp`: a `keras.Model` built by an importable factory, as a pipekit model operator."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from pipekit_train.core import ConfigError, ModelOpBase
+
+from . import _weights
+
+if TYPE_CHECKING:
+    import keras
+
+    from ._trainer import Keras
+
+__all__ = ["KerasModelOp", "build_model", "model_weights"]
+
+# Above this many rows `__call__` runs `model.predict` in chunks instead of one batch.
+_PREDICT_CHUNK = 4096
+
+
+@contextlib.contextmanager
+def dtype_policy_scope(precision: str | None) -> Iterator[None]:
+    """Temporarily set Keras's global dtype policy (layers read it when they are created)."""
+    import keras
+
+    if precision is None:
+        yield
+        return
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(precision)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def build_model(
+    factory: Callable[..., Any],
+    kwargs: dict[str, Any],
+    seed: int,
+    *,
+    precision: str | None = None,
+    owner: str = "KerasModelOp",
+) -> keras.Model:
+    """Call `factory(**kwargs)` under `keras.utils.set_random_seed(seed)` and build it.
+
+    A model without an `Input` is built from an `in_size` keyword argument when there is
+    one (`model.build((None, in_size))`).
+
+    Raises:
+        ConfigError: the factory does not return a `keras.Model`, or the model cannot be
+            built without an input shape.
+    """
+    import keras
+
+    with dtype_policy_scope(precision):
+        keras.utils.set_random_seed(int(seed))
+        model = factory(**kwargs)
+        if not isinstance(model, keras.Model):
+            raise ConfigError(
+                f"The `{owner}` factory must return a `keras.Model`. "
+                f"Received: a {type(model).__name__} from factory={getattr(factory, '__name__', factory)!r}. "
+                "Return e.g. keras.Sequential([keras.Input((in_size,)), keras.layers.Dense(out_size)])."
+            )
+        if not model.built:
+            in_size = kwargs.get("in_size")
+            if isinstance(in_size, int) and not isinstance(in_size, bool):
+                model.build((None, in_size))
+            else:
+                raise ConfigError(
+                    f"The model from the `{owner}` factory is not built and its input shape is "
+                    f"unknown. Received: kwargs={kwargs!r}. Start the model with "
+                    "`keras.Input(shape)` or pass an `in_size` keyword argument."
+                )
+    return model
+
+
+def model_weights(model: keras.Model) -> list[Any]:
+    """The variables that make up a model's weights (trainable + non-trainable, no RNG state)."""
+    return list(model.weights)
+
+
+def model_variables(model: keras.Model) -> list[Any]:
+    """Every model variable a resumed run needs: weights plus RNG seed-generator states."""
+    return list(model.trainable_variables) + list(model.non_trainable_variables)
+
+
+class KerasModelOp(ModelOpBase):
+    """A Keras 3 model operator (jax or torch Keras backend).
+
+    The factory is called under `keras.utils.set_random_seed(seed)`, so the same config
+    gives the same initial weights; a model whose factory does not start with
+    `keras.Input(...)` is built from an `in_size` keyword argument.
+
+    Weights travel as safetensors bytes of the weight arrays in the model's variable
+    order (byte-identical for equal weights; `.weights.h5` is not, since it embeds
+    auto-generated layer names).
+
+    Args:
+        factory: an importable callable returning a `keras.Model`, or its
+            `"module:function"` path.
+        seed: the seed the model is built under.
+        **kwargs: JSON keyword arguments forwarded to the factory.
+
+    Example:
+        >>> op = KerasModelOp("pipekit_train.keras.testing:linear", in_size=4, out_size=1)
+        >>> op(np.zeros((2, 4), np.float32)).shape
+        (2, 1)
+    """
+
+    backend: ClassVar[str] = "keras"
+
+    def _build(self, factory: Callable[..., Any], kwargs: dict[str, Any], seed: int) -> Any:
+        return build_model(factory, kwargs, seed, owner=type(self).__name__)
+
+    def build_model(self, *, precision: str | None = None) -> keras.Model:
+        """A fresh model from this operator's config (under `precision`) holding its weights."""
+        model = build_model(
+            self._factory_fn, self.kwargs, self.seed, precision=precision, owner=type(self).__name__
+        )
+        arrays = _weights.arrays_of("w", model_variables(self.model))
+        _weights.assign_arrays(
+            "w", model_variables(model), arrays, what="The operator's weights", cast=True
+        )
+        return model
+
+    def __call__(self, inputs: Any) -> np.ndarray:
+        """Batched inference: `model.predict_on_batch`, chunked for large inputs."""
+        x = np.asarray(inputs)
+        if len(x) <= _PREDICT_CHUNK:
+            out = self.model.predict_on_batch(x)
+        else:
+            out = self.model.predict(x, batch_size=_PREDICT_CHUNK, verbose=0)
+        return np.asarray(out)
+
+    def serialize_weights(self) -> bytes:
+        """The weights as deterministic safetensors bytes (keys `w/<index>`)."""
+        return _weights.encode(_weights.arrays_of("w", model_weights(self.model)))
+
+    def _load_weights(self, blob: bytes) -> None:
+        try:
+            arrays = _weights.decode(blob)
+        except Exception as exc:  # safetensors raises its own error types
+            raise ValueError(f"The weights blob is not a safetensors file: {exc}") from exc
+        _weights.assign_arrays("w", model_weights(self.model), arrays, what="The weights blob")
+
+    def default_adapter(self) -> Keras:
+        """`Keras()`: the adapter `TrainingLoop` uses for this operator by default."""
+        from ._trainer import Keras
+
+        return Keras()

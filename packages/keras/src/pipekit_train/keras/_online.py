@@ -1,0 +1,82 @@
+"""The step backend behind core's `OnlineTrainer` for Keras models.
+
+`OnlineTrainer(KerasModelOp(...))` asks `Keras().step_backend(plan)` for this object and
+calls `eval_batch` (predict before the update) and `train_step` (one
+`model.train_on_batch`, Keras's compiled step) per call; the state is a `TrainHandle`
+(compiled model + built optimizer) checkpointed like a `TrainingLoop`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from pipekit_train.core import DirectoryCheckpointer, Plan
+
+from ._fit import build_train_handle, learning_rate, output_model_op, predict
+from ._state import TrainHandle, checkpointer
+from ._step import eval_loss, last_loss
+
+__all__ = ["KerasStepBackend"]
+
+
+class KerasStepBackend:
+    """`init_state`/`put`/`train_step`/`eval_batch`/`model_op`/`checkpointer` for Keras.
+
+    Args:
+        plan: the online trainer's plan.
+        precision: a Keras dtype policy name, or None.
+        jit_compile: forwarded to `model.compile`.
+    """
+
+    name = "keras"
+
+    def __init__(self, plan: Plan, *, precision: str | None = None, jit_compile: Any = "auto"):
+        self.plan = plan
+        self.precision = precision
+        self.jit_compile = jit_compile
+
+    def init_state(self) -> TrainHandle:
+        """A compiled copy of the model with a built optimizer (torch RNG seeded)."""
+        handle = build_train_handle(
+            self.plan, precision=self.precision, steps_per_execution=1, jit_compile=self.jit_compile
+        )
+        handle.start_rng()
+        return handle
+
+    def put(self, batch: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        """Batches stay numpy: Keras moves them to the device inside its step."""
+        return batch
+
+    def train_step(
+        self, state: TrainHandle, batch: Mapping[str, np.ndarray]
+    ) -> tuple[TrainHandle, dict[str, Any]]:
+        """One optimizer step (`model.train_on_batch`); returns this step's loss."""
+        logs = state.model.train_on_batch(batch["x"], batch["y"], return_dict=True)
+        return state, {"loss": last_loss(logs)}
+
+    def eval_batch(
+        self, state: TrainHandle, batch: Mapping[str, np.ndarray]
+    ) -> tuple[np.ndarray, float]:
+        """`(predictions, mean loss)` with the current weights."""
+        pred = predict(state, np.asarray(batch["x"]))
+        return pred, eval_loss(self.plan.loss, pred, np.asarray(batch["y"]))
+
+    def learning_rate(self, state: TrainHandle) -> float | None:
+        """The optimizer's current learning rate."""
+        return learning_rate(state)
+
+    def fetch(self, values: Sequence[Any]) -> list[np.ndarray]:
+        """Values are host numpy already."""
+        return [np.asarray(v) for v in values]
+
+    def model_op(self, state: TrainHandle) -> Any:
+        """A new `KerasModelOp` holding the current weights."""
+        return output_model_op(self.plan.model, state.model)
+
+    def checkpointer(self) -> DirectoryCheckpointer:
+        """Core's atomic directory store for `plan.checkpoint`."""
+        assert self.plan.checkpoint is not None
+        return checkpointer(self.plan.checkpoint)

@@ -1,0 +1,173 @@
+"""`Keras`: the pipekit-train adapter that trains with Keras 3's own `model.fit`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from pipekit_train.core import ConfigError
+
+from ._backend import backend_name
+
+if TYPE_CHECKING:
+    from pipekit_train.core import Plan, TrainingArtifact
+
+__all__ = ["Keras"]
+
+PRECISIONS: Final = ("float32", "mixed_bfloat16", "mixed_float16", "bfloat16", "float16")
+
+
+class Keras:
+    """Train a `KerasModelOp` with `model.fit` on the jax or torch Keras backend.
+
+    Batches come from core's batch iterator (the same order as every backend for the
+    same seed); the loss is core's `loss(pred, target)` wrapped as a Keras loss (a
+    `keras.losses.Loss` passed as `loss=` is used as is); the optimizer comes from
+    `optimizer_config`. Core callbacks, writers, validation and checkpoints are driven from
+    a Keras callback; checkpoints (model, optimizer, RNG seed-generator states, data
+    position, run state) go to core's atomic directory store and resume exactly.
+
+    Args:
+        jit_compile: forwarded to `model.compile` (`"auto"`: XLA on jax, eager on torch;
+            `True` on torch means `torch.compile`).
+        steps_per_execution: run up to this many steps per compiled call between callbacks
+            (jax backend only; Keras requires 1 on torch). Every step's loss is still
+            recorded, and validation/checkpoints land on the same steps as with 1.
+        precision: a Keras dtype policy for training, e.g. `"mixed_bfloat16"`
+            (`"mixed_float16"` adds Keras's loss scaling). None keeps `float32`.
+
+    Multi-device: pass `sharding=keras.distribution.DataParallel(...)` (or
+    `sharding="data_parallel"` for all local devices) to `TrainingLoop` (jax backend).
+
+    Example:
+        >>> loop = TrainingLoop(
+        ...     model=KerasModelOp("pipekit_train.keras.testing:linear", in_size=4, out_size=1),
+        ...     data=train, loss="mse", optimizer_config={"name": "adam", "lr": 1e-2},
+        ...     batch_size=32, max_steps=100, adapter=Keras(steps_per_execution=10),
+        ... )
+        >>> artifact = loop.run()
+    """
+
+    name = "keras"
+
+    def __init__(
+        self,
+        *,
+        jit_compile: bool | str = "auto",
+        steps_per_execution: int = 1,
+        precision: str | None = None,
+    ):
+        if not (isinstance(jit_compile, bool) or jit_compile == "auto"):
+            raise ConfigError(
+                f"`jit_compile` must be True, False or 'auto'. Received: jit_compile={jit_compile!r}."
+            )
+        if (
+            isinstance(steps_per_execution, bool)
+            or not isinstance(steps_per_execution, int)
+            or steps_per_execution < 1
+        ):
+            raise ConfigError(
+                "`steps_per_execution` must be a positive int. "
+                f"Received: steps_per_execution={steps_per_execution!r}. Use e.g. steps_per_execution=10."
+            )
+        if precision is not None and precision not in PRECISIONS:
+            raise ConfigError(
+                f"`precision` must be None or one of {list(PRECISIONS)}. Received: precision={precision!r}."
+            )
+        self.jit_compile = jit_compile
+        self.steps_per_execution = steps_per_execution
+        self.precision = precision
+
+    def get_config(self) -> dict[str, Any]:
+        """`{"type": "pipekit_train.keras:Keras", "kwargs": {...}}` (JSON)."""
+        return {
+            "type": "pipekit_train.keras:Keras",
+            "kwargs": {
+                "jit_compile": self.jit_compile,
+                "steps_per_execution": self.steps_per_execution,
+                "precision": self.precision,
+            },
+        }
+
+    def __repr__(self) -> str:
+        kwargs = ", ".join(f"{k}={v!r}" for k, v in self.get_config()["kwargs"].items())
+        return f"Keras({kwargs})"
+
+    # -- validation ----------------------------------------------------------------------
+    def validate_online(self, plan: Plan) -> None:
+        """Checks shared by `TrainingLoop` and `OnlineTrainer` (model, backend, optimizer)."""
+        from ._model import KerasModelOp
+        from ._optimizers import check_optimizer_config
+
+        if not isinstance(plan.model, KerasModelOp):
+            raise ConfigError(
+                "The Keras adapter trains `KerasModelOp` models. "
+                f"Received: model={type(plan.model).__name__}. Wrap the model factory: "
+                "KerasModelOp('my_module:make_model', ...)."
+            )
+        backend = backend_name()
+        if backend == "torch" and self.steps_per_execution > 1:
+            raise ConfigError(
+                "Keras requires `steps_per_execution=1` on the torch backend. "
+                f"Received: steps_per_execution={self.steps_per_execution}, KERAS_BACKEND='torch'. "
+                "Use Keras(steps_per_execution=1) or the jax backend."
+            )
+        check_optimizer_config(plan.optimizer_config)
+
+    def validate(self, plan: Plan) -> None:
+        """Raise `ConfigError` for anything this adapter cannot run, before any work."""
+        self.validate_online(plan)
+        self.distribution(plan)
+
+    def distribution(self, plan: Plan) -> Any:
+        """The `keras.distribution.Distribution` for `plan.sharding` (None: one device)."""
+        sharding = plan.sharding
+        if sharding is None:
+            return None
+        import keras
+
+        if backend_name() != "jax":
+            raise ConfigError(
+                "`sharding` needs the jax Keras backend (keras.distribution is jax-only). "
+                f"Received: sharding={sharding!r}, KERAS_BACKEND={backend_name()!r}."
+            )
+        if sharding == "data_parallel":
+            sharding = keras.distribution.DataParallel()
+        if not isinstance(
+            sharding, (keras.distribution.DataParallel, keras.distribution.ModelParallel)
+        ):
+            raise ConfigError(
+                "`sharding` must be a `keras.distribution.DataParallel` or `ModelParallel` "
+                "(e.g. keras.distribution.DataParallel()) or 'data_parallel'. "
+                f"Received: sharding={sharding!r}."
+            )
+        mesh = getattr(sharding, "device_mesh", None)
+        batch_dim = getattr(sharding, "batch_dim_name", None)
+        if mesh is not None and batch_dim in getattr(mesh, "axis_names", ()):
+            devices = int(mesh.shape[list(mesh.axis_names).index(batch_dim)])
+            if plan.batch_size % devices:
+                raise ConfigError(
+                    f"`batch_size` must divide evenly over the {devices} devices of the "
+                    f"{batch_dim!r} mesh axis. Received: batch_size={plan.batch_size}. "
+                    f"Use a multiple of {devices}."
+                )
+        return sharding
+
+    # -- running -------------------------------------------------------------------------
+    def run(self, plan: Plan) -> TrainingArtifact:
+        """Train per the plan with `model.fit` and return the artifact."""
+        from ._fit import FitSession
+
+        session = FitSession(
+            plan,
+            precision=self.precision,
+            steps_per_execution=self.steps_per_execution,
+            jit_compile=self.jit_compile,
+            distribution=self.distribution(plan),
+        )
+        return session.run()
+
+    def step_backend(self, plan: Plan) -> Any:
+        """The step backend core's `OnlineTrainer` uses (one `train_on_batch` per call)."""
+        from ._online import KerasStepBackend
+
+        return KerasStepBackend(plan, precision=self.precision, jit_compile=self.jit_compile)

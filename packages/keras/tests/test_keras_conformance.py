@@ -1,0 +1,35 @@
+"""The shared adapter conformance suite, on the Keras backend of this process.
+
+`uv run pytest` runs it on jax (also with `steps_per_execution=4`);
+`test_keras_backends.py` runs this file again with `KERAS_BACKEND=torch` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from pipekit_train.core.testing import AdapterConformance
+from pipekit_train.keras import Keras, KerasModelOp
+
+
+class TestKerasConformance(AdapterConformance):
+    subprocess_env = {"KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "jax")}
+
+    def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
+        return KerasModelOp(
+            "pipekit_train.keras.testing:linear", in_size=in_size, out_size=out_size, seed=seed
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("KERAS_BACKEND", "jax") != "jax", reason="steps_per_execution > 1 is jax-only"
+)
+class TestKerasFusedStepsConformance(TestKerasConformance):
+    """The suite again with `steps_per_execution=4`: same steps, same events, same bytes."""
+
+    def make_adapter(self) -> Any:
+        return Keras(steps_per_execution=4)
