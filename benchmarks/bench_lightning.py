@@ -1,0 +1,322 @@
+"""Side-by-side benchmark of the Lightning adapter (not part of the test run).
+
+Run:  uv run python benchmarks/bench_lightning.py [--repeats 3] [--steps 1500] [--profile]
+
+Three loops train the same model (same initial weights, adam lr 1e-3, mse) on the same
+batches — every loop draws numpy batches from core's batching engine (`make_batches`)
+and converts them with `torch.from_numpy`; none is pre-staged:
+
+- `adapter`: `TrainingLoop(..., adapter=Lightning(accelerator="cpu")).run()`: core's
+  `RunContext` driven from Lightning hooks (loss kept as a tensor, fetched every 50
+  steps, history), the generated `LightningModule`, the data feed that tracks the
+  iterator state for exact resume.
+- `Trainer.fit`: a hand-written `LightningModule` (`F.mse_loss`, Adam) and the same
+  batches from an iterable, `Trainer(logger=False, enable_checkpointing=False,
+  enable_progress_bar=False, enable_model_summary=False)`; run twice: as a user gets it
+  (`import lightning` sets `PYTORCH_NVML_BASED_CUDA_CHECK=1`) and with that variable
+  unset, as the adapter runs it.
+- `raw torch`: `zero_grad / forward / mse / backward / step` in a Python loop (NVML check
+  unset: its speed without lightning imported).
+
+What is measured: steps/s over steps `warmup+1 .. total`. The two Lightning loops carry
+the same timing callback (`on_train_batch_end` timestamps); the raw loop is timed over
+the same steps. Runs are interleaved (in a rotating order) and repeated; the table shows
+the best rate (the least disturbed run: on a shared machine the noise only ever slows a
+run down), the median and the range. `--profile` adds, for the small case, the wall time spent in the
+adapter's own per-step code (perf_counter around the bridge hook and the data feed) and a
+cProfile of one adapter run grouped by where its time goes.
+
+Cases: (a) MLP 8→256→256→1 (tanh), batch 256; (b) MLP 2→32→1, batch 32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import functools
+import os
+import pstats
+import statistics
+import time
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+
+from pipekit_train.core import TrainingLoop
+from pipekit_train.core.data import ArrayDataset, make_batches
+from pipekit_train.lightning import Lightning, LightningModelOp
+
+LR = 1e-3
+SEED = 0
+NVML = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
+def make_data(in_size: int, rows: int) -> ArrayDataset:
+    """A synthetic regression dataset (float32)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows, in_size)).astype(np.float32)
+    y = (np.sin(x).sum(axis=1, keepdims=True) + 0.1 * rng.standard_normal((rows, 1))).astype(
+        np.float32
+    )
+    return ArrayDataset(x=x, y=y)
+
+
+def make_op(in_size: int, width: int, depth: int) -> LightningModelOp:
+    """The benchmark MLP as a model operator."""
+    return LightningModelOp(
+        "pipekit_train.lightning.testing:mlp",
+        in_size=in_size,
+        out_size=1,
+        width=width,
+        depth=depth,
+        seed=SEED,
+    )
+
+
+class Timer(L.Callback):
+    """Timestamps the end of optimizer step `warmup` and of the last step."""
+
+    def __init__(self, warmup: int, total: int):
+        self.warmup, self.total = warmup, total
+        self.t0 = self.t1 = 0.0
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        step = trainer.global_step
+        if step == self.warmup:
+            self.t0 = time.perf_counter()
+        elif step == self.total:
+            self.t1 = time.perf_counter()
+
+    def rate(self) -> float:
+        return (self.total - self.warmup) / (self.t1 - self.t0)
+
+
+# -- the three loops -------------------------------------------------------------------------
+def run_adapter(
+    data: ArrayDataset, op: LightningModelOp, batch: int, warmup: int, total: int
+) -> float:
+    timer = Timer(warmup, total)
+    TrainingLoop(
+        model=op,
+        data=data,
+        loss="mse",
+        optimizer_config={"name": "adam", "lr": LR},
+        batch_size=batch,
+        max_steps=total,
+        seed=SEED,
+        progress=False,
+        adapter=Lightning(accelerator="cpu", callbacks=[timer]),
+    ).run()
+    return timer.rate()
+
+
+class HandWritten(L.LightningModule):
+    """What a user writes: the model, `F.mse_loss`, Adam."""
+
+    def __init__(self, net: torch.nn.Module):
+        super().__init__()
+        self.net = net
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(self.net(batch["x"]), batch["y"])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.net.parameters(), lr=LR)
+
+
+class Batches:
+    """Core's batches as tensors (the same stream the adapter trains on)."""
+
+    def __init__(self, data: ArrayDataset, batch: int):
+        self.data, self.batch = data, batch
+
+    def __iter__(self) -> Any:
+        for b in make_batches(self.data, self.batch, seed=SEED):
+            yield {k: torch.from_numpy(v) for k, v in b.items()}
+
+
+def run_fit(
+    data: ArrayDataset, op: LightningModelOp, batch: int, warmup: int, total: int, *, nvml: bool
+) -> float:
+    timer = Timer(warmup, total)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=total,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[timer],
+    )
+    saved = os.environ.pop(NVML, None)
+    if nvml:
+        os.environ[NVML] = "1"
+    try:
+        with torch.random.fork_rng(devices=[]):
+            trainer.fit(
+                HandWritten(copy.deepcopy(op.model)), train_dataloaders=Batches(data, batch)
+            )
+    finally:
+        os.environ.pop(NVML, None)
+        if saved is not None:
+            os.environ[NVML] = saved
+    return timer.rate()
+
+
+def run_raw(data: ArrayDataset, op: LightningModelOp, batch: int, warmup: int, total: int) -> float:
+    net = copy.deepcopy(op.model)
+    opt = torch.optim.Adam(net.parameters(), lr=LR)
+    saved = os.environ.pop(NVML, None)
+    try:
+        it = make_batches(data, batch, seed=SEED)
+        t0 = 0.0
+        loss = None
+        for step in range(1, total + 1):
+            b = next(it)
+            x, y = torch.from_numpy(b["x"]), torch.from_numpy(b["y"])
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            opt.step()
+            if step == warmup:
+                t0 = time.perf_counter()
+        assert loss is not None
+        float(loss.detach())
+        return (total - warmup) / (time.perf_counter() - t0)
+    finally:
+        if saved is not None:
+            os.environ[NVML] = saved
+
+
+# -- profile ---------------------------------------------------------------------------------
+def time_layer(data: ArrayDataset, op: LightningModelOp, batch: int, steps: int) -> None:
+    """Wall time inside the adapter's own per-step code, measured with perf_counter."""
+    from pipekit_train.lightning import _bridge, _data
+
+    spent = {"bridge": 0.0, "feed": 0.0}
+    hook = _bridge.RunBridge.on_train_batch_end
+    generate = _data.BatchFeed._generate
+
+    def timed_hook(self: Any, *args: Any) -> None:
+        t = time.perf_counter()
+        hook(self, *args)
+        spent["bridge"] += time.perf_counter() - t
+
+    def timed_generate(self: Any) -> Any:
+        inner = generate(self)
+        while True:
+            t = time.perf_counter()
+            item = next(inner)
+            spent["feed"] += time.perf_counter() - t
+            yield item
+
+    _bridge.RunBridge.on_train_batch_end = timed_hook  # type: ignore[method-assign]
+    _data.BatchFeed._generate = timed_generate  # type: ignore[method-assign]
+    try:
+        t0 = time.perf_counter()
+        run_adapter(data, op, batch, steps // 5, steps)
+        wall = time.perf_counter() - t0
+    finally:
+        _bridge.RunBridge.on_train_batch_end = hook  # type: ignore[method-assign]
+        _data.BatchFeed._generate = generate  # type: ignore[method-assign]
+    print(
+        f"\nthe adapter's own per-step code, MLP 2→32→1 b{batch}, {steps} steps (perf_counter, whole run)"
+    )
+    print(
+        f"  {spent['bridge'] / steps * 1e6:7.1f} µs/step  bridge.on_train_batch_end: record_step (+ a fetch "
+        "every 50 steps), schedules, stop"
+    )
+    print(
+        f"  {spent['feed'] / steps * 1e6:7.1f} µs/step  feed: core next() + torch.from_numpy + iterator-state "
+        "snapshot (the plain loop does all but the snapshot)"
+    )
+    print(f"  {wall / steps * 1e6:7.1f} µs/step  whole run() incl. Trainer set-up")
+
+
+def profile_adapter(data: ArrayDataset, op: LightningModelOp, batch: int, steps: int) -> None:
+    """cProfile of one adapter run, grouped."""
+    prof = cProfile.Profile()
+    prof.enable()
+    run_adapter(data, op, batch, steps // 5, steps)
+    prof.disable()
+    stats = pstats.Stats(prof)
+    raw = stats.stats  # type: ignore[attr-defined]
+    total = sum(v[3] for k, v in raw.items() if k[2] == "run_adapter")
+    groups = {
+        "bridge.on_train_batch_end (RunContext: record, schedules)": (
+            "_bridge.py",
+            "on_train_batch_end",
+        ),
+        "feed: core make_batches next() + from_numpy + get_state": ("_data.py", "_generate"),
+        "generated training_step (forward + fused mse)": ("_module.py", "training_step"),
+        "Lightning optimizer step (closure: fwd+bwd+adam)": ("optimizer.py", "step"),
+        "  of which torch.optim.Adam.step": ("adam.py", "step"),
+        "  of which backward": ("_tensor.py", "backward"),
+    }
+    print(
+        f"\ncProfile of one adapter run, MLP 2→32→1 b{batch}, {steps} steps (inflates Python-heavy parts)"
+    )
+    print(f"  total in run_adapter: {total:.2f}s")
+    for label, (file, func) in groups.items():
+        cum = sum(v[3] for k, v in raw.items() if k[0].endswith(file) and k[2] == func)
+        print(f"  {cum / steps * 1e3:7.3f} ms/step  {cum / total:5.1%}  {label}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(
+        f"torch {torch.__version__}, lightning {L.__version__}, threads {torch.get_num_threads()}, "
+        f"repeats {args.repeats}, steps {args.steps} (first 20% warm-up)"
+    )
+    cases = [("MLP 8→256→256→1, batch 256", 8, 256, 2, 256), ("MLP 2→32→1, batch 32", 2, 32, 1, 32)]
+    for title, in_size, width, depth, batch in cases:
+        data = make_data(in_size, 16384)
+        op = make_op(in_size, width, depth)
+        total, warmup = args.steps, args.steps // 5
+        runs: dict[str, list[float]] = {"adapter": [], "fit": [], "fit_nvml": [], "raw": []}
+        args_ = (data, op, batch, warmup, total)
+        loops = {
+            "adapter": functools.partial(run_adapter, *args_),
+            "fit": functools.partial(run_fit, *args_, nvml=False),
+            "fit_nvml": functools.partial(run_fit, *args_, nvml=True),
+            "raw": functools.partial(run_raw, *args_),
+        }
+        order = list(loops)
+        for r in range(args.repeats):
+            for key in order[r % 4 :] + order[: r % 4]:  # rotate: no loop always runs first
+                runs[key].append(loops[key]())
+        best = {k: max(v) for k, v in runs.items()}
+        med = {k: statistics.median(v) for k, v in runs.items()}
+        print(f"\n{title}")
+        print(
+            f"  {'loop':<44} {'best steps/s':>12} {'ms/step':>8} {'adapter ÷ it':>13}"
+            f" {'median':>7} {'adapter ÷ it':>13}  range"
+        )
+        rows = [
+            ("adapter (TrainingLoop + Lightning)", "adapter"),
+            ("plain Trainer.fit (NVML check unset)", "fit"),
+            ("plain Trainer.fit (as imported: NVML check)", "fit_nvml"),
+            ("raw torch loop", "raw"),
+        ]
+        for label, key in rows:
+            spread = f"[{min(runs[key]):.0f}–{max(runs[key]):.0f}]"
+            print(
+                f"  {label:<44} {best[key]:12.0f} {1e3 / best[key]:8.3f} {best['adapter'] / best[key]:13.3f}"
+                f" {med[key]:7.0f} {med['adapter'] / med[key]:13.3f}  {spread}",
+                flush=True,
+            )
+    if args.profile:
+        time_layer(make_data(2, 16384), make_op(2, 32, 1), 32, args.steps)
+        profile_adapter(make_data(2, 16384), make_op(2, 32, 1), 32, args.steps)
+
+
+if __name__ == "__main__":
+    main()

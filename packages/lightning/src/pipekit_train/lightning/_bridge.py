@@ -1,0 +1,310 @@
+"""`RunBridge`: the Lightning `Callback` that drives core's `RunContext` (imports lightning).
+
+Lightning owns the loop (`Trainer.fit`); core owns everything around it. The bridge
+
+- in `setup`: builds the `RunContext` (the chief is global rank 0), applies the resume
+  policy with core's `restore_or_start` (model weights now; optimizer, scheduler, RNG
+  and grad-scaler state once Lightning has built them), positions core's batch iterator
+  (this rank's shard) and sets Lightning's `max_steps` to the steps left;
+- in `on_train_start`: loads the pending optimizer/scheduler state, restores (or seeds)
+  every RNG stream, and dispatches `on_train_start` through `ctx.begin()`;
+- in `on_train_batch_end`, once per *optimizer* step: `record_step` with the loss still
+  on the device, the validation and checkpoint schedules, and `trainer.should_stop`
+  when the run is done — the same order as core's step driver.
+
+A checkpoint is core's atomic `DirectoryCheckpointer` step folder: model, optimizer and
+scheduler state (safetensors + JSON), every process's RNG states, the data iterator
+state after the last batch trained on, and the run state; nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+
+import lightning as L
+from pipekit_train.core import RunContext
+from pipekit_train.core._driver import restore_or_start
+from pipekit_train.core._plan import Plan, is_core_dataset
+
+from ._data import BatchFeed
+from ._model import as_input, module_dtype
+from ._module import unpack
+from ._state import TorchState, capture_rng, checkpointer, derive_seed, fetch, restore_rng, seed_rng
+
+__all__ = ["RunBridge", "eval_mode"]
+
+
+@contextmanager
+def eval_mode(module: torch.nn.Module) -> Any:
+    """Eval mode and no autograd inside; the previous mode is restored."""
+    was = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        module.train(was)
+
+
+def _gather_json(trainer: L.Trainer, obj: Any) -> list[Any]:
+    """All-gather one JSON value per process (as uint8 tensors; no pickle on the wire)."""
+    data = json.dumps(obj, sort_keys=True).encode()
+    device = trainer.strategy.root_device
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = trainer.strategy.all_gather(size).reshape(-1).tolist()
+    padded = torch.zeros(max(sizes), dtype=torch.uint8)
+    padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    gathered = trainer.strategy.all_gather(padded.to(device)).reshape(len(sizes), -1).cpu()
+    return [json.loads(bytes(gathered[r, : sizes[r]].tolist()).decode()) for r in range(len(sizes))]
+
+
+class RunBridge(L.Callback):
+    """Drive a `RunContext` from Lightning's hooks (see the module docs).
+
+    Args:
+        plan: the frozen plan.
+        save_module: the module whose state dict is checkpointed (the wrapped network
+            for generated modules, the user's `LightningModule` otherwise).
+        eval_module: the module validation runs `forward(x)` on.
+        loss: the plan's loss, for validation.
+        feed: the core batch feed, or None for native loaders.
+
+    Optimizer steps are detected by `trainer.global_step` advancing, so gradient
+    accumulation (Lightning batches without a step) needs no configuration here; the
+    losses of the accumulated batches (already divided by the number of batches) are
+    summed into the step's loss.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        save_module: torch.nn.Module,
+        eval_module: torch.nn.Module,
+        loss: Callable[[Any, Any], Any],
+        feed: BatchFeed | None,
+    ):
+        super().__init__()
+        self.plan = plan
+        self.state = TorchState(save_module)
+        self.eval_module = eval_module
+        self.loss = loss
+        self.feed = feed
+        self.ctx: RunContext | None = None
+        self.ckpt: Any = None
+        self.began = False
+        self.rank, self.world = 0, 1
+        self._last_global_step = 0
+        self._acc: list[Any] = []
+        self._consumed = 0
+        self._native_val = plan.validation is not None and not is_core_dataset(plan.validation)
+
+    # -- set-up --------------------------------------------------------------------------
+    def _learning_rate(self) -> float | None:
+        opts = self.state.optimizers
+        if not opts:
+            return None
+        lr = opts[0].param_groups[0].get("lr")
+        return None if lr is None else float(lr)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Build the run context, restore the latest checkpoint, position the data."""
+        if stage != "fit" or self.ctx is not None:
+            return
+        plan = self.plan
+        self.rank, self.world = int(trainer.global_rank), int(trainer.world_size)
+        ctx = RunContext(
+            plan, fetch=fetch, learning_rate=self._learning_rate, is_chief=self.rank == 0
+        )
+        self.ctx = ctx
+        self.ckpt = checkpointer(plan.checkpoint) if plan.checkpoint is not None else None
+        _, data_state = restore_or_start(plan, self.ckpt, self.state, ctx)
+        if self.feed is not None:
+            if data_state and self.world > 1:
+                data_state = {**data_state, "shard": [self.rank, self.world]}
+            self.feed.start(ctx.train_batches(data_state, shard=(self.rank, self.world)))
+        total = plan.total_steps
+        if total is not None:
+            trainer.fit_loop.epoch_loop.max_steps = max(total - ctx.step, 0)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Apply pending optimizer/scheduler/RNG state, then dispatch `on_train_start`."""
+        state = self.state
+        state.optimizers = list(trainer.optimizers)
+        state.schedulers = [cfg.scheduler for cfg in trainer.lr_scheduler_configs]
+        state.apply_pending()
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if scaler is not None and "scaler" in state.extra:
+            scaler.load_state_dict(state.extra["scaler"])
+        device = pl_module.device
+        if state.rng:
+            if len(state.rng) != self.world:
+                warnings.warn(
+                    f"The checkpoint holds RNG states of {len(state.rng)} processes, this run has "
+                    f"{self.world}; processes without a saved state are seeded afresh.",
+                    stacklevel=2,
+                )
+            if self.rank < len(state.rng):
+                restore_rng(state.rng[self.rank], device)
+            else:
+                seed_rng(derive_seed(self.plan.seed, self.rank, self.ctx.step if self.ctx else 0))
+        else:
+            seed_rng(derive_seed(self.plan.seed, self.rank))
+        self._last_global_step = int(trainer.global_step)
+        assert self.ctx is not None
+        self.ctx.begin()
+        self.began = True
+
+    # -- per step ------------------------------------------------------------------------
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        """Once per optimizer step: record, validate and checkpoint when due, stop when done."""
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        global_step = trainer.global_step
+        if global_step == self._last_global_step:  # accumulating gradients
+            if loss is not None:
+                self._acc.append(loss)
+            return
+        self._last_global_step = global_step
+        if self._acc:
+            if loss is not None:
+                self._acc.append(loss)
+            loss = torch.stack([v.detach().reshape(()) for v in self._acc]).sum()
+            self._acc.clear()
+        ctx = self.ctx
+        assert ctx is not None
+        if self.feed is None and self.plan.steps_per_epoch is None:  # a native loader's epochs
+            ctx.epoch = int(trainer.current_epoch)
+        ctx.record_step({} if loss is None else {"loss": loss})
+        self._consumed += 1
+        if self.world > 1:
+            stop = trainer.strategy.reduce_boolean_decision(ctx.stop_reason is not None, all=False)
+            if stop and ctx.stop_reason is None:
+                ctx.request_stop("a stop was requested on another process")
+        if ctx.due_validation():
+            self.validate()
+        if self.ckpt is not None and ctx.due_checkpoint():
+            self.save(trainer, pl_module)
+        if ctx.done:
+            trainer.should_stop = True
+
+    # -- validation ----------------------------------------------------------------------
+    def _eval_batch(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, float]:
+        module = self.eval_module
+        dtype, device = module_dtype(module)
+        pred = module(as_input(batch["x"], dtype, device))
+        target = as_input(batch["y"], dtype, device)
+        loss = self.loss(pred, target)
+        return _host(pred), float(loss)
+
+    def validate(self) -> dict[str, float]:
+        """Run the validation data through `eval_module` and record it."""
+        ctx = self.ctx
+        assert ctx is not None
+        with eval_mode(self.eval_module):
+            if not self._native_val:
+                return ctx.validate(self._eval_batch)
+            return ctx.record_validation(self._native_validation())
+
+    def _native_validation(self) -> dict[str, float]:
+        preds, targets, total, count = [], [], 0.0, 0
+        for batch in self.plan.validation:
+            x, y = unpack(batch)
+            module = self.eval_module
+            dtype, device = module_dtype(module)
+            pred = module(as_input(x, dtype, device))
+            target = as_input(y, dtype, device)
+            n = int(target.shape[0])
+            total += float(self.loss(pred, target)) * n
+            count += n
+            if self.plan.metrics:
+                preds.append(_host(pred))
+                targets.append(_host(target))
+        metrics = {"loss": total / max(count, 1)}
+        if self.plan.metrics:
+            pred_all, target_all = np.concatenate(preds), np.concatenate(targets)
+            for name, fn in self.plan.metrics.items():
+                metrics[name] = float(np.asarray(fn(pred_all, target_all)))
+        return metrics
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Lightning's own validation loop (user modules with `validation_step`): record `val*` metrics."""
+        if trainer.sanity_checking or self.ctx is None or not self.began:
+            return
+        metrics = {
+            k: float(v)
+            for k, v in trainer.callback_metrics.items()
+            if k.startswith("val") and _scalar(v)
+        }
+        if metrics:
+            self.ctx.record_validation(metrics)
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Save a checkpoint for the current step (the chief writes; every process's RNG goes in)."""
+        ctx, plan = self.ctx, self.plan
+        assert ctx is not None and plan.checkpoint is not None
+        record = capture_rng(pl_module.device)
+        rngs = _gather_json(trainer, record) if self.world > 1 else [record]
+        path = str(plan.checkpoint.path / str(ctx.step))
+        if ctx.is_chief:
+            data_state = None
+            if self.feed is not None:
+                data_state = self.feed.state_after(self._consumed)
+                if data_state is None:  # pragma: no cover - the feed keeps 16 states
+                    raise RuntimeError("lost track of the data iterator state")
+            self.state.rng = rngs
+            extra: dict[str, Any] = {"global_step": int(trainer.global_step)}
+            scaler = getattr(trainer.precision_plugin, "scaler", None)
+            if scaler is not None:
+                extra["scaler"] = {k: _jsonable(v) for k, v in scaler.state_dict().items()}
+            self.state.extra = extra
+            meta = ctx.checkpoint_meta(data_state=data_state)
+            path = self.ckpt.save(ctx.step, self.state, meta, ctx.checkpoint_metrics())
+        ctx.record_checkpoint(path)
+
+    def close(self, *, quiet: bool = False) -> None:
+        """Wait for pending checkpoint writes and stop the writer thread."""
+        if self.ckpt is None:
+            return
+        if not quiet:
+            self.ckpt.close()
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                self.ckpt.close()
+            except Exception:
+                pass
+
+
+def _scalar(v: Any) -> bool:
+    return not isinstance(v, torch.Tensor) or v.numel() == 1
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.item() if v.numel() == 1 else v.tolist()
+    return v
+
+
+def _host(t: Any) -> np.ndarray:
+    if isinstance(t, torch.Tensor):
+        t = t.detach()
+        if t.dtype in (torch.bfloat16, torch.float16):
+            t = t.float()
+        return t.cpu().numpy()
+    return np.asarray(t)

@@ -1,0 +1,427 @@
+"""`Lightning`: the adapter that runs a plan with `lightning.Trainer.fit`.
+
+Importing this module does not import lightning (≈14 s cold); `run()` does.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipekit_train.core import ConfigError, TrainingArtifact
+from pipekit_train.core._plan import Plan, is_core_dataset
+
+from ._data import BatchFeed, is_datamodule, is_native_loader
+from ._losses import torch_loss
+from ._model import LightningModelOp, module_dtype
+from ._optim import build_optimizer, check_optimizer_config, clip_norm_of
+
+__all__ = ["Lightning"]
+
+# `lightning.Trainer` keyword arguments, minus the ones TrainingLoop owns.
+_TRAINER_KWARGS = frozenset(
+    {
+        "accelerator",
+        "strategy",
+        "devices",
+        "num_nodes",
+        "precision",
+        "logger",
+        "callbacks",
+        "limit_val_batches",
+        "limit_test_batches",
+        "limit_predict_batches",
+        "val_check_interval",
+        "check_val_every_n_epoch",
+        "num_sanity_val_steps",
+        "log_every_n_steps",
+        "enable_checkpointing",
+        "enable_progress_bar",
+        "enable_model_summary",
+        "accumulate_grad_batches",
+        "gradient_clip_val",
+        "gradient_clip_algorithm",
+        "deterministic",
+        "benchmark",
+        "inference_mode",
+        "use_distributed_sampler",
+        "profiler",
+        "detect_anomaly",
+        "barebones",
+        "plugins",
+        "sync_batchnorm",
+        "reload_dataloaders_every_n_epochs",
+        "default_root_dir",
+        "enable_autolog_hparams",
+        "model_registry",
+    }
+)
+_OWNED = {
+    "max_steps": "TrainingLoop(max_steps=...)",
+    "max_epochs": "TrainingLoop(max_epochs=...)",
+    "min_steps": "TrainingLoop(max_steps=...) and callbacks",
+    "min_epochs": "TrainingLoop(max_epochs=...) and callbacks",
+    "max_time": "a callback calling state.request_stop(...)",
+    "limit_train_batches": "TrainingLoop(max_steps=...)",
+    "fast_dev_run": "TrainingLoop(max_steps=1)",
+    "overfit_batches": "a small ArrayDataset",
+}
+_PRECISIONS = frozenset(
+    {
+        "64",
+        "32",
+        "16",
+        "bf16",
+        64,
+        32,
+        16,
+        "64-true",
+        "32-true",
+        "16-true",
+        "bf16-true",
+        "16-mixed",
+        "bf16-mixed",
+        "transformer-engine",
+        "transformer-engine-float16",
+    }
+)
+_NVML = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
+def _class_named(obj: Any, name: str) -> bool:
+    return any(
+        cls.__name__ == name and cls.__module__.split(".")[0] in ("lightning", "pytorch_lightning")
+        for cls in type(obj).__mro__
+    )
+
+
+def is_lightning_module(obj: Any) -> bool:
+    """Whether `obj` is a `LightningModule` (checked without importing lightning)."""
+    return _class_named(obj, "LightningModule")
+
+
+def _overrides(module: Any, name: str) -> bool:
+    for cls in type(module).__mro__:
+        if name in cls.__dict__:
+            return cls.__module__.split(".")[0] not in ("lightning", "pytorch_lightning")
+    return False
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+@contextmanager
+def _rng_guard() -> Iterator[None]:
+    """Leave the caller's global torch/numpy/python RNG states as they were."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            np.random.set_state(np_state)
+            random.setstate(py_state)
+
+
+@contextmanager
+def _without_nvml_check() -> Iterator[None]:
+    """Unset `PYTORCH_NVML_BASED_CUDA_CHECK` (set by `import lightning`) while training.
+
+    With it set, every `torch.cuda.is_available()` — which `torch.optim.Adam.step` calls —
+    queries NVML, adding 0.1–0.3 ms per step on GPU-less hosts. It guards against
+    initialising CUDA before a fork; forking strategies are refused, and DataLoader
+    workers do not use CUDA.
+    """
+    saved = os.environ.get(_NVML)
+    if saved is None:
+        yield
+        return
+    del os.environ[_NVML]
+    try:
+        yield
+    finally:
+        os.environ[_NVML] = saved
+
+
+class Lightning:
+    """Run a `TrainingLoop` with PyTorch Lightning's `Trainer.fit`.
+
+    Keyword arguments are forwarded to `lightning.Trainer` (e.g. `devices`, `strategy`,
+    `precision`, `accumulate_grad_batches`, `gradient_clip_val`, `callbacks` with
+    Lightning callbacks, `logger`). The adapter sets quiet defaults — no Lightning
+    logger, checkpointing, progress bar or model summary (core's writers, `Checkpoint`
+    and `ProgressBar` do those jobs) — which explicit arguments override. The run length
+    belongs to `TrainingLoop` (`max_steps`, `max_epochs`), so Lightning's own stopping
+    arguments are refused.
+
+    With core datasets, `accumulate_grad_batches=k` splits every batch of `batch_size`
+    into `k` micro-batches: an optimizer step still sees `batch_size` samples in the
+    same order as without accumulation (so `batch_size` must be divisible by `k`).
+    With `strategy="ddp"` each process trains on its shard of every epoch
+    (`batch_size` samples per process and step); only global rank 0 writes metrics and
+    checkpoints.
+
+    Args:
+        **trainer_kwargs: `lightning.Trainer` keyword arguments.
+
+    Raises:
+        ConfigError: an unknown Trainer argument, or one that `TrainingLoop` owns.
+
+    Example:
+        >>> loop = TrainingLoop(model=LightningModelOp("pipekit_train.lightning.testing:mlp",
+        ...                     in_size=2, out_size=1), data=train, batch_size=64, max_steps=500,
+        ...                     adapter=Lightning(precision="bf16-mixed"))
+    """
+
+    name = "lightning"
+
+    def __init__(self, **trainer_kwargs: Any):
+        for key, value in trainer_kwargs.items():
+            if key in _OWNED:
+                raise ConfigError(
+                    f"`{key}` is not a Lightning() argument: the run length belongs to the "
+                    f"TrainingLoop. Received: {key}={value!r}. Use {_OWNED[key]} instead."
+                )
+            if key not in _TRAINER_KWARGS:
+                raise ConfigError(
+                    f"`{key}` is not a lightning.Trainer argument. Received: {key}={value!r}. "
+                    f"Use some of {sorted(_TRAINER_KWARGS)}."
+                )
+        acc = trainer_kwargs.get("accumulate_grad_batches", 1)
+        if isinstance(acc, bool) or not isinstance(acc, int) or acc < 1:
+            raise ConfigError(
+                f"`accumulate_grad_batches` must be a positive int. Received: accumulate_grad_batches={acc!r}."
+            )
+        strategy = trainer_kwargs.get("strategy")
+        if isinstance(strategy, str) and any(w in strategy for w in ("spawn", "fork", "notebook")):
+            raise ConfigError(
+                "Forking and spawning strategies run global rank 0 in a child process, so the run's "
+                f"artifact, callbacks and writers would not come back. Received: strategy={strategy!r}. "
+                "Use strategy='ddp' (Lightning re-runs the script for the other ranks)."
+            )
+        precision = trainer_kwargs.get("precision")
+        if precision is not None and precision not in _PRECISIONS:
+            raise ConfigError(
+                f"`precision` must be one of {sorted(map(str, _PRECISIONS))}. Received: precision={precision!r}. "
+                "On CPU use '32-true' or 'bf16-mixed'."
+            )
+        self.trainer_kwargs = dict(trainer_kwargs)
+
+    @property
+    def accumulate_grad_batches(self) -> int:
+        """Lightning batches per optimizer step."""
+        return int(self.trainer_kwargs.get("accumulate_grad_batches", 1))
+
+    def get_config(self) -> dict[str, Any]:
+        """`{"type": "pipekit_train.lightning:Lightning", "kwargs": ...}` (objects as their repr)."""
+        return {
+            "type": "pipekit_train.lightning:Lightning",
+            "kwargs": {k: _jsonable(v) for k, v in sorted(self.trainer_kwargs.items())},
+        }
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in sorted(self.trainer_kwargs.items()))
+        return f"Lightning({args})"
+
+    # -- data ------------------------------------------------------------------------------
+    def accepts_data(self, data: Any) -> bool:
+        """Torch `DataLoader`s (incl. `StatefulDataLoader`) and `LightningDataModule`s."""
+        return is_native_loader(data)
+
+    # -- validation --------------------------------------------------------------------------
+    def _check_model(self, model: Any) -> None:
+        if isinstance(model, LightningModelOp) or isinstance(model, torch.nn.Module):
+            return
+        raise ConfigError(
+            "The Lightning adapter trains a LightningModelOp, a torch.nn.Module or a LightningModule. "
+            f"Received: model={type(model).__name__}. Wrap the network, e.g. "
+            "LightningModelOp('my_pkg.models:net', in_size=..., out_size=...)."
+        )
+
+    def _uses_plan_optimizer(self, model: Any) -> bool:
+        return not (is_lightning_module(model) and _overrides(model, "configure_optimizers"))
+
+    def validate(self, plan: Plan) -> None:
+        """Raise `ConfigError` for anything this backend cannot run (before any work)."""
+        self._check_model(plan.model)
+        if plan.sharding is not None:
+            raise ConfigError(
+                "The Lightning adapter distributes through Lightning's strategies, not `sharding`. "
+                f"Received: sharding={plan.sharding!r}. Use Lightning(devices=..., strategy='ddp')."
+            )
+        if self._uses_plan_optimizer(plan.model):
+            check_optimizer_config(plan.optimizer_config, plan.total_steps)
+        acc = self.accumulate_grad_batches
+        if acc > 1 and is_core_dataset(plan.data) and not plan.drop_remainder:
+            raise ConfigError(
+                "With core datasets `accumulate_grad_batches` splits every batch into equal "
+                "micro-batches, so partial batches cannot be used. Received: drop_remainder=False, "
+                f"accumulate_grad_batches={acc}. Use drop_remainder=True."
+            )
+        if acc > 1 and is_core_dataset(plan.data) and plan.batch_size % acc:
+            raise ConfigError(
+                "With core datasets each batch is split into `accumulate_grad_batches` micro-batches, "
+                f"so it must divide `batch_size`. Received: batch_size={plan.batch_size}, "
+                f"accumulate_grad_batches={acc}. Use a batch_size divisible by {acc}."
+            )
+        clip = clip_norm_of(plan.optimizer_config)
+        given = self.trainer_kwargs.get("gradient_clip_val")
+        if clip is not None and given is not None and float(given) != clip:
+            raise ConfigError(
+                "`optimizer_config['clip_norm']` and Lightning(gradient_clip_val=...) disagree. "
+                f"Received: clip_norm={clip}, gradient_clip_val={given}. Set only one."
+            )
+        if is_datamodule(plan.data) and plan.validation is not None:
+            raise ConfigError(
+                "A LightningDataModule brings its own validation data. "
+                f"Received: validation={type(plan.validation).__name__}. Drop `validation=`, or pass "
+                "a DataLoader as `data=` instead."
+            )
+
+    def validate_online(self, plan: Plan) -> None:
+        """Checks for `OnlineTrainer` (plain-torch steps)."""
+        model = plan.model
+        if not isinstance(model, (LightningModelOp, torch.nn.Module)):
+            raise ConfigError(
+                "OnlineTrainer on the Lightning backend needs a LightningModelOp or a torch.nn.Module. "
+                f"Received: model={type(model).__name__}."
+            )
+        check_optimizer_config(plan.optimizer_config, plan.total_steps)
+
+    def step_backend(self, plan: Plan) -> Any:
+        """The plain-torch step backend (`OnlineTrainer`)."""
+        from ._step import TorchStepBackend
+
+        return TorchStepBackend(plan)
+
+    # -- running -----------------------------------------------------------------------------
+    def _trainer_kwargs(self, plan: Plan, native: bool, callbacks: list[Any]) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "logger": False,
+            "enable_checkpointing": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "num_sanity_val_steps": 0,
+            "max_epochs": -1,
+            "max_steps": -1 if plan.total_steps is None else int(plan.total_steps),
+        }
+        if not native:
+            kwargs["use_distributed_sampler"] = False
+        clip = clip_norm_of(plan.optimizer_config)
+        if clip is not None and self._uses_plan_optimizer(plan.model):
+            kwargs["gradient_clip_val"] = clip
+            kwargs["gradient_clip_algorithm"] = "norm"
+        kwargs.update(self.trainer_kwargs)
+        user = kwargs.pop("callbacks", None)
+        if user is not None and not isinstance(user, (list, tuple)):
+            user = [user]
+        kwargs["callbacks"] = [*callbacks, *(user or [])]
+        return kwargs
+
+    def run(self, plan: Plan) -> TrainingArtifact:
+        """Train with `Trainer.fit`, resuming from the latest complete checkpoint."""
+        import lightning as L
+
+        from ._bridge import RunBridge
+        from ._module import PlanModule
+
+        model = plan.model
+        native = not is_core_dataset(plan.data)
+        acc = self.accumulate_grad_batches
+        if isinstance(model, LightningModelOp):
+            net = copy.deepcopy(model.model)
+        elif is_lightning_module(model):
+            net = model
+        else:
+            net = copy.deepcopy(model)
+        net.train()
+        total = plan.total_steps
+        loss = torch_loss(plan.loss)
+
+        def build(params: Any) -> tuple[Any, Any]:
+            return build_optimizer(plan.optimizer_config, params, total_steps=total)
+
+        patched = False
+        if is_lightning_module(net):
+            module = net
+            if not _overrides(net, "configure_optimizers"):
+
+                def configure_optimizers() -> Any:
+                    return _as_lightning_optimizers(build(net.parameters()))
+
+                module.configure_optimizers = configure_optimizers  # type: ignore[method-assign]
+                patched = True
+        dtype, _ = module_dtype(net)
+        feed = None if native else BatchFeed(micro_batches=acc, dtype=dtype)
+        bridge = RunBridge(plan, save_module=net, eval_module=net, loss=loss, feed=feed)
+        if is_lightning_module(net):
+            callbacks = [bridge]  # your module's hooks stay yours: the bridge is a Callback
+        else:
+            module = PlanModule(net, loss, build, bridge=bridge)
+            callbacks = []  # the generated module forwards its hooks to the bridge
+        trainer = L.Trainer(**self._trainer_kwargs(plan, native, callbacks))
+        if type(trainer.strategy.launcher).__name__ == "_MultiProcessingLauncher":
+            raise ConfigError(
+                "This strategy starts its processes with fork/spawn, so global rank 0 would not run in "
+                f"this process. Received: strategy={trainer.strategy!r}. Use strategy='ddp'."
+            )
+        try:
+            with _rng_guard(), _without_nvml_check(), warnings.catch_warnings():
+                # Lightning 2.6's pytree helper uses an API torch 2.15 deprecates (once per fit)
+                warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+                if plan.validation is not None:  # validated by the bridge, not Lightning's loop
+                    warnings.filterwarnings(
+                        "ignore",
+                        message=r"You defined a `validation_step` but have no `val_dataloader`",
+                    )
+                if is_datamodule(plan.data):
+                    trainer.fit(module, datamodule=plan.data)
+                elif native:
+                    trainer.fit(module, train_dataloaders=plan.data)
+                else:
+                    trainer.fit(module, train_dataloaders=feed)
+            ctx = bridge.ctx
+            if ctx is None:  # pragma: no cover - refused above
+                raise RuntimeError("the training did not run in this process")
+            if not bridge.began:
+                ctx.begin()
+            if bridge.ckpt is not None:
+                bridge.ckpt.wait()
+            net.train(False)
+            if isinstance(model, LightningModelOp):
+                op = model.with_model(net)
+            else:
+                op = LightningModelOp.wrap(net, seed=plan.seed)
+            artifact = ctx.finish(
+                op, extra={"global_rank": bridge.rank, "world_size": bridge.world}
+            )
+        except BaseException:
+            if bridge.ctx is not None:
+                bridge.ctx.abort()
+            bridge.close(quiet=True)
+            raise
+        finally:
+            if patched:
+                del module.configure_optimizers
+        bridge.close()
+        return artifact
+
+
+def _as_lightning_optimizers(built: tuple[Any, Any]) -> Any:
+    optimizer, scheduler = built
+    if scheduler is None:
+        return optimizer
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,15 @@
+"""The core conformance suite against the Lightning adapter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipekit_train.core.testing import AdapterConformance
+from pipekit_train.lightning import LightningModelOp
+
+
+class TestLightningConformance(AdapterConformance):
+    def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
+        return LightningModelOp(
+            "pipekit_train.lightning.testing:linear", in_size=in_size, out_size=out_size, seed=seed
+        )
