@@ -18,11 +18,14 @@ and converts them with `torch.from_numpy`; none is pre-staged:
 - `raw torch`: `zero_grad / forward / mse / backward / step` in a Python loop (NVML check
   unset: its speed without lightning imported).
 
-What is measured: steps/s over steps `warmup+1 .. total`. The two Lightning loops carry
-the same timing callback (`on_train_batch_end` timestamps); the raw loop is timed over
-the same steps. Runs are interleaved (in a rotating order) and repeated; the table shows
-the best rate (the least disturbed run: on a shared machine the noise only ever slows a
-run down), the median and the range. `--profile` adds, for the small case, the wall time spent in the
+What is measured: steps `warmup+1 .. total`. The two Lightning loops carry the same
+timing callback (`on_train_batch_end` timestamps of the wall clock and of this process's
+CPU time); the raw loop is timed over the same steps. Runs are interleaved (in a rotating
+order) and repeated. The table shows the best wall-clock rate (the least disturbed run:
+on a shared machine noise only ever slows a run down) and the median CPU time per step
+(`time.process_time`: time other processes take the cores away does not count, which
+makes it the steadier measure on a busy machine), each with the adapter's speed
+relative to the row (> 1: the adapter is faster), and the range of wall-clock rates. `--profile` adds, for the small case, the wall time spent in the
 adapter's own per-step code (perf_counter around the bridge hook and the data feed) and a
 cProfile of one adapter run grouped by where its time goes.
 
@@ -77,27 +80,29 @@ def make_op(in_size: int, width: int, depth: int) -> LightningModelOp:
 
 
 class Timer(L.Callback):
-    """Timestamps the end of optimizer step `warmup` and of the last step."""
+    """Wall and process-CPU timestamps at the end of optimizer step `warmup` and of the last."""
 
     def __init__(self, warmup: int, total: int):
         self.warmup, self.total = warmup, total
-        self.t0 = self.t1 = 0.0
+        self.t0 = self.t1 = self.c0 = self.c1 = 0.0
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         step = trainer.global_step
         if step == self.warmup:
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
         elif step == self.total:
-            self.t1 = time.perf_counter()
+            self.t1, self.c1 = time.perf_counter(), time.process_time()
 
-    def rate(self) -> float:
-        return (self.total - self.warmup) / (self.t1 - self.t0)
+    def rate(self) -> tuple[float, float]:
+        """`(steps/s by the wall clock, CPU µs per step of this process)`."""
+        n = self.total - self.warmup
+        return n / (self.t1 - self.t0), (self.c1 - self.c0) / n * 1e6
 
 
 # -- the three loops -------------------------------------------------------------------------
 def run_adapter(
     data: ArrayDataset, op: LightningModelOp, batch: int, warmup: int, total: int
-) -> float:
+) -> tuple[float, float]:
     timer = Timer(warmup, total)
     TrainingLoop(
         model=op,
@@ -140,7 +145,7 @@ class Batches:
 
 def run_fit(
     data: ArrayDataset, op: LightningModelOp, batch: int, warmup: int, total: int, *, nvml: bool
-) -> float:
+) -> tuple[float, float]:
     timer = Timer(warmup, total)
     trainer = L.Trainer(
         accelerator="cpu",
@@ -166,13 +171,15 @@ def run_fit(
     return timer.rate()
 
 
-def run_raw(data: ArrayDataset, op: LightningModelOp, batch: int, warmup: int, total: int) -> float:
+def run_raw(
+    data: ArrayDataset, op: LightningModelOp, batch: int, warmup: int, total: int
+) -> tuple[float, float]:
     net = copy.deepcopy(op.model)
     opt = torch.optim.Adam(net.parameters(), lr=LR)
     saved = os.environ.pop(NVML, None)
     try:
         it = make_batches(data, batch, seed=SEED)
-        t0 = 0.0
+        t0 = c0 = 0.0
         loss = None
         for step in range(1, total + 1):
             b = next(it)
@@ -182,10 +189,11 @@ def run_raw(data: ArrayDataset, op: LightningModelOp, batch: int, warmup: int, t
             loss.backward()
             opt.step()
             if step == warmup:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
         assert loss is not None
         float(loss.detach())
-        return (total - warmup) / (time.perf_counter() - t0)
+        n = total - warmup
+        return n / (time.perf_counter() - t0), (time.process_time() - c0) / n * 1e6
     finally:
         if saved is not None:
             os.environ[NVML] = saved
@@ -281,7 +289,12 @@ def main() -> None:
         data = make_data(in_size, 16384)
         op = make_op(in_size, width, depth)
         total, warmup = args.steps, args.steps // 5
-        runs: dict[str, list[float]] = {"adapter": [], "fit": [], "fit_nvml": [], "raw": []}
+        runs: dict[str, list[tuple[float, float]]] = {
+            "adapter": [],
+            "fit": [],
+            "fit_nvml": [],
+            "raw": [],
+        }
         args_ = (data, op, batch, warmup, total)
         loops = {
             "adapter": functools.partial(run_adapter, *args_),
@@ -293,12 +306,12 @@ def main() -> None:
         for r in range(args.repeats):
             for key in order[r % 4 :] + order[: r % 4]:  # rotate: no loop always runs first
                 runs[key].append(loops[key]())
-        best = {k: max(v) for k, v in runs.items()}
-        med = {k: statistics.median(v) for k, v in runs.items()}
+        wall = {k: max(w for w, _ in v) for k, v in runs.items()}
+        cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
         print(f"\n{title}")
         print(
-            f"  {'loop':<44} {'best steps/s':>12} {'ms/step':>8} {'adapter ÷ it':>13}"
-            f" {'median':>7} {'adapter ÷ it':>13}  range"
+            f"  {'loop':<44} {'best steps/s':>12} {'adapter ÷ it':>12}"
+            f" {'CPU µs/step':>12} {'adapter ÷ it':>12}  wall steps/s range"
         )
         rows = [
             ("adapter (TrainingLoop + Lightning)", "adapter"),
@@ -307,10 +320,10 @@ def main() -> None:
             ("raw torch loop", "raw"),
         ]
         for label, key in rows:
-            spread = f"[{min(runs[key]):.0f}–{max(runs[key]):.0f}]"
+            walls = [w for w, _ in runs[key]]
             print(
-                f"  {label:<44} {best[key]:12.0f} {1e3 / best[key]:8.3f} {best['adapter'] / best[key]:13.3f}"
-                f" {med[key]:7.0f} {med['adapter'] / med[key]:13.3f}  {spread}",
+                f"  {label:<44} {wall[key]:12.0f} {wall['adapter'] / wall[key]:12.3f}"
+                f" {cpu[key]:12.0f} {cpu[key] / cpu['adapter']:12.3f}  [{min(walls):.0f}–{max(walls):.0f}]",
                 flush=True,
             )
     if args.profile:

@@ -107,7 +107,7 @@ class KerasModelOp(ModelOpBase):
         seed: the seed the model is built under.
         **kwargs: JSON keyword arguments forwarded to the factory.
 
-    Example:
+    Examples:
         >>> op = KerasModelOp("pipekit_train.keras.testing:linear", in_size=4, out_size=1)
         >>> op(np.zeros((2, 4), np.float32)).shape
         (2, 1)

@@ -38,7 +38,7 @@ class Keras:
     Multi-device: pass `sharding=keras.distribution.DataParallel(...)` (or
     `sharding="data_parallel"` for all local devices) to `TrainingLoop` (jax backend).
 
-    Example:
+    Examples:
         >>> loop = TrainingLoop(
         ...     model=KerasModelOp("pipekit_train.keras.testing:linear", in_size=4, out_size=1),
         ...     data=train, loss="mse", optimizer_config={"name": "adam", "lr": 1e-2},

@@ -1,6 +1,9 @@
-"""`RunBridge`: the Lightning `Callback` that drives core's `RunContext` (imports lightning).
+"""`RunBridge`: drives core's `RunContext` from Lightning's hooks (imports lightning).
 
-Lightning owns the loop (`Trainer.fit`); core owns everything around it. The bridge
+Lightning owns the loop (`Trainer.fit`); core owns everything around it. The generated
+`PlanModule` calls the bridge from its own hooks; for a user `LightningModule` the
+bridge is registered as a Lightning `Callback` (its hook signatures are the callback
+ones either way). The bridge
 
 - in `setup`: builds the `RunContext` (the chief is global rank 0), applies the resume
   policy with core's `restore_or_start` (model weights now; optimizer, scheduler, RNG

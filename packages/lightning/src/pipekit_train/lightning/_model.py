@@ -105,7 +105,7 @@ class LightningModelOp(ModelOpBase):
         seed: the seed the module's parameters are initialised under.
         **kwargs: JSON keyword arguments for the factory.
 
-    Example:
+    Examples:
         >>> op = LightningModelOp("pipekit_train.lightning.testing:mlp", in_size=2, out_size=1, seed=0)
         >>> op(np.zeros((4, 2), np.float32)).shape
         (4, 1)

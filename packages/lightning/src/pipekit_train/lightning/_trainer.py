@@ -180,7 +180,7 @@ class Lightning:
     Raises:
         ConfigError: an unknown Trainer argument, or one that `TrainingLoop` owns.
 
-    Example:
+    Examples:
         >>> loop = TrainingLoop(model=LightningModelOp("pipekit_train.lightning.testing:mlp",
         ...                     in_size=2, out_size=1), data=train, batch_size=64, max_steps=500,
         ...                     adapter=Lightning(precision="bf16-mixed"))

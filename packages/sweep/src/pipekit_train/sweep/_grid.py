@@ -102,7 +102,7 @@ class ParameterGrid:
         grid: `{name: [values...]}`, or a list of such dicts. Values must be JSON data
             (numbers, strings, bools, None, lists, dicts) so every trial can be journaled.
 
-    Example:
+    Examples:
         >>> grid = ParameterGrid({"lr": [1e-3, 1e-2], "batch_size": [16, 32]})
         >>> len(grid)
         4
