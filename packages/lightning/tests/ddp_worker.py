@@ -2,8 +2,8 @@
 
 `python ddp_worker.py OUT_DIR STRATEGY`: Lightning's script launcher re-runs this file as
 global rank 1. Both ranks train 6 steps, then 10 (a resume from the first run's
-checkpoints), then 10 from scratch in another directory (the reference), and write
-`OUT_DIR/rank<k>.json`.
+checkpoints), then 10 from scratch in another directory (the reference), then one epoch
+(per-shard: 128 samples, 8 steps of 16), and write `OUT_DIR/rank<k>.json`.
 """
 
 from __future__ import annotations
@@ -60,6 +60,15 @@ def main(out: Path, strategy: str) -> None:
                 "pred": np.asarray(art.model(val.get_batch(np.arange(4))["x"])).ravel().tolist(),
             }
         )
+    epoch = TrainingLoop(
+        model=LightningModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1),
+        data=train,
+        batch_size=16,
+        max_epochs=1,
+        adapter=Lightning(accelerator="cpu", devices=2, strategy=strategy),
+        progress=False,
+    ).run()
+    results.append({"rank": epoch.extra["global_rank"], "steps": epoch.steps})
     rank = results[0]["rank"]
     (out / f"rank{rank}.json").write_text(json.dumps(results))
 

@@ -130,10 +130,9 @@ class RunBridge(L.Callback):
         self.ckpt = checkpointer(plan.checkpoint) if plan.checkpoint is not None else None
         _, data_state = restore_or_start(plan, self.ckpt, self.state, ctx)
         if self.feed is not None:
-            if data_state and self.world > 1:
-                data_state = {**data_state, "shard": [self.rank, self.world]}
+            # core re-targets the chief's saved shard and counts epochs per shard
             self.feed.start(ctx.train_batches(data_state, shard=(self.rank, self.world)))
-        total = plan.total_steps
+        total = ctx.total_steps
         if total is not None:
             trainer.fit_loop.epoch_loop.max_steps = max(total - ctx.step, 0)
 
