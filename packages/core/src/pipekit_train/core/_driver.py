@@ -19,7 +19,7 @@ from ._errors import CheckpointError
 from ._plan import Plan
 from ._runtime import RunContext
 
-__all__ = ["StepBackend", "check_resume_key", "restore_or_start", "run_step_loop", "stack_batches"]
+__all__ = ["StepBackend", "abort_run", "check_resume_key", "restore_or_start", "run_step_loop", "stack_batches"]
 
 
 class StepBackend(Protocol):
@@ -93,6 +93,21 @@ def restore_or_start(plan: Plan, ckpt: Checkpointer | None, template: Any, ctx: 
     return restored.state, restored.meta.get("data_iter")
 
 
+def abort_run(ctx: RunContext, ckpt: Checkpointer | None) -> None:
+    """After a failure: flush and close the writers, let pending checkpoint writes finish.
+
+    Never raises, so the original error propagates; the last complete checkpoint stays.
+    """
+    ctx.abort()
+    if ckpt is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                ckpt.close()
+            except Exception:
+                pass
+
+
 def run_step_loop(plan: Plan, backend: StepBackend) -> TrainingArtifact:
     """Run a whole training loop on a `StepBackend` and return the artifact."""
     state_fn = getattr(backend, "learning_rate", None)
@@ -124,7 +139,7 @@ def run_step_loop(plan: Plan, backend: StepBackend) -> TrainingArtifact:
                 ctx.record_steps(metrics, k)
             if ctx.due_validation():
                 current = state
-                ctx.validate(lambda batch: backend.eval_batch(current, batch))
+                ctx.validate(lambda batch, current=current: backend.eval_batch(current, batch))
             if ckpt is not None and ctx.due_checkpoint():
                 meta = ctx.checkpoint_meta()
                 path = ckpt.save(ctx.step, state, meta, ctx.checkpoint_metrics())
@@ -133,14 +148,7 @@ def run_step_loop(plan: Plan, backend: StepBackend) -> TrainingArtifact:
             ckpt.wait()
         artifact = ctx.finish(backend.model_op(state))
     except BaseException:
-        ctx.abort()
-        if ckpt is not None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                try:
-                    ckpt.close()
-                except Exception:
-                    pass
+        abort_run(ctx, ckpt)
         raise
     if ckpt is not None:
         ckpt.close()

@@ -19,7 +19,6 @@ converts to host floats, so that costs no device sync.
 
 from __future__ import annotations
 
-import warnings
 from contextlib import nullcontext
 from typing import Any
 
@@ -27,7 +26,7 @@ import numpy as np
 
 import keras
 from pipekit_train.core import Plan, RunContext, TrainingArtifact
-from pipekit_train.core._driver import restore_or_start
+from pipekit_train.core._driver import abort_run, restore_or_start
 
 from . import _weights
 from ._data import FitFeed
@@ -242,14 +241,7 @@ class FitSession:
                 ckpt.wait()
             artifact = ctx.finish(output_model_op(self.plan.model, model))
         except BaseException:
-            ctx.abort()
-            if ckpt is not None:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    try:
-                        ckpt.close()
-                    except Exception:
-                        pass
+            abort_run(ctx, ckpt)
             raise
         if ckpt is not None:
             ckpt.close()
