@@ -1,6 +1,12 @@
 """Side-by-side benchmark of the data layer (not part of the test run).
 
-Run:  uv run python benchmarks/bench_data.py [--rows 100000] [--epochs 3] [--repeats 3]
+    uv run python benchmarks/bench_data.py                          # full run (about 30 s on 2 cores)
+    uv run python benchmarks/bench_data.py --rows 200000 --epochs 3 --repeats 3
+    uv run python benchmarks/bench_data.py --quick --json /tmp/data.json   # run_all convention
+
+`--quick` keeps every case and the sizes of the datasets (`--rows`) but runs best of 3
+rounds of 2 epochs and builds a 1000-item simulation cache. Explicit `--epochs`,
+`--repeats` and `--sim-items` win over `--quick`.
 
 1. `make_batches` over an in-memory `ArrayDataset` vs a plain numpy
    permutation-and-gather loop (batch 256, 8 float32 features + 1 target).
@@ -12,23 +18,32 @@ Run:  uv run python benchmarks/bench_data.py [--rows 100000] [--epochs 3] [--rep
 
 Each measurement is repeated and the best rate is kept; measurements that are
 compared are interleaved in one run, so machine noise hits both sides alike.
+
+Rows follow the convention in `benchmarks/run_all.py`. Each row's `ratio` is relative to
+its section's reference, named in the metric: the hand-written numpy loops (1), the
+in-memory engine rate (2, 2b), the serial build (3). The one target is that a parallel
+build writes the same bytes as the serial one (a row per `mp_context`); the rates have
+none.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pipekit_train.core.data import ArrayDataset, CachedDataset, SimulationDataset, make_batches
 
 BATCH = 256
+QUICK = {"epochs": 2, "repeats": 3, "sim_items": 1_000}
 
 
 # -- a slow-ish simulator (module level so spawn workers can import it) ----------------
@@ -125,6 +140,35 @@ def row(label: str, rate: float, unit: str, ref: float | None, ref_label: str) -
     return f"  {label:<46} {rate:>12,.0f} {unit:<10} {ratio}"
 
 
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}{'s' * (count != 1)}"
+
+
+def result(
+    case: str,
+    metric: str,
+    value: float | None,
+    unit: str,
+    *,
+    ratio: float | None = None,
+    target: str | None = None,
+    ok: bool | None = None,
+    note: str | None = None,
+) -> dict[str, Any]:
+    """One result row (see run_all.py)."""
+    return {
+        "benchmark": "data",
+        "case": case,
+        "metric": metric,
+        "value": None if value is None else round(float(value), 3),
+        "unit": unit,
+        "ratio": None if ratio is None else round(float(ratio), 3),
+        "target": target,
+        "ok": ok,
+        "note": note,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
@@ -132,7 +176,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--sim-items", type=int, default=3_000)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="best of 3 rounds of 2 epochs, 1000 simulated items (explicit values win)",
+    )
+    parser.add_argument("--json", dest="json_path", default=None, help="write the rows here")
     args = parser.parse_args()
+    if args.quick:
+        for name, value in QUICK.items():
+            if getattr(args, name) == parser.get_default(name):
+                setattr(args, name, value)
+    rows: list[dict[str, Any]] = []
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.rows, 8), dtype=np.float32)
@@ -181,6 +236,48 @@ def main() -> None:
             )
         )
         print(f"  (the engine gathers K={dataset.gather_block_rows // BATCH} batches per call)")
+        rate_metric = (
+            f"batches/s, best of {plural(args.repeats, 'round')} of {plural(args.epochs, 'epoch')}"
+        )
+        setup = f"{args.rows} rows x 8 features + 1 target, float32, batch {BATCH}"
+        rows += [
+            result(
+                "in-memory: numpy loop, x[idx]",
+                rate_metric,
+                rates["numpy"],
+                "batches/s",
+                note=f"reference; {setup}",
+            ),
+            result(
+                "in-memory: numpy loop, x.take(idx, axis=0)",
+                rate_metric,
+                rates["take"],
+                "batches/s",
+                note="reference",
+            ),
+            result(
+                "in-memory: make_batches(ArrayDataset)",
+                rate_metric + " (ratio: x the x[idx] loop)",
+                rates["engine"],
+                "batches/s",
+                ratio=rates["engine"] / rates["numpy"],
+            ),
+            result(
+                "in-memory: make_batches(ArrayDataset)",
+                rate_metric + " (ratio: x the take loop)",
+                rates["engine"],
+                "batches/s",
+                ratio=rates["engine"] / rates["take"],
+                note=f"the engine gathers K={dataset.gather_block_rows // BATCH} batches per call",
+            ),
+            result(
+                "in-memory: make_batches, one batch per gather (K=1)",
+                rate_metric + " (ratio: x the take loop)",
+                rates["engine1"],
+                "batches/s",
+                ratio=rates["engine1"] / rates["take"],
+            ),
+        ]
 
         # 2. cached ---------------------------------------------------------------------
         t0 = time.perf_counter()
@@ -213,6 +310,37 @@ def main() -> None:
             )
         )
         print(row("naive zarr fancy-index read per batch", fancy, "batches/s", mem, "in-memory"))
+        rows += [
+            result(
+                "local cache: CachedDataset.build of the ArrayDataset",
+                "build wall time",
+                build_s,
+                "s",
+                note=f"{args.rows} rows, chunk {cached.chunk_size} rows",
+            ),
+            result("local cache: CachedDataset open + load", "wall time", open_s * 1000, "ms"),
+            result(
+                "local cache: make_batches(ArrayDataset), in-memory rate",
+                rate_metric,
+                mem,
+                "batches/s",
+                note="reference",
+            ),
+            result(
+                "local cache: make_batches(CachedDataset), loaded in memory",
+                rate_metric + " (ratio: x in-memory rate)",
+                cached_rate,
+                "batches/s",
+                ratio=cached_rate / mem,
+            ),
+            result(
+                "local cache: naive zarr fancy-index read per batch",
+                "batches/s, one run of 200 batches (ratio: x in-memory rate)",
+                fancy,
+                "batches/s",
+                ratio=fancy / mem,
+            ),
+        ]
 
         # 2b. out-of-core: 10x the rows, a budget of a few chunks ---------------------------
         big_rows = 10 * args.rows
@@ -252,6 +380,35 @@ def main() -> None:
             f"  ({ooc.chunk_reads} chunk reads over {epochs_read} shuffled epochs of "
             f"{-(-big_rows // 32_768)} chunks)"
         )
+        ooc_metric = f"batches/s, best of {plural(max(1, args.repeats // 2), 'round')} of 1 epoch"
+        rows += [
+            result(
+                "out-of-core: make_batches(ArrayDataset), in-memory rate",
+                ooc_metric,
+                big_mem,
+                "batches/s",
+                note=f"reference; {big_rows} rows ({big_rows * 36 >> 20} MiB)",
+            ),
+            result(
+                "out-of-core: make_batches(CachedDataset), chunk cache",
+                ooc_metric + " (ratio: x in-memory rate)",
+                ooc_rate,
+                "batches/s",
+                ratio=ooc_rate / big_mem,
+                note=(
+                    f"chunk 32768 rows, {budget >> 20} MiB budget, shuffle window 4 chunks; "
+                    f"{ooc.chunk_reads} chunk reads over {epochs_read} shuffled epochs of "
+                    f"{-(-big_rows // 32_768)} chunks"
+                ),
+            ),
+            result(
+                "out-of-core: same, prefetch=2",
+                ooc_metric + " (ratio: x in-memory rate)",
+                ooc_prefetch,
+                "batches/s",
+                ratio=ooc_prefetch / big_mem,
+            ),
+        ]
 
         # 3. parallel build --------------------------------------------------------------
         sim = SimulationDataset(
@@ -266,6 +423,19 @@ def main() -> None:
             f"chunk {chunk})"
         )
         print(row("serial (workers=0)", args.sim_items / serial_s, "items/s", None, ""))
+        build_metric = "items/s, one build"
+        rows.append(
+            result(
+                "parallel build: CachedDataset.build, serial (workers=0)",
+                build_metric,
+                args.sim_items / serial_s,
+                "items/s",
+                note=(
+                    f"reference; SimulationDataset of {args.sim_items} items, chunk {chunk}, "
+                    f"{serial_s:.2f} s"
+                ),
+            )
+        )
         idx = np.arange(args.sim_items)
         reference = serial.get_batch(idx)
         for context in ("spawn", "fork"):
@@ -290,7 +460,31 @@ def main() -> None:
                 )
             )
             print(f"  {'':<46} {parallel_s:>8.2f} s vs serial {serial_s:.2f} s, same bytes: {same}")
+            case = f"parallel build: workers={args.workers}, mp_context={context!r}"
+            differ = [k for k in reference if reference[k].tobytes() != got[k].tobytes()]
+            rows += [
+                result(
+                    case,
+                    build_metric + " (ratio: x serial)",
+                    args.sim_items / parallel_s,
+                    "items/s",
+                    ratio=serial_s / parallel_s,
+                    note=f"{parallel_s:.2f} s vs serial {serial_s:.2f} s",
+                ),
+                result(
+                    case,
+                    "keys whose bytes differ from the serial build",
+                    float(len(differ)),
+                    "keys",
+                    target="0",
+                    ok=not differ,
+                    note=", ".join(differ) or None,
+                ),
+            ]
         print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
+        if args.json_path:
+            with open(args.json_path, "w") as fh:
+                json.dump(rows, fh, indent=2)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

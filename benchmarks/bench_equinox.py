@@ -1,6 +1,12 @@
 """Side-by-side benchmark of the Equinox adapter (not part of the test run).
 
-Run:  uv run python benchmarks/bench_equinox.py [--repeats 3] [--rss-steps 20000]
+    uv run python benchmarks/bench_equinox.py                       # full run (a few minutes)
+    uv run python benchmarks/bench_equinox.py --repeats 5 --rss-steps 50000
+    uv run python benchmarks/bench_equinox.py --quick --json /tmp/equinox.json   # run_all convention
+
+`--quick` runs the same cases best of 2, with 30% of the warm-up and timed steps
+(`--steps-scale 0.3`, rounded to multiples of 50) and a 4000-step RSS run. Explicit
+`--repeats`, `--steps-scale` and `--rss-steps` win over `--quick`.
 
 Three loops train the same model (same initial weights, adam lr 1e-3, mse) on the same
 batches — every loop draws numpy batches from core's batching engine (`make_batches`),
@@ -23,12 +29,20 @@ interleaved, so machine noise hits all sides alike) and the best rate is kept.
 Cases: (a) MLP 8→256→256→1, batch 256; (b) MLP 2→32→1, batch 32; (c) (b) with
 `steps_per_execution=10` (against the per-step loops). Last, the peak RSS of a long
 run of (a) at 10% and at 100% of its steps (it must not grow).
+
+Rows follow the convention in `benchmarks/run_all.py`. In (a) and (b) each row's `ratio`
+is relative to the faster of the two hand-written loops (`filter_jit`, `jit`), and the
+adapter's target is >= 0.95. In (c) the reference is the per-step `filter_jit` loop and
+the target >= 5. The RSS row's ratio is the peak RSS at the end over the peak RSS at 10%
+of the steps, with target <= 1.02 ("must not grow", allowing allocator noise and core's
+metric history of about 70 B a step).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import resource
 import time
 from collections.abc import Callable
@@ -46,6 +60,13 @@ from pipekit_train.equinox import Equinox, EquinoxModelOp
 
 LR = 1e-3
 SEED = 0
+QUICK = {"repeats": 2, "steps_scale": 0.3, "rss_steps": 4_000}
+LOOPS = {
+    "adapter": "adapter (TrainingLoop.run)",
+    "filter_jit": "filter_jit loop",
+    "jit": "jax.jit loop",
+    "jit_prestaged": "jax.jit loop, batches pre-staged on the device",
+}
 
 
 def make_data(in_size: int, rows: int) -> ArrayDataset:
@@ -212,18 +233,117 @@ def bench_case(
     return out
 
 
+def result(
+    case: str,
+    metric: str,
+    value: float | None,
+    unit: str,
+    *,
+    ratio: float | None = None,
+    target: str | None = None,
+    ok: bool | None = None,
+    note: str | None = None,
+) -> dict[str, Any]:
+    """One result row (see run_all.py)."""
+    return {
+        "benchmark": "equinox",
+        "case": case,
+        "metric": metric,
+        "value": None if value is None else round(float(value), 1),
+        "unit": unit,
+        "ratio": None if ratio is None else round(float(ratio), 3),
+        "target": target,
+        "ok": ok,
+        "note": note,
+    }
+
+
+def case_rows(
+    label: str,
+    out: dict[str, float],
+    steps: tuple[int, int],
+    repeats: int,
+    *,
+    reference: str | None,
+    target: float,
+) -> list[dict[str, Any]]:
+    """Rows of one case; `reference` is a loop's key, or None for the faster hand-written one."""
+    faster = max(("filter_jit", "jit"), key=lambda key: out[key])
+    ref_key = reference or faster
+    ref_name = (
+        f"per-step {LOOPS[ref_key]}"
+        if reference
+        else f"faster hand-written loop ({LOOPS[ref_key]})"
+    )
+    metric = f"steps/s, steps {steps[0] + 1}..{steps[1]}, best of {repeats} (ratio: x {ref_name})"
+    rows = []
+    for key, rate in out.items():
+        adapter = key == "adapter"
+        rows.append(
+            result(
+                f"{label}: {LOOPS[key]}",
+                metric,
+                rate,
+                "steps/s",
+                ratio=rate / out[ref_key],
+                target=f">= {target:g}" if adapter else None,
+                ok=out["adapter"] >= target * out[ref_key] if adapter else None,
+                note=None if adapter else f"adapter / this loop = {out['adapter'] / rate:.2f}x",
+            )
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--steps-scale",
+        type=float,
+        default=1.0,
+        help="scale the warm-up and timed steps of each case (rounded to multiples of 50)",
+    )
     parser.add_argument("--rss-steps", type=int, default=20_000)
     parser.add_argument("--skip-rss", action="store_true")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="best of 2, 30%% of the steps, a 4000-step RSS run (explicit values win)",
+    )
+    parser.add_argument("--json", dest="json_path", default=None, help="write the rows here")
     args = parser.parse_args()
+    if args.quick:
+        for name, value in QUICK.items():
+            if getattr(args, name) == parser.get_default(name):
+                setattr(args, name, value)
+
+    def steps(n: int) -> int:
+        # multiples of 50: the adapter's metrics are flushed (and timestamped) every 50 steps
+        return max(50, round(n * args.steps_scale / 50) * 50)
+
     print(
         f"jax {jax.__version__}, equinox {eqx.__version__}, optax {optax.__version__}, devices {jax.devices()}"
     )
-    a = bench_case("a", 8, 256, 2, 256, warmup=100, total=1100, repeats=args.repeats)
-    b = bench_case("b", 2, 32, 1, 32, warmup=200, total=3200, repeats=args.repeats)
-    c = bench_case("c", 2, 32, 1, 32, warmup=200, total=3200, repeats=args.repeats, k=10)
+    steps_a, steps_bc = (steps(100), steps(1100)), (steps(200), steps(3200))
+    a = bench_case("a", 8, 256, 2, 256, *steps_a, repeats=args.repeats)
+    b = bench_case("b", 2, 32, 1, 32, *steps_bc, repeats=args.repeats)
+    c = bench_case("c", 2, 32, 1, 32, *steps_bc, repeats=args.repeats, k=10)
+    rows = [
+        *case_rows(
+            "(a) MLP 8→256→256→1, batch 256", a, steps_a, args.repeats, reference=None, target=0.95
+        ),
+        *case_rows(
+            "(b) MLP 2→32→1, batch 32", b, steps_bc, args.repeats, reference=None, target=0.95
+        ),
+        *case_rows(
+            "(c) MLP 2→32→1, batch 32, adapter steps_per_execution=10",
+            c,
+            steps_bc,
+            args.repeats,
+            reference="filter_jit",
+            target=5,
+        ),
+    ]
     print("\nTargets:")
     print(
         f"  (a) adapter >= 0.95x faster hand-written: {a['adapter'] / max(a['filter_jit'], a['jit']):.2f}x"
@@ -241,6 +361,28 @@ def main() -> None:
             f"\nPeak RSS of a {n}-step run of (a): {lo / 1024:.1f} MiB at step {n // 10}, "
             f"{hi / 1024:.1f} MiB at step {n} (growth {(hi - lo) / 1024:.1f} MiB); {rate:.0f} steps/s"
         )
+        rows.append(
+            result(
+                f"(a) {n}-step run: peak RSS",
+                f"peak RSS at step {n} (ratio: x peak RSS at step {n // 10})",
+                hi / 1024,
+                "MiB",
+                ratio=hi / lo,
+                target="<= 1.02",
+                ok=hi <= 1.02 * lo,
+                note=(
+                    f"{lo / 1024:.1f} MiB at step {n // 10}, growth {(hi - lo) / 1024:.1f} MiB; "
+                    f"{rate:.0f} steps/s"
+                ),
+            )
+        )
+    else:
+        rows.append(
+            result("(a) long run: peak RSS", "not measured", None, "MiB", note="--skip-rss")
+        )
+    if args.json_path:
+        with open(args.json_path, "w") as fh:
+            json.dump(rows, fh, indent=2)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,27 @@ Baselines:
   callbacks synchronously, as it does for the adapter; see LIBRARY-NOTES).
 
 Usage:
-    uv run python benchmarks/bench_keras.py                 # jax
+    uv run python benchmarks/bench_keras.py                 # jax (or $KERAS_BACKEND)
     uv run python benchmarks/bench_keras.py --backend torch # torch (steps_per_execution=1 only)
+    uv run python benchmarks/bench_keras.py --quick --json /tmp/keras.json   # run_all convention
+
+`--quick` runs the same cases, best of 2 runs of 3 epochs (1 warm-up + 2 timed) instead
+of best of 3 runs of 4 epochs (explicit `--repeats` / `--epochs` win). `--json PATH`
+also writes one row per loop, case and `steps_per_execution` (the convention in
+`benchmarks/run_all.py`): steps/s, with `ratio` = that rate ÷ plain `fit`'s (the
+reference; > 1: faster than it). No target is set. The backend is chosen per process
+(`--backend` or `KERAS_BACKEND`, read before keras is imported); run the script once per
+backend.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
+from pathlib import Path
+from typing import Any
 
 
 def parse() -> argparse.Namespace:
@@ -31,7 +43,17 @@ def parse() -> argparse.Namespace:
     )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--epochs", type=int, default=4, help="passes per run (the first is warm-up)")
-    return p.parse_args()
+    p.add_argument(
+        "--quick", action="store_true", help="best of 2 runs of 3 epochs instead of 3 of 4"
+    )
+    p.add_argument("--json", help="also write the result rows (run_all format) to this path")
+    args = p.parse_args()
+    if args.quick:
+        if args.repeats == p.get_default("repeats"):
+            args.repeats = 2
+        if args.epochs == p.get_default("epochs"):
+            args.epochs = 3
+    return args
 
 
 ARGS = parse()
@@ -119,6 +141,40 @@ def run_adapter(kwargs: dict, x: np.ndarray, y: np.ndarray, batch: int, spe: int
     return (total - spe) / (timer.times[-1] - timer.times[0])
 
 
+def result_rows(
+    name: str, spe: int, k: int, plain: float, plain_cb: float, ours: float
+) -> list[dict[str, Any]]:
+    """The rows of one case and `steps_per_execution` (see run_all.py)."""
+    backend = keras.backend.backend()
+    metric = (
+        f"steps/s, best of {ARGS.repeats} ({ARGS.epochs - 1} timed epochs of {spe} steps; "
+        "ratio: ÷ plain model.fit)"
+    )
+    loops = [
+        ("plain model.fit", plain, "reference"),
+        (
+            "model.fit + no-op batch callback",
+            plain_cb,
+            "synchronous callback dispatch, as for the adapter",
+        ),
+        ("adapter (TrainingLoop + Keras)", ours, f"{ours / plain_cb:.2f}x fit + no-op callback"),
+    ]
+    return [
+        {
+            "benchmark": "keras",
+            "case": f"{name}, {backend}, steps_per_execution={k}: {label}",
+            "metric": metric,
+            "value": round(value, 1),
+            "unit": "steps/s",
+            "ratio": round(value / plain, 3),
+            "target": None,
+            "ok": None,
+            "note": note,
+        }
+        for label, value, note in loops
+    ]
+
+
 def main() -> None:
     ks = (1, 10) if ARGS.backend == "jax" else (1,)
     print(
@@ -128,6 +184,7 @@ def main() -> None:
     header = f"{'case':22s} {'K':>3s} {'fit':>8s} {'fit+cb':>8s} {'adapter':>8s} {'adapter/fit':>12s} {'adapter/fit+cb':>15s}"
     print(header)
     print("-" * len(header))
+    rows: list[dict[str, Any]] = []
     for name, kwargs, spe, batch in CASES:
         x, y = data(spe * batch, kwargs["in_size"])
         for k in ks:
@@ -140,7 +197,10 @@ def main() -> None:
                 f"{name:22s} {k:3d} {plain:8.0f} {plain_cb:8.0f} {ours:8.0f} {ours / plain:12.2f} {ours / plain_cb:15.2f}",
                 flush=True,
             )
+            rows += result_rows(name, spe, k, plain, plain_cb, ours)
     print("(steady-state steps/s; higher is better)")
+    if ARGS.json:
+        Path(ARGS.json).write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

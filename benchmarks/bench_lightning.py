@@ -1,6 +1,10 @@
 """Side-by-side benchmark of the Lightning adapter (not part of the test run).
 
-Run:  uv run python benchmarks/bench_lightning.py [--repeats 5] [--steps 2000] [--profile]
+```bash
+uv run python benchmarks/bench_lightning.py                      # 5 repeats of 2000 steps
+uv run python benchmarks/bench_lightning.py --repeats 3 --steps 1000 --profile
+uv run python benchmarks/bench_lightning.py --quick --json /tmp/lightning.json   # run_all convention
+```
 
 Three loops train the same model (same initial weights, adam lr 1e-3, mse) on the same
 batches — every loop draws numpy batches from core's batching engine (`make_batches`)
@@ -32,6 +36,13 @@ adapter's own per-step code (perf_counter around the bridge hook and the data fe
 cProfile of one adapter run grouped by where its time goes.
 
 Cases: (a) MLP 8→256→256→1 (tanh), batch 256; (b) MLP 2→32→1, batch 32.
+
+`--quick` runs the same cases and loops, 3 repeats of 400 steps (explicit `--repeats` /
+`--steps` win). `--json PATH` also writes one row per loop and case (the convention in
+`benchmarks/run_all.py`): the best wall-clock steps/s, with `ratio` = that rate ÷ plain
+`Trainer.fit`'s (NVML check unset, the reference; > 1: faster than it), and the median
+CPU µs/step and the range in the note. No target is set: the adapter is expected to run
+equal to plain `Trainer.fit` within noise.
 """
 
 from __future__ import annotations
@@ -40,10 +51,12 @@ import argparse
 import copy
 import cProfile
 import functools
+import json
 import os
 import pstats
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -275,18 +288,71 @@ def profile_adapter(data: ArrayDataset, op: LightningModelOp, batch: int, steps:
         print(f"  {cum / steps * 1e3:7.3f} ms/step  {cum / total:5.1%}  {label}")
 
 
+LOOPS = (
+    ("adapter (TrainingLoop + Lightning)", "adapter"),
+    ("plain Trainer.fit (NVML check unset)", "fit"),
+    ("plain Trainer.fit (as imported: NVML check)", "fit_nvml"),
+    ("raw torch loop", "raw"),
+)
+REFERENCE = "fit"
+
+
+def result_rows(
+    title: str, runs: dict[str, list[tuple[float, float]]], repeats: int, steps: int
+) -> list[dict[str, Any]]:
+    """The rows of one case (see run_all.py): ratio = steps/s ÷ plain `Trainer.fit`'s."""
+    wall = {k: max(w for w, _ in v) for k, v in runs.items()}
+    cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
+    out = []
+    for label, key in LOOPS:
+        walls = [w for w, _ in runs[key]]
+        note = (
+            f"CPU {cpu[key]:.0f} µs/step (median), {cpu[key] / cpu[REFERENCE]:.3f}x Trainer.fit's; "
+            f"wall range {min(walls):.0f}–{max(walls):.0f} steps/s"
+        )
+        if key == REFERENCE:
+            note = "reference; " + note
+        out.append(
+            {
+                "benchmark": "lightning",
+                "case": f"{title}: {label}",
+                "metric": (
+                    f"steps/s, best of {repeats} ({steps - steps // 5} timed steps; "
+                    "ratio: ÷ plain Trainer.fit, NVML check unset)"
+                ),
+                "value": round(wall[key], 1),
+                "unit": "steps/s",
+                "ratio": round(wall[key] / wall[REFERENCE], 3),
+                "target": None,
+                "ok": None,
+                "note": note,
+            }
+        )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--quick", action="store_true", help="3 repeats of 400 steps instead of 5 of 2000"
+    )
+    parser.add_argument("--json", help="also write the result rows (run_all format) to this path")
     args = parser.parse_args()
+    if args.quick:
+        if args.repeats == parser.get_default("repeats"):
+            args.repeats = 3
+        if args.steps == parser.get_default("steps"):
+            args.steps = 400
     torch.set_num_threads(1)
     print(
         f"torch {torch.__version__}, lightning {L.__version__}, threads {torch.get_num_threads()}, "
         f"repeats {args.repeats}, steps {args.steps} (first 20% warm-up)"
     )
     cases = [("MLP 8→256→256→1, batch 256", 8, 256, 2, 256), ("MLP 2→32→1, batch 32", 2, 32, 1, 32)]
+    rows: list[dict[str, Any]] = []
     for title, in_size, width, depth, batch in cases:
         data = make_data(in_size, 16384)
         op = make_op(in_size, width, depth)
@@ -315,19 +381,16 @@ def main() -> None:
             f"  {'loop':<44} {'best steps/s':>12} {'adapter ÷ it':>12}"
             f" {'CPU µs/step':>12} {'adapter ÷ it':>12}  wall steps/s range"
         )
-        rows = [
-            ("adapter (TrainingLoop + Lightning)", "adapter"),
-            ("plain Trainer.fit (NVML check unset)", "fit"),
-            ("plain Trainer.fit (as imported: NVML check)", "fit_nvml"),
-            ("raw torch loop", "raw"),
-        ]
-        for label, key in rows:
+        for label, key in LOOPS:
             walls = [w for w, _ in runs[key]]
             print(
                 f"  {label:<44} {wall[key]:12.0f} {wall['adapter'] / wall[key]:12.3f}"
                 f" {cpu[key]:12.0f} {cpu[key] / cpu['adapter']:12.3f}  [{min(walls):.0f}–{max(walls):.0f}]",
                 flush=True,
             )
+        rows += result_rows(title, runs, args.repeats, args.steps)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
     if args.profile:
         time_layer(make_data(2, 16384), make_op(2, 32, 1), 32, args.steps)
         profile_adapter(make_data(2, 16384), make_op(2, 32, 1), 32, args.steps)

@@ -3,9 +3,25 @@
 ```bash
 uv run python benchmarks/bench_sweep.py                      # 8 Equinox trials, 2 workers
 uv run python benchmarks/bench_sweep.py --backend numpy      # the numpy reference backend
-uv run python benchmarks/bench_sweep.py --steps 1000 --no-ray
+uv run python benchmarks/bench_sweep.py --steps 1500 --steps-per-execution 1 --no-ray
 uv run python benchmarks/bench_sweep.py --quick --json /tmp/sweep.json   # run_all convention
 ```
+
+The trials sweep the learning rate (4 values x 2 seeds) of a 4->128->128->1 MLP, batch
+64, with 50 optimizer steps fused per compiled call (`Equinox(steps_per_execution=50)`).
+What bounds the process executor's gain on 2 cores:
+
+- each worker pays its own start-up (import, model init, compilation; about 7 s alone,
+  9-11 s when both workers start at once, since XLA compiles on more than one thread),
+  where the serial executor pays it once. Short trials cannot hide that: the target
+  needs about 4 s of training per trial (the default), and 1500-step trials (`--quick`)
+  do not reach it.
+- with one step per call (`--steps-per-execution 1`), one jax process already keeps
+  about 1.5 cores busy (Python dispatch beside XLA's execution), so two of them on two
+  cores finish trials only 1.3-1.5x as fast as one.
+
+A constant learning rate lives in the Equinox optimizer state, so all trials of a
+learning-rate sweep share one compilation per process.
 
 Each executor runs in a fresh interpreter (`python bench_sweep.py --child ...`), so each
 one pays its own framework import and compilation, as a user's sweep would: the serial
@@ -45,6 +61,7 @@ def _grid(args: argparse.Namespace) -> Any:
     if args.backend == "equinox":
         spec["factory"] = ["pipekit_train.equinox.testing:mlp"]
         spec["factory_kwargs"] = [{"width": args.width, "depth": 2}]
+        spec["steps_per_execution"] = [args.steps_per_execution]
     spec.update(
         {
             "lr": [3e-4, 1e-3, 3e-3, 1e-2][: max(1, args.trials // 2)],
@@ -96,6 +113,7 @@ def child(args: argparse.Namespace) -> None:
                 "ok": len(result.by_status("ok")),
                 "train_s": sum(t.summary.get("wall_time_s", 0.0) for t in result),
                 "trial_s": sum(t.wall_time_s for t in result),
+                "slowest_s": max(t.wall_time_s for t in result),
                 "best": result.best.params["lr"] if result.ranked() else None,
                 "best_value": result.best.value if result.ranked() else None,
                 "weights": [t.weights_sha256 for t in result],
@@ -124,6 +142,8 @@ def _run_child(executor: str, args: argparse.Namespace, root: Path) -> dict[str,
         str(args.width),
         "--workers",
         str(args.workers),
+        "--steps-per-execution",
+        str(args.steps_per_execution),
     ]
     env = dict(os.environ)
     # Under `uv run`, Ray would start each worker through `uv run` again; not wanted here.
@@ -145,11 +165,14 @@ def main() -> None:
     parser.add_argument(
         "--trials", type=int, default=8, help="grid size (lr x 2 seeds), even, <= 8"
     )
-    parser.add_argument("--steps", type=int, default=6000, help="optimizer steps per trial")
+    parser.add_argument("--steps", type=int, default=20000, help="optimizer steps per trial")
+    parser.add_argument(
+        "--steps-per-execution", type=int, default=50, help="optimizer steps fused per call (equinox)"
+    )
     parser.add_argument("--width", type=int, default=128, help="MLP width (equinox)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-ray", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="1500 steps per trial instead of 6000")
+    parser.add_argument("--quick", action="store_true", help="1500 steps per trial instead of 20000")
     parser.add_argument("--json", help="also write the result rows (run_all format) to this path")
     parser.add_argument("--child", choices=["serial", "process", "ray"], help=argparse.SUPPRESS)
     parser.add_argument("--directory", help=argparse.SUPPRESS)
@@ -168,7 +191,8 @@ def main() -> None:
     print(
         f"# bench_sweep: {args.trials} {args.backend} trials x {args.steps} steps "
         + (
-            f"(MLP 4->{args.width}->{args.width}->1, batch 64), "
+            f"(MLP 4->{args.width}->{args.width}->1, batch 64, "
+            f"{args.steps_per_execution} steps per call), "
             if args.backend == "equinox"
             else "(linear, batch 64), "
         )
@@ -185,15 +209,16 @@ def main() -> None:
     print()
     print(
         "| executor | workers | sweep wall s | x serial | interpreter s | Ray start s "
-        "| trial s (sum) | training s (sum) | trials ok | best lr |"
+        "| slowest trial s | trial s (sum) | training s (sum) | trials ok | best lr |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         workers = 1 if r["executor"] == "serial" else args.workers
         ray_s = "" if r["ray_init_s"] is None else f"{r['ray_init_s']:.1f}"
         print(
             f"| {r['executor']} | {workers} | {r['wall_s']:.1f} | {r['wall_s'] / serial:.2f} | "
-            f"{r['process_s']:.1f} | {ray_s} | {r['trial_s']:.1f} | {r['train_s']:.1f} | "
+            f"{r['process_s']:.1f} | {ray_s} | {r['slowest_s']:.1f} | {r['trial_s']:.1f} | "
+            f"{r['train_s']:.1f} | "
             f"{r['ok']}/{r['trials']} | {r['best']} |"
         )
     same = all(r["weights"] == rows[0]["weights"] for r in rows)
@@ -214,7 +239,11 @@ def _write_json(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     out = []
     for r in rows:
         workers = 1 if r["executor"] == "serial" else args.workers
-        note = f"{args.trials} {args.backend} trials x {args.steps} steps; fresh interpreter per executor"
+        note = (
+            f"{args.trials} {args.backend} trials x {args.steps} steps "
+            f"({args.steps_per_execution} per call); fresh interpreter per executor; "
+            f"slowest trial (a worker's first: import + compile) {r['slowest_s']:.1f} s"
+        )
         if r["ray_init_s"] is not None:
             note += f"; Ray runtime start {r['ray_init_s']:.1f} s not included"
         ratio = r["wall_s"] / serial

@@ -84,6 +84,9 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     site = tmp_path / "site"
     for page in ("index.html", "api/core/index.html", "changelog/index.html"):
         assert (site / page).is_file(), f"{page} was not built"
+    for name in ("quickstart", "cycle_handoff"):  # notebooks render with their outputs
+        html = (site / "notebooks" / name / "index.html").read_text()
+        assert "data:image/png" in html, f"the {name} notebook page shows no figure"
     api = (site / "api" / "core" / "index.html").read_text()
     assert "pipekit_train.core.TrainingLoop" in api, (
         "the core API reference did not render TrainingLoop"

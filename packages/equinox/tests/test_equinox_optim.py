@@ -155,3 +155,38 @@ def test_learning_rate_reported_from_the_schedule(make_loop) -> None:
     assert [step for step, _ in seen] == list(range(1, 7))
     for step, lr in seen:
         assert lr == pytest.approx(float(reference(step)))
+
+
+def test_learning_rate_sweep_shares_one_compiled_step(make_loop, monkeypatch) -> None:
+    """Runs that differ only in a constant lr reuse the compiled step, with their own lr."""
+    from pipekit_train.equinox import _step
+
+    built: list[object] = []
+    original = _step.StepFunctions.__init__
+
+    def counting_init(self, *args, **kwargs):
+        built.append(self)
+        original(self, *args, **kwargs)
+
+    def weights(lr: float) -> bytes:
+        config = {"name": "adam", "lr": lr, "b1": 0.8}
+        return (
+            make_loop(optimizer_config=config, max_steps=5, validation=None)
+            .run()
+            .model.serialize_weights()
+        )
+
+    monkeypatch.setattr(_step.StepFunctions, "__init__", counting_init)
+    monkeypatch.setattr(_step, "_CACHE", type(_step._CACHE)())
+    first = weights(0.013)
+    second = weights(0.031)
+    assert len(built) == 1  # the second run compiled nothing new
+    assert first != second
+    monkeypatch.setattr(_step, "_CACHE", type(_step._CACHE)())
+    assert weights(0.031) == second  # a fresh compilation gives the same weights
+    assert len(built) == 2
+    # any other optimizer argument still changes the compiled step
+    make_loop(
+        optimizer_config={"name": "adam", "lr": 0.02, "b1": 0.7}, max_steps=2, validation=None
+    ).run()
+    assert len(built) == 3

@@ -8,7 +8,6 @@ steps, evaluate, checkpoint.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -164,16 +163,6 @@ def _fresh_copies(leaves: list[jax.Array]) -> list[jax.Array]:
 _copy_leaves = jax.jit(_fresh_copies)
 
 
-def _optimizer_key(config: Any) -> str | None:
-    """The JSON of a dict optimizer config (None for an optimizer object)."""
-    if not isinstance(config, Mapping):
-        return None
-    try:
-        return json.dumps(dict(config), sort_keys=True)
-    except (TypeError, ValueError):
-        return None
-
-
 def _leaf_names(template: TrainState) -> list[str]:
     """Stable checkpoint names of the state's arrays, e.g. `model_layers_0_weight`."""
     arrays = eqx.filter(template, eqx.is_array)
@@ -220,7 +209,7 @@ class EquinoxBackend:
         model = self._template.model
         self.fns = step_functions(
             self._template,
-            optimizer_key=_optimizer_key(plan.optimizer_config),
+            optimizer_key=self.optimizer.cache_key(plan.optimizer_config),
             loss_fn=plan.loss,
             optimizer=self.optimizer.transform,
             policy=self.policy,

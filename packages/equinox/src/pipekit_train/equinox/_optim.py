@@ -16,6 +16,7 @@ An `optax.GradientTransformation` (or anything with `init`/`update`, such as
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -103,6 +104,23 @@ class BuiltOptimizer:
 
     transform: Any
     schedule: Callable[[Any], Any] | float | None
+    runtime_lr: bool = False
+
+    def cache_key(self, config: Any) -> str | None:
+        """The JSON of the config that fixes the compiled step (None: never share).
+
+        A constant learning rate lives in the optimizer state (`runtime_lr`), so runs
+        that differ only in it share one compilation: a learning-rate sweep compiles once.
+        """
+        if not isinstance(config, Mapping):
+            return None
+        cfg = dict(config)
+        if self.runtime_lr:
+            cfg["learning_rate"] = "<in optimizer state>"
+        try:
+            return json.dumps(cfg, sort_keys=True)
+        except (TypeError, ValueError):
+            return None
 
     def learning_rate(self, step: int) -> float | None:
         """The learning rate at optimizer step `step`, if known."""
@@ -233,6 +251,12 @@ def build_optimizer(config: Any) -> BuiltOptimizer:
         else:
             decay_outside = True
     transform = _call_checked(fn, kwargs, what=f"optax.{name}", field="optimizer_config")
+    runtime_lr = bool(lr_key) and not callable(schedule) and not decay_outside
+    if runtime_lr:
+        # The constant learning rate becomes a scalar in the optimizer state, so the
+        # compiled step does not depend on its value (every other argument stays static).
+        static = [k for k, p in params.items() if k != lr_key and p.kind is not p.VAR_KEYWORD]
+        transform = optax.inject_hyperparams(fn, static_args=static)(**kwargs)
     chain: list[optax.GradientTransformation] = []
     clip_norm = cfg.get("clip_norm", cfg.get("gradient_clip_norm"))
     if clip_norm is not None:
@@ -252,7 +276,9 @@ def build_optimizer(config: Any) -> BuiltOptimizer:
         transform = _with_decoupled_decay(transform, float(weight_decay), schedule)
     if chain:
         transform = optax.chain(*chain, transform)
-    return BuiltOptimizer(transform=transform, schedule=schedule if lr_key else None)
+    return BuiltOptimizer(
+        transform=transform, schedule=schedule if lr_key else None, runtime_lr=runtime_lr
+    )
 
 
 def _with_decoupled_decay(

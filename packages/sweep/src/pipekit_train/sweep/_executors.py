@@ -296,9 +296,14 @@ class ProcessExecutor:
                 self._futures.pop(fut)
 
     def close(self) -> None:
-        """Shut the pool down."""
+        """Shut the pool down.
+
+        With no trial in flight (a sweep that finished), the idle workers exit in the
+        background (jax's teardown takes about a second) and the sweep returns at once;
+        otherwise this waits for the running trials.
+        """
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=bool(self._futures), cancel_futures=True)
             self._pool = None
 
 

@@ -101,6 +101,7 @@ _FACTORIES = {
     ),
     "keras": ("pipekit_train.keras", "KerasModelOp", "pipekit_train.keras.testing:linear"),
 }
+_ADAPTERS = {"equinox": "Equinox", "keras": "Keras"}
 
 
 def backend_trial(params: dict[str, Any], *, trial_dir: Path | None = None) -> TrainingLoop:
@@ -108,17 +109,32 @@ def backend_trial(params: dict[str, Any], *, trial_dir: Path | None = None) -> T
 
     Params: `backend` ("equinox" | "lightning" | "keras" | "numpy", required), `model_seed`
     (0), `factory` (default: the backend package's `testing:linear`), `factory_kwargs`
-    (extra JSON kwargs for the factory), plus every `numpy_trial` param. The Keras backend
-    needs `KERAS_BACKEND` set before keras is imported.
+    (extra JSON kwargs for the factory), `steps_per_execution` (1; Equinox and Keras fuse
+    that many optimizer steps into one compiled call), plus every `numpy_trial` param.
+    The Keras backend needs `KERAS_BACKEND` set before keras is imported.
     """
     import importlib
 
     opts = _options(
-        params, {"backend": None, "model_seed": 0, "factory": None, "factory_kwargs": {}}
+        params,
+        {
+            "backend": None,
+            "model_seed": 0,
+            "factory": None,
+            "factory_kwargs": {},
+            "steps_per_execution": 1,
+        },
     )
     backend = opts["backend"]
+    fused = int(opts["steps_per_execution"])
+    if fused != 1 and backend not in _ADAPTERS:
+        raise ConfigError(
+            f"`steps_per_execution` is for the {sorted(_ADAPTERS)} backends. "
+            f"Received: steps_per_execution={fused}, backend={backend!r}."
+        )
     if backend == "numpy":
-        return numpy_trial({k: v for k, v in params.items() if k != "backend"}, trial_dir=trial_dir)
+        rest = {k: v for k, v in params.items() if k not in ("backend", "steps_per_execution")}
+        return numpy_trial(rest, trial_dir=trial_dir)
     if backend not in _FACTORIES:
         raise ConfigError(
             f"`backend` must be one of {sorted(_FACTORIES) + ['numpy']}. Received: backend={backend!r}."
@@ -132,4 +148,9 @@ def backend_trial(params: dict[str, Any], *, trial_dir: Path | None = None) -> T
         seed=int(opts["model_seed"]),
         **dict(opts["factory_kwargs"]),
     )
-    return _loop(model, opts, trial_dir)
+    adapter = None
+    if fused != 1:
+        adapter = getattr(importlib.import_module(module), _ADAPTERS[backend])(
+            steps_per_execution=fused
+        )
+    return _loop(model, opts, trial_dir, adapter)
