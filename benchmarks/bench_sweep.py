@@ -167,12 +167,17 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=20000, help="optimizer steps per trial")
     parser.add_argument(
-        "--steps-per-execution", type=int, default=50, help="optimizer steps fused per call (equinox)"
+        "--steps-per-execution",
+        type=int,
+        default=50,
+        help="optimizer steps fused per call (equinox)",
     )
     parser.add_argument("--width", type=int, default=128, help="MLP width (equinox)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-ray", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="1500 steps per trial instead of 20000")
+    parser.add_argument(
+        "--quick", action="store_true", help="1500 steps per trial instead of 20000"
+    )
     parser.add_argument("--json", help="also write the result rows (run_all format) to this path")
     parser.add_argument("--child", choices=["serial", "process", "ray"], help=argparse.SUPPRESS)
     parser.add_argument("--directory", help=argparse.SUPPRESS)

@@ -16,8 +16,8 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-
 import toymodels
+
 from pipekit_train.core import TrainingLoop
 from pipekit_train.core.data import CachedDataset, Normalizer, SimulationDataset, split
 
@@ -55,10 +55,16 @@ def plot(path: Path, truth: np.ndarray, mean: np.ndarray, std: np.ndarray, backe
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5), dpi=100)
     for i, ax in enumerate(axes):
-        ax.errorbar(truth[:, i], mean[:, i], yerr=std[:, i], fmt="o", ms=3, alpha=0.5, elinewidth=0.8)
+        ax.errorbar(
+            truth[:, i], mean[:, i], yerr=std[:, i], fmt="o", ms=3, alpha=0.5, elinewidth=0.8
+        )
         lo, hi = truth[:, i].min(), truth[:, i].max()
         ax.plot([lo, hi], [lo, hi], "k--", lw=1)
-        ax.set(xlabel=f"true {NAMES[i]}", ylabel=f"predicted {NAMES[i]} (±1σ)", title=f"{backend}: {NAMES[i]}")
+        ax.set(
+            xlabel=f"true {NAMES[i]}",
+            ylabel=f"predicted {NAMES[i]} (±1σ)",
+            title=f"{backend}: {NAMES[i]}",
+        )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -85,7 +91,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         validation=val,
         normalizer=norm,
         loss="gaussian_nll",
-        optimizer_config={"name": "adam", "lr": {"schedule": "cosine", "init_value": 2e-3, "decay_steps": args.steps, "alpha": 0.05}, "clip_norm": 1.0},
+        optimizer_config={
+            "name": "adam",
+            "lr": {
+                "schedule": "cosine",
+                "init_value": 2e-3,
+                "decay_steps": args.steps,
+                "alpha": 0.05,
+            },
+            "clip_norm": 1.0,
+        },
         batch_size=128,
         max_steps=args.steps,
         validate_every_n_steps=max(1, args.steps // 5),
@@ -101,10 +116,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     z = np.abs(mean - truth) / std
     cover68, cover95 = float(np.mean(z <= 1.0)), float(np.mean(z <= 1.959964))
     plot(out / "posterior.png", truth, mean, std, args.backend)
-    print(f"held-out RMSE: omega={rmse[0]:.4f}, zeta={rmse[1]:.4f} (prior std {truth.std(axis=0).round(3).tolist()})")
+    print(
+        f"held-out RMSE: omega={rmse[0]:.4f}, zeta={rmse[1]:.4f} (prior std {truth.std(axis=0).round(3).tolist()})"
+    )
     print(f"coverage: 68% interval {cover68:.3f}, 95% interval {cover95:.3f}")
     print(f"figure: {out / 'posterior.png'}")
-    return {"rmse_omega": float(rmse[0]), "rmse_zeta": float(rmse[1]), "coverage68": cover68, "coverage95": cover95}
+    return {
+        "rmse_omega": float(rmse[0]),
+        "rmse_zeta": float(rmse[1]),
+        "coverage68": cover68,
+        "coverage95": cover95,
+    }
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 
 import numpy as np
-
 import toymodels
+
 from pipekit_train.core import Checkpoint, TrainingLoop
 from pipekit_train.core.callbacks import EarlyStopping
 from pipekit_train.core.data import ArrayDataset, split
@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         validate_every_n_steps=max(1, args.steps // 10),
         callbacks=[EarlyStopping("val_loss", patience=5)],
         writers=[JsonlWriter(str(out / "metrics.jsonl"))],
-        checkpoint=Checkpoint(out / "checkpoints", every_n_steps=max(1, args.steps // 3), resume="auto"),
+        checkpoint=Checkpoint(
+            out / "checkpoints", every_n_steps=max(1, args.steps // 3), resume="auto"
+        ),
         seed=0,
     )
     artifact = loop.run()
@@ -60,7 +62,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     test_rmse = float(np.sqrt(np.mean((pred - batch["y"]) ** 2)))
     artifact.history.plot(out / "loss.png")
     print(artifact.summary())
-    print(f"test RMSE = {test_rmse:.4f} (target std {float(batch['y'].std()):.3f}); loss curves: {out / 'loss.png'}")
+    print(
+        f"test RMSE = {test_rmse:.4f} (target std {float(batch['y'].std()):.3f}); loss curves: {out / 'loss.png'}"
+    )
     return {"test_rmse": test_rmse, **artifact.final_metrics}
 
 

@@ -17,8 +17,8 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-
 import toymodels
+
 from pipekit_train.core import Checkpoint, Cycle, LocalModelRegistry, NeuralForward, TrainingLoop
 from pipekit_train.core.data import CachedDataset, Normalizer, SimulationDataset, split
 
@@ -33,7 +33,9 @@ def rollout_error(emulated: np.ndarray, simulated: np.ndarray) -> float:
     return float(np.linalg.norm(emulated - simulated) / np.linalg.norm(simulated))
 
 
-def plot_rollout(path: Path, simulated: np.ndarray, emulated: np.ndarray, backend: str, error: float) -> None:
+def plot_rollout(
+    path: Path, simulated: np.ndarray, emulated: np.ndarray, backend: str, error: float
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,11 +45,24 @@ def plot_rollout(path: Path, simulated: np.ndarray, emulated: np.ndarray, backen
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
     for i in range(simulated.shape[1]):
         color = f"C{i}"
-        axes[0].plot(t, simulated[:, i, 0], color=color, lw=2, alpha=0.5, label="simulator" if i == 0 else None)
-        axes[0].plot(t, emulated[:, i, 0], color=color, ls="--", label="emulator" if i == 0 else None)
+        axes[0].plot(
+            t,
+            simulated[:, i, 0],
+            color=color,
+            lw=2,
+            alpha=0.5,
+            label="simulator" if i == 0 else None,
+        )
+        axes[0].plot(
+            t, emulated[:, i, 0], color=color, ls="--", label="emulator" if i == 0 else None
+        )
         axes[1].plot(simulated[:, i, 0], simulated[:, i, 1], color=color, lw=2, alpha=0.5)
         axes[1].plot(emulated[:, i, 0], emulated[:, i, 1], color=color, ls="--")
-    axes[0].set(xlabel="time", ylabel="position", title=f"{backend} emulator vs simulator (rel. error {error:.2%})")
+    axes[0].set(
+        xlabel="time",
+        ylabel="position",
+        title=f"{backend} emulator vs simulator (rel. error {error:.2%})",
+    )
     axes[1].set(xlabel="position", ylabel="velocity", title="phase space")
     axes[0].legend()
     fig.tight_layout()
@@ -68,7 +83,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     out.mkdir(parents=True, exist_ok=True)
 
     # 1. simulate on demand, deterministic per (seed, index); cache to zarr (resumable)
-    sims = SimulationDataset(increment, toymodels.sample_state, n=args.samples, seed=0, output_key="y")
+    sims = SimulationDataset(
+        increment, toymodels.sample_state, n=args.samples, seed=0, output_key="y"
+    )
     cache = CachedDataset.build(sims, out / "cache.zarr", chunk_size=1024)
     train, val = split(cache, (0.9, 0.1), seed=0)
     norm = Normalizer.fit(train, keys=("x", "y"))
@@ -81,7 +98,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         normalizer=norm,
         loss="mse",
         metrics=["rmse"],
-        optimizer_config={"name": "adam", "lr": {"schedule": "cosine", "init_value": 3e-3, "decay_steps": args.steps, "alpha": 0.05}},
+        optimizer_config={
+            "name": "adam",
+            "lr": {
+                "schedule": "cosine",
+                "init_value": 3e-3,
+                "decay_steps": args.steps,
+                "alpha": 0.05,
+            },
+        },
         batch_size=128,
         max_steps=args.steps,
         validate_every_n_steps=max(1, args.steps // 5),
@@ -100,13 +125,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     # 4. roll out 50 steps from held-out initial states, next to the simulator
     x0 = np.random.default_rng(12345).uniform(-0.9, 0.9, size=(5, 2)).astype(np.float32)
-    simulated = Cycle(lambda s: toymodels.oscillator_step(s).astype(np.float32), args.rollout).run(x0)
+    simulated = Cycle(lambda s: toymodels.oscillator_step(s).astype(np.float32), args.rollout).run(
+        x0
+    )
     emulated = Cycle(forward, args.rollout).run(x0)
     error = rollout_error(emulated, simulated)
     plot_rollout(out / "rollout.png", simulated, emulated, args.backend, error)
     artifact.history.plot(out / "loss.png")
     print(f"registered {record.name} v{record.version} at {record.uri}")
-    print(f"{args.rollout}-step rollout from 5 held-out states: relative trajectory error = {error:.3%}")
+    print(
+        f"{args.rollout}-step rollout from 5 held-out states: relative trajectory error = {error:.3%}"
+    )
     print(f"figures: {out / 'rollout.png'}, {out / 'loss.png'}")
     return {"rollout_error": error, **artifact.final_metrics}
 

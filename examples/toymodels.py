@@ -14,7 +14,9 @@ import numpy as np
 # -- the damped oscillator ------------------------------------------------------------------
 
 
-def oscillator_step(state: np.ndarray, omega: float = 2.0, zeta: float = 0.1, dt: float = 0.1) -> np.ndarray:
+def oscillator_step(
+    state: np.ndarray, omega: float = 2.0, zeta: float = 0.1, dt: float = 0.1
+) -> np.ndarray:
     """One semi-implicit Euler step of `x'' + 2ζωx' + ω²x = 0` on `[..., (x, v)]`."""
     state = np.asarray(state, dtype=np.float64)
     x, v = state[..., 0], state[..., 1]
@@ -32,7 +34,9 @@ def one_step(params: dict[str, np.ndarray]) -> np.ndarray:
     return oscillator_step(params["x"]).astype(np.float32)
 
 
-def trajectory(omega: float, zeta: float, n_steps: int = 40, x0: float = 1.0, dt: float = 0.1) -> np.ndarray:
+def trajectory(
+    omega: float, zeta: float, n_steps: int = 40, x0: float = 1.0, dt: float = 0.1
+) -> np.ndarray:
     """Positions of a damped oscillator started at `(x0, 0)`."""
     state = np.array([x0, 0.0])
     out = []
@@ -77,21 +81,46 @@ def keras_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2) -> A
     return keras.Model(inputs, keras.layers.Dense(out_size)(h))
 
 
-def model_op(backend: str, in_size: int, out_size: int, width: int = 64, depth: int = 2, seed: int = 0) -> Any:
+def model_op(
+    backend: str, in_size: int, out_size: int, width: int = 64, depth: int = 2, seed: int = 0
+) -> Any:
     """The model operator of `backend` wrapping the matching MLP factory."""
     if backend == "equinox":
         from pipekit_train.equinox import EquinoxModelOp
 
-        return EquinoxModelOp("toymodels:equinox_mlp", in_size=in_size, out_size=out_size, width=width, depth=depth, seed=seed)
+        return EquinoxModelOp(
+            "toymodels:equinox_mlp",
+            in_size=in_size,
+            out_size=out_size,
+            width=width,
+            depth=depth,
+            seed=seed,
+        )
     if backend == "lightning":
         from pipekit_train.lightning import LightningModelOp
 
-        return LightningModelOp("toymodels:torch_mlp", in_size=in_size, out_size=out_size, width=width, depth=depth, seed=seed)
+        return LightningModelOp(
+            "toymodels:torch_mlp",
+            in_size=in_size,
+            out_size=out_size,
+            width=width,
+            depth=depth,
+            seed=seed,
+        )
     if backend == "keras":
         import os
 
         os.environ.setdefault("KERAS_BACKEND", "jax")
         from pipekit_train.keras import KerasModelOp
 
-        return KerasModelOp("toymodels:keras_mlp", in_size=in_size, out_size=out_size, width=width, depth=depth, seed=seed)
-    raise SystemExit(f"--backend must be equinox, lightning or keras. Received: backend={backend!r}.")
+        return KerasModelOp(
+            "toymodels:keras_mlp",
+            in_size=in_size,
+            out_size=out_size,
+            width=width,
+            depth=depth,
+            seed=seed,
+        )
+    raise SystemExit(
+        f"--backend must be equinox, lightning or keras. Received: backend={backend!r}."
+    )

@@ -36,7 +36,10 @@ def main() -> None:
         t0 = time.perf_counter()
         nb = nbformat.read(path, as_version=4)
         client = nbclient.NotebookClient(
-            nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+            nb,
+            timeout=1200,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(NOTEBOOKS)}},
         )
         client.execute()
         for cell in nb.cells:  # keep diffs small: no run-specific metadata

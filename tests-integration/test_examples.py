@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import amortized
 import direct
+import pytest
 
 
 @pytest.mark.parametrize("backend", ["equinox", "lightning", "keras"])
@@ -20,7 +19,9 @@ def test_direct(backend: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("backend", ["equinox", "lightning", "keras"])
 def test_amortized(backend: str, tmp_path: Path) -> None:
-    result = amortized.main(["--backend", backend, "--steps", "60", "--samples", "1024", "--out", str(tmp_path)])
+    result = amortized.main(
+        ["--backend", backend, "--steps", "60", "--samples", "1024", "--out", str(tmp_path)]
+    )
     assert 0.0 <= result["coverage68"] <= 1.0 and 0.0 <= result["coverage95"] <= 1.0
     assert result["coverage95"] >= result["coverage68"]
     assert (tmp_path / backend / "posterior.png").exists()

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import emulator
+import pytest
 
 TOLERANCE = 0.15
 
 
 @pytest.mark.parametrize("backend", ["equinox", "lightning", "keras"])
 def test_emulator_rollout_tracks_the_simulator(backend: str, tmp_path: Path) -> None:
-    result = emulator.main(["--backend", backend, "--steps", "2500", "--samples", "4096", "--out", str(tmp_path)])
+    result = emulator.main(
+        ["--backend", backend, "--steps", "2500", "--samples", "4096", "--out", str(tmp_path)]
+    )
     print(f"{backend}: relative trajectory error {result['rollout_error']:.3%}")
     assert result["rollout_error"] < TOLERANCE
     assert (tmp_path / backend / "rollout.png").stat().st_size > 10_000

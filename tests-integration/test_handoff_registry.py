@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import toymodels
+
 from pipekit_train.core import LocalModelRegistry, S3ModelRegistry, TrainingLoop
 from pipekit_train.core.testing import regression_task
 
@@ -28,13 +28,19 @@ def _free_port() -> int:
 def s3_endpoint(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[str]:
     moto_server = pytest.importorskip("moto.server")
     s3fs = pytest.importorskip("s3fs")
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch_module.setenv(key, value)
     port = _free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
-    fs = s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs={"endpoint_url": endpoint})
+    fs = s3fs.S3FileSystem(
+        key="testing", secret="testing", client_kwargs={"endpoint_url": endpoint}
+    )
     fs.mkdir("models")
     yield endpoint
     server.stop()
@@ -71,7 +77,11 @@ def _check_round_trip(registry: object, artifact: object) -> dict:
     record = artifact.register(registry, "regressor")
     loaded_record, loaded = registry.load_record_and_model("regressor")
     blob = artifact.model.serialize_weights()
-    assert hashlib.sha256(loaded.serialize_weights()).hexdigest() == hashlib.sha256(blob).hexdigest() == record.weights_sha256
+    assert (
+        hashlib.sha256(loaded.serialize_weights()).hexdigest()
+        == hashlib.sha256(blob).hexdigest()
+        == record.weights_sha256
+    )
     x = regression_task()[1].get_batch(np.arange(32))["x"]
     np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(artifact.model(x)))
     assert loaded_record.version == record.version
@@ -90,6 +100,11 @@ def test_local_registry_round_trip(trained: tuple[str, object], tmp_path: Path) 
 
 def test_s3_registry_round_trip(trained: tuple[str, object], s3_endpoint: str) -> None:
     backend, artifact = trained
-    registry = S3ModelRegistry(f"s3://models/{backend}", key="testing", secret="testing", client_kwargs={"endpoint_url": s3_endpoint})
+    registry = S3ModelRegistry(
+        f"s3://models/{backend}",
+        key="testing",
+        secret="testing",
+        client_kwargs={"endpoint_url": s3_endpoint},
+    )
     lineage = _check_round_trip(registry, artifact)
     assert lineage["sweep_id"] == "sweep-handoff"

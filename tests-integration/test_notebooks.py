@@ -16,9 +16,17 @@ def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("PIPEKIT_NOTEBOOK_STEPS", "400")
     monkeypatch.setenv("KERAS_BACKEND", "jax")
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+    )
     client.execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    errors = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
     assert not errors
     assert not [p.name for p in NOTEBOOKS.iterdir() if p.suffix != ".ipynb"], "files left behind"
 

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from pipekit_train.core import Checkpoint, CheckpointError, ConfigError, DirectoryCheckpointer, TornCheckpointWarning
+from pipekit_train.core import (
+    Checkpoint,
+    CheckpointError,
+    ConfigError,
+    DirectoryCheckpointer,
+    TornCheckpointWarning,
+)
 
 
 def _store(tmp_path: Path, **kw) -> DirectoryCheckpointer:
@@ -28,7 +34,11 @@ def test_save_and_restore_latest(tmp_path: Path, async_save: bool) -> None:
     store.close()
     restored = _store(tmp_path).restore_latest(None)
     assert restored is not None
-    assert (restored.step, restored.state, restored.meta["data_iter"]) == (6, {"w": 6}, {"index": 6})
+    assert (restored.step, restored.state, restored.meta["data_iter"]) == (
+        6,
+        {"w": 6},
+        {"index": 6},
+    )
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["2", "4", "6"]
 
 
@@ -73,7 +83,9 @@ def test_async_error_surfaces_on_wait(tmp_path: Path) -> None:
 
 def test_reserved_blob_names_are_refused(tmp_path: Path) -> None:
     policy = Checkpoint(tmp_path / "ck", async_save=False)
-    store = DirectoryCheckpointer(policy, encode=lambda s: {"meta.json": b"{}"}, decode=lambda b, t: None)
+    store = DirectoryCheckpointer(
+        policy, encode=lambda s: {"meta.json": b"{}"}, decode=lambda b, t: None
+    )
     with pytest.raises(CheckpointError):
         store.save(1, None, {}, {})
 

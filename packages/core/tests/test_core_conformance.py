@@ -11,7 +11,12 @@ class TestNumpyConformance(AdapterConformance):
     optimizer_config = {"name": "adam", "lr": 0.05}
 
     def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
-        return NumpyLinearOp("pipekit_train.core.testing._numpy_model:linear", in_size=in_size, out_size=out_size, seed=seed)
+        return NumpyLinearOp(
+            "pipekit_train.core.testing._numpy_model:linear",
+            in_size=in_size,
+            out_size=out_size,
+            seed=seed,
+        )
 
     def make_adapter(self) -> Any:
         # gradient noise draws from the run's RNG, so exact resume covers RNG state

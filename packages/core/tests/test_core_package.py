@@ -10,7 +10,17 @@ from pathlib import Path
 import pipekit_train.core as core
 
 ROOT = Path(__file__).resolve().parents[3]
-BACKENDS = ("jax", "jaxlib", "torch", "keras", "equinox", "lightning", "tensorflow", "optax", "orbax")
+BACKENDS = (
+    "jax",
+    "jaxlib",
+    "torch",
+    "keras",
+    "equinox",
+    "lightning",
+    "tensorflow",
+    "optax",
+    "orbax",
+)
 
 
 def test_no_namespace_init_in_any_member() -> None:

@@ -29,10 +29,26 @@ class Recorder:
 
 def _plan(**kw: Any) -> Plan:
     base: dict[str, Any] = dict(
-        model=NumpyLinearOp("pipekit_train.core.testing._numpy_model:linear", in_size=2, out_size=1),
-        data=None, validation=None, loss=lambda p, t: 0.0, metrics={}, optimizer_config={"name": "sgd", "learning_rate": 0.1},
-        batch_size=4, max_steps=20, max_epochs=None, total_steps=20, steps_per_epoch=None, callbacks=(), writers=(),
-        checkpoint=None, seed=0, adapter=NumpyAdapter(), log_every_n_steps=5, progress=False,
+        model=NumpyLinearOp(
+            "pipekit_train.core.testing._numpy_model:linear", in_size=2, out_size=1
+        ),
+        data=None,
+        validation=None,
+        loss=lambda p, t: 0.0,
+        metrics={},
+        optimizer_config={"name": "sgd", "learning_rate": 0.1},
+        batch_size=4,
+        max_steps=20,
+        max_epochs=None,
+        total_steps=20,
+        steps_per_epoch=None,
+        callbacks=(),
+        writers=(),
+        checkpoint=None,
+        seed=0,
+        adapter=NumpyAdapter(),
+        log_every_n_steps=5,
+        progress=False,
     )
     base.update(kw)
     return Plan(**base)

@@ -43,7 +43,10 @@ def test_exponential_and_linear() -> None:
         ({"schedule": "cosine", "init_value": 1.0}, "missing"),
         ({"schedule": "cosine", "init_value": 1.0, "decay_steps": 3, "gamma": 2}, "gamma"),
         ({"schedule": "cosine", "init_value": 1.0, "decay_steps": 0}, "decay_steps"),
-        ({"schedule": "warmup_cosine", "peak_value": 1.0, "warmup_steps": 5, "decay_steps": 5}, "warmup_steps"),
+        (
+            {"schedule": "warmup_cosine", "peak_value": 1.0, "warmup_steps": 5, "decay_steps": 5},
+            "warmup_steps",
+        ),
     ],
 )
 def test_bad_schedules(lr: dict, fragment: str) -> None:
@@ -52,7 +55,10 @@ def test_bad_schedules(lr: dict, fragment: str) -> None:
 
 
 def test_resolve_optimizer_config() -> None:
-    assert resolve_optimizer_config({"name": "Adam", "lr": 0.1}) == {"name": "adam", "learning_rate": 0.1}
+    assert resolve_optimizer_config({"name": "Adam", "lr": 0.1}) == {
+        "name": "adam",
+        "learning_rate": 0.1,
+    }
     assert resolve_optimizer_config(None) == {"name": "adam", "learning_rate": 1e-3}
     sentinel = object()
     assert resolve_optimizer_config(sentinel) is sentinel

@@ -12,18 +12,24 @@ from . import callbacks, data, losses, metrics, registry, writers
 from ._adapter import Adapter
 from ._artifact import TrainingArtifact
 from ._checkpoint import Checkpoint
+from ._checkpointing import (
+    Checkpointer,
+    DirectoryCheckpointer,
+    Restored,
+    TornCheckpointWarning,
+    step_dirs,
+)
 from ._cycle import Cycle, NeuralForward, NonFiniteStateError
-from ._checkpointing import Checkpointer, DirectoryCheckpointer, Restored, TornCheckpointWarning, step_dirs
 from ._driver import StepBackend, check_resume_key, restore_or_start, run_step_loop, stack_batches
 from ._errors import CheckpointError, ConfigError, IntegrityError, PipekitError
 from ._history import History
-from ._schedules import check_schedule, learning_rate_at
 from ._imports import import_string, optional_import
 from ._loop import TrainingLoop, resolve_optimizer_config
 from ._online import OnlineTrainer
 from ._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
 from ._plan import Plan
 from ._runtime import RunContext, RunState
+from ._schedules import check_schedule, learning_rate_at
 from .callbacks import (
     Callback,
     EarlyStopping,
@@ -47,6 +53,14 @@ from .data import (
     split,
 )
 from .losses import Loss
+from .registry import (
+    FsspecModelRegistry,
+    LocalModelRegistry,
+    ModelRecord,
+    ModelRegistry,
+    RegistryError,
+    S3ModelRegistry,
+)
 from .writers import (
     AsyncWriter,
     CsvWriter,
@@ -56,15 +70,6 @@ from .writers import (
     MlflowWriter,
     TensorBoardWriter,
 )
-from .registry import (
-    FsspecModelRegistry,
-    LocalModelRegistry,
-    ModelRecord,
-    ModelRegistry,
-    RegistryError,
-    S3ModelRegistry,
-)
-
 
 
 def __getattr__(name: str) -> _Any:
@@ -74,6 +79,7 @@ def __getattr__(name: str) -> _Any:
 
         return importlib.metadata.version("pipekit-train-core")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Adapter",

@@ -48,7 +48,9 @@ class Restored:
 class Checkpointer(Protocol):
     """What the step driver needs from a backend's checkpoint engine."""
 
-    def save(self, step: int, state: Any, meta: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
+    def save(
+        self, step: int, state: Any, meta: Mapping[str, Any], metrics: Mapping[str, float]
+    ) -> str:
         """Save `state` and the JSON `meta` for `step`; return the step's path."""
         ...
 
@@ -115,13 +117,17 @@ class DirectoryCheckpointer:
         self.root = policy.path
         self._encode = encode
         self._decode = decode
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pipekit-ckpt") if policy.async_save else None
+        self._pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="pipekit-ckpt") if policy.async_save else None
+        )
         self._pending: Future[None] | None = None
         self._lock = threading.Lock()
         self._scores: dict[int, float | None] = {}
 
     # -- saving ------------------------------------------------------------------------
-    def save(self, step: int, state: Any, meta: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
+    def save(
+        self, step: int, state: Any, meta: Mapping[str, Any], metrics: Mapping[str, float]
+    ) -> str:
         """Snapshot `state` now and commit it (in the background when `async_save`)."""
         self.wait()
         blobs = dict(self._encode(state))

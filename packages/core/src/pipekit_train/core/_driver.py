@@ -19,7 +19,14 @@ from ._errors import CheckpointError
 from ._plan import Plan
 from ._runtime import RunContext
 
-__all__ = ["StepBackend", "abort_run", "check_resume_key", "restore_or_start", "run_step_loop", "stack_batches"]
+__all__ = [
+    "StepBackend",
+    "abort_run",
+    "check_resume_key",
+    "restore_or_start",
+    "run_step_loop",
+    "stack_batches",
+]
 
 
 class StepBackend(Protocol):
@@ -76,7 +83,9 @@ def check_resume_key(plan: Plan, meta: Mapping[str, Any], path: str) -> None:
         )
 
 
-def restore_or_start(plan: Plan, ckpt: Checkpointer | None, template: Any, ctx: RunContext) -> tuple[Any, dict[str, Any] | None]:
+def restore_or_start(
+    plan: Plan, ckpt: Checkpointer | None, template: Any, ctx: RunContext
+) -> tuple[Any, dict[str, Any] | None]:
     """Apply the resume policy; return `(state, data_iter_state)`."""
     if ckpt is None or plan.checkpoint is None or plan.checkpoint.resume == "never":
         return template, None

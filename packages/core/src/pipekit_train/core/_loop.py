@@ -68,8 +68,12 @@ def resolve_optimizer_config(config: Any) -> Any:
             f"a schedule dict. Received: learning_rate={lr!r}."
         )
     clip = out.get("clip_norm", out.get("gradient_clip_norm"))
-    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip <= 0):
-        raise ConfigError(f"`optimizer_config['clip_norm']` must be a positive number. Received: clip_norm={clip!r}.")
+    if clip is not None and (
+        isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip <= 0
+    ):
+        raise ConfigError(
+            f"`optimizer_config['clip_norm']` must be a positive number. Received: clip_norm={clip!r}."
+        )
     return out
 
 
@@ -103,7 +107,9 @@ def _resolve_metrics(metrics: Any) -> dict[str, Callable[..., Any]]:
     return out
 
 
-def _check_dataset(name: str, data: Any, batch_size: int, drop_remainder: bool, adapter: Any) -> None:
+def _check_dataset(
+    name: str, data: Any, batch_size: int, drop_remainder: bool, adapter: Any
+) -> None:
     if data is None:
         if name == "data":
             raise ConfigError("`data` is required. Received: data=None.")
@@ -152,7 +158,9 @@ def _check_writers(writers: Any) -> tuple[Any, ...]:
     if writers is None:
         return ()
     if not isinstance(writers, Sequence) or isinstance(writers, str):
-        raise ConfigError(f"`writers` must be a list of metric writers. Received: writers={writers!r}.")
+        raise ConfigError(
+            f"`writers` must be a list of metric writers. Received: writers={writers!r}."
+        )
     for w in writers:
         if not callable(getattr(w, "write", None)):
             raise ConfigError(
@@ -235,7 +243,9 @@ class TrainingLoop:
                 "Set `max_steps` or `max_epochs` so the run knows when to stop. "
                 "Received: max_steps=None, max_epochs=None."
             )
-        validate_every_n_steps = _positive_int("validate_every_n_steps", validate_every_n_steps, allow_none=True)
+        validate_every_n_steps = _positive_int(
+            "validate_every_n_steps", validate_every_n_steps, allow_none=True
+        )
         log_every_n_steps = _positive_int("log_every_n_steps", log_every_n_steps)  # type: ignore[assignment]
         if not _is_int(seed) or seed < 0:
             raise ConfigError(f"`seed` must be a non-negative int. Received: seed={seed!r}.")
@@ -244,7 +254,10 @@ class TrainingLoop:
                 raise ConfigError(f"`{flag}` must be True or False. Received: {flag}={value!r}.")
         if sweep_id is not None and not isinstance(sweep_id, str):
             raise ConfigError(f"`sweep_id` must be a string. Received: sweep_id={sweep_id!r}.")
-        if normalizer is not None and not (callable(getattr(normalizer, "apply", None)) and callable(getattr(normalizer, "invert", None))):
+        if normalizer is not None and not (
+            callable(getattr(normalizer, "apply", None))
+            and callable(getattr(normalizer, "invert", None))
+        ):
             raise ConfigError(
                 f"`normalizer` must be a fitted Normalizer (with apply/invert). Received: normalizer={normalizer!r}."
             )
@@ -266,7 +279,11 @@ class TrainingLoop:
             raise ConfigError(
                 f"`checkpoint` must be a Checkpoint policy or a directory. Received: checkpoint={checkpoint!r}."
             )
-        if checkpoint is not None and checkpoint.resume == "never" and has_checkpoints(checkpoint.path):
+        if (
+            checkpoint is not None
+            and checkpoint.resume == "never"
+            and has_checkpoints(checkpoint.path)
+        ):
             raise ConfigError(
                 f"`Checkpoint.resume='never'` but {checkpoint.path} already holds checkpoints. "
                 "Use resume='auto' to continue from them, or an empty directory."
@@ -289,7 +306,12 @@ class TrainingLoop:
                     f"`{type(cb).__name__}` monitors {monitor!r}, which needs validation data. "
                     "Received: validation=None. Pass validation=... or monitor 'loss'."
                 )
-        if checkpoint is not None and checkpoint.keep_best and checkpoint.monitor.startswith("val_") and validation is None:
+        if (
+            checkpoint is not None
+            and checkpoint.keep_best
+            and checkpoint.monitor.startswith("val_")
+            and validation is None
+        ):
             raise ConfigError(
                 f"`Checkpoint.keep_best` ranks by {checkpoint.monitor!r}, which needs validation data. "
                 "Received: validation=None."

@@ -57,7 +57,9 @@ class OnlineTrainer:
                 f"The {getattr(adapter, 'name', adapter)!r} adapter has no online step backend."
             )
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
-            raise ConfigError(f"`checkpoint` must be a Checkpoint. Received: checkpoint={checkpoint!r}.")
+            raise ConfigError(
+                f"`checkpoint` must be a Checkpoint. Received: checkpoint={checkpoint!r}."
+            )
         self.plan = Plan(
             model=model,
             data=None,
@@ -87,9 +89,14 @@ class OnlineTrainer:
         if self._ckpt is not None and checkpoint is not None and checkpoint.resume != "never":
             restored = self._ckpt.restore_latest(self._state)
             if restored is not None:
-                self._state, self.step = restored.state, int(restored.meta.get("step", restored.step))
+                self._state, self.step = (
+                    restored.state,
+                    int(restored.meta.get("step", restored.step)),
+                )
             elif checkpoint.resume == "must":
-                raise CheckpointError(f"`resume='must'` but {checkpoint.path} holds no complete checkpoint.")
+                raise CheckpointError(
+                    f"`resume='must'` but {checkpoint.path} holds no complete checkpoint."
+                )
         self.last_metrics: dict[str, float] = {}
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -105,8 +112,15 @@ class OnlineTrainer:
         self.step += 1
         fetch = getattr(self._backend, "fetch", None) or (lambda vs: [np.asarray(v) for v in vs])
         names = list(metrics)
-        self.last_metrics = {n: float(np.asarray(v)) for n, v in zip(names, fetch([metrics[n] for n in names]))}
-        if self._ckpt is not None and self.plan.checkpoint is not None and self.step % self.plan.checkpoint.every_n_steps == 0:
+        self.last_metrics = {
+            n: float(np.asarray(v))
+            for n, v in zip(names, fetch([metrics[n] for n in names]), strict=False)
+        }
+        if (
+            self._ckpt is not None
+            and self.plan.checkpoint is not None
+            and self.step % self.plan.checkpoint.every_n_steps == 0
+        ):
             self.save()
         return np.asarray(pred)
 
@@ -123,7 +137,12 @@ class OnlineTrainer:
         """Checkpoint the current state now."""
         if self._ckpt is None:
             raise ConfigError("OnlineTrainer.save() needs `checkpoint=Checkpoint(...)`.")
-        path = self._ckpt.save(self.step, self._state, {"step": self.step, "resume_key": self.plan.resume_key()}, self.last_metrics)
+        path = self._ckpt.save(
+            self.step,
+            self._state,
+            {"step": self.step, "resume_key": self.plan.resume_key()},
+            self.last_metrics,
+        )
         self._ckpt.wait()
         return path
 

@@ -103,9 +103,11 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form of the plan (live objects described, not stored)."""
-        model_config = self.model.get_config() if hasattr(self.model, "get_config") else {
-            "type": type(self.model).__name__
-        }
+        model_config = (
+            self.model.get_config()
+            if hasattr(self.model, "get_config")
+            else {"type": type(self.model).__name__}
+        )
         optimizer = (
             dict(self.optimizer_config)
             if isinstance(self.optimizer_config, dict)
@@ -152,4 +154,7 @@ class Plan:
     def resume_key(self) -> dict[str, Any]:
         """The plan fields that must match for a checkpoint to be resumed."""
         plan = self.to_json()
-        return {k: plan[k] for k in ("backend", "model", "loss", "optimizer", "batch_size", "seed", "shuffle")}
+        return {
+            k: plan[k]
+            for k in ("backend", "model", "loss", "optimizer", "batch_size", "seed", "shuffle")
+        }

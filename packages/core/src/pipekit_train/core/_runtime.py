@@ -184,7 +184,9 @@ class RunContext:
 
             if not any(isinstance(cb, ProgressBar) for cb in self._callbacks):
                 self._callbacks.append(ProgressBar())
-        self._step_hooks = [getattr(cb, "on_step_end") for cb in self._callbacks if callable(getattr(cb, "on_step_end", None))]
+        self._step_hooks = [
+            cb.on_step_end for cb in self._callbacks if callable(getattr(cb, "on_step_end", None))
+        ]
         self.state = RunState(self)
         self._t_start = time.perf_counter()
         self._steps_at_start = 0
@@ -195,7 +197,9 @@ class RunContext:
         self.total_steps: int | None = plan.total_steps
 
     # -- data --------------------------------------------------------------------------
-    def train_batches(self, data_state: Mapping[str, Any] | None = None, *, shard: tuple[int, int] = (0, 1)) -> Any:
+    def train_batches(
+        self, data_state: Mapping[str, Any] | None = None, *, shard: tuple[int, int] = (0, 1)
+    ) -> Any:
         """The core batch iterator over the training data, positioned by `data_state`."""
         from .data import make_batches
 
@@ -212,13 +216,19 @@ class RunContext:
             self.steps_per_epoch = it.steps_per_epoch
             if self.plan.max_epochs is not None and self.steps_per_epoch:
                 by_epochs = self.plan.max_epochs * self.steps_per_epoch
-                self.total_steps = by_epochs if self.plan.max_steps is None else min(self.plan.max_steps, by_epochs)
+                self.total_steps = (
+                    by_epochs
+                    if self.plan.max_steps is None
+                    else min(self.plan.max_steps, by_epochs)
+                )
         if data_state:
             data_state = dict(data_state)
             saved = data_state.get("shard")
             if isinstance(saved, (list, tuple)) and len(saved) == 2 and int(saved[1]) == shard[1]:
                 # the chief wrote the state; shards advance in lockstep, so take our own index
-                data_state["shard"] = type(saved)(shard) if isinstance(saved, tuple) else list(shard)
+                data_state["shard"] = (
+                    type(saved)(shard) if isinstance(saved, tuple) else list(shard)
+                )
             it.set_state(data_state)
         self._train_iter = it
         if self.plan.normalizer is not None:
@@ -387,7 +397,9 @@ class RunContext:
             return True
         return self.done
 
-    def validate(self, eval_batch: Callable[[dict[str, np.ndarray]], tuple[Any, Any]]) -> dict[str, float]:
+    def validate(
+        self, eval_batch: Callable[[dict[str, np.ndarray]], tuple[Any, Any]]
+    ) -> dict[str, float]:
         """Run validation with `eval_batch(batch) -> (pred, mean_loss)` and record it.
 
         Predictions come back to the host; the loss is averaged weighted by batch size and
@@ -429,9 +441,8 @@ class RunContext:
         self._write(self.step, row)
         value = row.get(self.monitor)
         if value is not None and math.isfinite(value):
-            better = (
-                self.best_metric is None
-                or (value < self.best_metric if self.mode == "min" else value > self.best_metric)
+            better = self.best_metric is None or (
+                value < self.best_metric if self.mode == "min" else value > self.best_metric
             )
             if better:
                 self.best_metric, self.best_step = value, self.step
@@ -550,7 +561,14 @@ _BACKEND_PACKAGES = {
 
 def library_versions(backend: str) -> dict[str, str]:
     """Versions of numpy, grain, zarr, core and the backend's libraries."""
-    names = ("python", "numpy", "grain", "zarr", "pipekit-train-core", *_BACKEND_PACKAGES.get(backend, ()))
+    names = (
+        "python",
+        "numpy",
+        "grain",
+        "zarr",
+        "pipekit-train-core",
+        *_BACKEND_PACKAGES.get(backend, ()),
+    )
     out: dict[str, str] = {}
     for name in names:
         if name == "python":

@@ -27,8 +27,14 @@ __all__ = ["SCHEDULES", "check_schedule", "learning_rate_at", "peak_learning_rat
 SCHEDULES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "constant": (("value",), {}),
     "cosine": (("init_value", "decay_steps"), {"alpha": 0.0}),
-    "warmup_cosine": (("peak_value", "warmup_steps", "decay_steps"), {"init_value": 0.0, "end_value": 0.0}),
-    "exponential": (("init_value", "transition_steps", "decay_rate"), {"staircase": False, "end_value": None}),
+    "warmup_cosine": (
+        ("peak_value", "warmup_steps", "decay_steps"),
+        {"init_value": 0.0, "end_value": 0.0},
+    ),
+    "exponential": (
+        ("init_value", "transition_steps", "decay_rate"),
+        {"staircase": False, "end_value": None},
+    ),
     "linear": (("init_value", "end_value", "transition_steps"), {}),
 }
 
@@ -50,11 +56,24 @@ def check_schedule(spec: Mapping[str, Any]) -> dict[str, Any]:
         )
     out = {**defaults, **dict(spec)}
     for key in ("decay_steps", "warmup_steps", "transition_steps"):
-        if key in out and (isinstance(out[key], bool) or not isinstance(out[key], int) or out[key] < (0 if key == "warmup_steps" else 1)):
-            raise ConfigError(f"`learning_rate['{key}']` must be a positive int. Received: {key}={out[key]!r}.")
+        if key in out and (
+            isinstance(out[key], bool)
+            or not isinstance(out[key], int)
+            or out[key] < (0 if key == "warmup_steps" else 1)
+        ):
+            raise ConfigError(
+                f"`learning_rate['{key}']` must be a positive int. Received: {key}={out[key]!r}."
+            )
     for key in ("value", "init_value", "peak_value", "decay_rate"):
-        if key in out and (isinstance(out[key], bool) or not isinstance(out[key], (int, float)) or not math.isfinite(out[key]) or out[key] < 0):
-            raise ConfigError(f"`learning_rate['{key}']` must be a non-negative number. Received: {key}={out[key]!r}.")
+        if key in out and (
+            isinstance(out[key], bool)
+            or not isinstance(out[key], (int, float))
+            or not math.isfinite(out[key])
+            or out[key] < 0
+        ):
+            raise ConfigError(
+                f"`learning_rate['{key}']` must be a non-negative number. Received: {key}={out[key]!r}."
+            )
     if name == "warmup_cosine" and out["warmup_steps"] >= out["decay_steps"]:
         raise ConfigError(
             "`warmup_steps` must be smaller than `decay_steps` (the total length, as in optax). "
@@ -82,8 +101,13 @@ def learning_rate_at(spec: Mapping[str, Any] | float, step: int) -> float:
     if name == "warmup_cosine":
         warm = s["warmup_steps"]
         if step < warm:
-            return float(s["init_value"]) + (float(s["peak_value"]) - float(s["init_value"])) * step / warm
-        return _cosine(float(s["peak_value"]), float(s["end_value"]), step - warm, s["decay_steps"] - warm)
+            return (
+                float(s["init_value"])
+                + (float(s["peak_value"]) - float(s["init_value"])) * step / warm
+            )
+        return _cosine(
+            float(s["peak_value"]), float(s["end_value"]), step - warm, s["decay_steps"] - warm
+        )
     if name == "exponential":
         p = step / s["transition_steps"]
         if s["staircase"]:

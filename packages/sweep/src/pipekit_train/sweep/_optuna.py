@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipekit_train.core import ConfigError
-from pipekit_train.core import optional_import
+from pipekit_train.core import ConfigError, optional_import
 
 from ._grid import to_json_value
 

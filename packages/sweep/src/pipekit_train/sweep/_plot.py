@@ -6,8 +6,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
-from pipekit_train.core import ConfigError
-from pipekit_train.core import optional_import
+from pipekit_train.core import ConfigError, optional_import
 
 if TYPE_CHECKING:
     from ._result import SweepResult

@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from .._checkpoint import Checkpoint
-from .._checkpointing import TornCheckpointWarning, step_dirs
-from .._errors import ConfigError, IntegrityError
-from .._loop import TrainingLoop
+from core._checkpoint import Checkpoint
+from core._checkpointing import TornCheckpointWarning, step_dirs
+from core._errors import ConfigError, IntegrityError
+from core._loop import TrainingLoop
+
 from ._tasks import oscillator_task, regression_task
 
 __all__ = ["AdapterConformance", "BAD_INPUTS", "HookRecorder"]
@@ -80,8 +81,16 @@ BAD_INPUTS: list[tuple[str, dict[str, Any], str]] = [
     ("loss_not_callable", {"loss": 3}, "loss"),
     ("unknown_metric", {"metrics": ["maee"]}, "maee"),
     ("negative_learning_rate", {"optimizer_config": {"name": "adam", "lr": -1.0}}, "learning_rate"),
-    ("nan_learning_rate", {"optimizer_config": {"name": "adam", "lr": float("nan")}}, "learning_rate"),
-    ("conflicting_lr", {"optimizer_config": {"name": "adam", "lr": 0.1, "learning_rate": 0.2}}, "lr"),
+    (
+        "nan_learning_rate",
+        {"optimizer_config": {"name": "adam", "lr": float("nan")}},
+        "learning_rate",
+    ),
+    (
+        "conflicting_lr",
+        {"optimizer_config": {"name": "adam", "lr": 0.1, "learning_rate": 0.2}},
+        "lr",
+    ),
     ("unknown_optimizer", {"optimizer_config": {"name": "adamw_typo", "lr": 0.01}}, "adamw_typo"),
     ("negative_seed", {"seed": -1}, "seed"),
     ("seed_string", {"seed": "zero"}, "seed"),
@@ -90,7 +99,11 @@ BAD_INPUTS: list[tuple[str, dict[str, Any], str]] = [
     ("data_not_dataset", {"data": [1, 2, 3]}, "data"),
     ("data_wrong_keys", {"data": "__wrong_keys__"}, "'x'"),
     ("metrics_without_validation", {"validation": None, "metrics": ["mae"]}, "validation"),
-    ("early_stopping_without_validation", {"validation": None, "callbacks": "__early_stopping__"}, "val_loss"),
+    (
+        "early_stopping_without_validation",
+        {"validation": None, "callbacks": "__early_stopping__"},
+        "val_loss",
+    ),
     ("validate_every_zero", {"validate_every_n_steps": 0}, "validate_every_n_steps"),
     ("checkpoint_every_zero", {"checkpoint": "__every_zero__"}, "every_n_steps"),
     ("checkpoint_bad_resume", {"checkpoint": "__bad_resume__"}, "resume"),
@@ -130,7 +143,9 @@ class AdapterConformance:
         biggest.write_bytes(data[: len(data) // 2])
 
     # -- helpers ------------------------------------------------------------------------
-    def loop(self, tmp_path: Path | None = None, *, task: str = "regression", **overrides: Any) -> TrainingLoop:
+    def loop(
+        self, tmp_path: Path | None = None, *, task: str = "regression", **overrides: Any
+    ) -> TrainingLoop:
         train, val = (regression_task if task == "regression" else oscillator_task)()
         in_size = train[0]["x"].shape[-1]
         out_size = train[0]["y"].shape[-1]
@@ -213,10 +228,15 @@ class AdapterConformance:
         env = {**os.environ, **self.subprocess_env}
         proc = subprocess.run(
             [sys.executable, "-m", "pipekit_train.core.testing._worker", str(spec_path)],
-            env=env, capture_output=True, text=True, timeout=600,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         assert proc.returncode == -9, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
-        assert step_dirs(directory), f"no checkpoint was written before the kill: {proc.stderr[-2000:]}"
+        assert step_dirs(directory), (
+            f"no checkpoint was written before the kill: {proc.stderr[-2000:]}"
+        )
 
         resumed = self.loop(
             max_steps=self.resume_steps,
@@ -241,13 +261,15 @@ class AdapterConformance:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             resumed = self.loop(max_steps=16, checkpoint=policy).run()
-        assert any(issubclass(w.category, TornCheckpointWarning) for w in caught), [str(w.message) for w in caught]
+        assert any(issubclass(w.category, TornCheckpointWarning) for w in caught), [
+            str(w.message) for w in caught
+        ]
         assert resumed.resumed_from_step == 8
         reference = self.loop(max_steps=16).run()
         assert resumed.model.serialize_weights() == reference.model.serialize_weights()
 
     def test_resume_must_without_checkpoint_fails(self, tmp_path: Path) -> None:
-        from .._errors import CheckpointError
+        from core._errors import CheckpointError
 
         with pytest.raises(CheckpointError, match="resume='must'"):
             self.loop(max_steps=4, checkpoint=Checkpoint(tmp_path / "none", resume="must")).run()
@@ -270,44 +292,66 @@ class AdapterConformance:
         assert rec.calls == expected
 
     def test_writer_output(self, tmp_path: Path) -> None:
-        from ..writers import JsonlWriter, MemoryWriter
+        from core.writers import JsonlWriter, MemoryWriter
 
         mem = MemoryWriter()
         path = tmp_path / "metrics.jsonl"
-        art = self.loop(max_steps=10, validate_every_n_steps=5, writers=[mem, JsonlWriter(str(path))], log_every_n_steps=3).run()
+        art = self.loop(
+            max_steps=10,
+            validate_every_n_steps=5,
+            writers=[mem, JsonlWriter(str(path))],
+            log_every_n_steps=3,
+        ).run()
         train_steps = [s for s, m in mem.records if "loss" in m]
         assert train_steps == list(range(1, 11))
         val_steps = [s for s, m in mem.records if "val_loss" in m]
         assert val_steps == [5, 10]
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         assert [r["step"] for r in rows if "loss" in r] == list(range(1, 11))
-        np.testing.assert_allclose([r["loss"] for r in rows if "loss" in r], art.history["loss"], rtol=1e-6)
+        np.testing.assert_allclose(
+            [r["loss"] for r in rows if "loss" in r], art.history["loss"], rtol=1e-6
+        )
 
     def test_max_to_keep(self, tmp_path: Path) -> None:
         directory = tmp_path / "ck"
-        self.loop(max_steps=12, checkpoint=Checkpoint(directory, every_n_steps=2, max_to_keep=2, async_save=False)).run()
+        self.loop(
+            max_steps=12,
+            checkpoint=Checkpoint(directory, every_n_steps=2, max_to_keep=2, async_save=False),
+        ).run()
         assert step_dirs(directory) == [10, 12]
 
     def test_keep_best(self, tmp_path: Path) -> None:
         directory = tmp_path / "ck"
         # mode="max" keeps the *worst* validation loss: the first one, while loss falls.
-        policy = Checkpoint(directory, every_n_steps=2, max_to_keep=1, keep_best=1, monitor="val_loss", mode="max", async_save=False)
+        policy = Checkpoint(
+            directory,
+            every_n_steps=2,
+            max_to_keep=1,
+            keep_best=1,
+            monitor="val_loss",
+            mode="max",
+            async_save=False,
+        )
         art = self.loop(max_steps=12, validate_every_n_steps=2, checkpoint=policy).run()
         val_steps, val = art.history.series("val_loss")
         worst = val_steps[int(np.argmax(val))]
         assert step_dirs(directory) == sorted({worst, 12})
 
     def test_early_stopping(self) -> None:
-        from ..callbacks import EarlyStopping
+        from core.callbacks import EarlyStopping
 
         # with mode="max" a falling loss never improves: stop after `patience` validations
-        art = self.loop(max_steps=40, validate_every_n_steps=2, callbacks=[EarlyStopping("val_loss", patience=2, mode="max")]).run()
+        art = self.loop(
+            max_steps=40,
+            validate_every_n_steps=2,
+            callbacks=[EarlyStopping("val_loss", patience=2, mode="max")],
+        ).run()
         assert art.steps < 40 and art.steps % 2 == 0
         assert art.stop_reason != "max_steps"
 
     def test_nan_guard(self, tmp_path: Path) -> None:
-        from ..callbacks import NaNGuard, NonFiniteLossError
-        from ..data import ArrayDataset
+        from core.callbacks import NaNGuard, NonFiniteLossError
+        from core.data import ArrayDataset
 
         train, _ = regression_task()
         batch = train.get_batch(np.arange(len(train)))
@@ -315,11 +359,16 @@ class AdapterConformance:
         y[:] = np.nan
         bad = ArrayDataset(x=batch["x"], y=y)
         with pytest.raises(NonFiniteLossError):
-            self.loop(data=bad, max_steps=10, callbacks=[NaNGuard()], checkpoint=Checkpoint(tmp_path / "ck", every_n_steps=1)).run()
+            self.loop(
+                data=bad,
+                max_steps=10,
+                callbacks=[NaNGuard()],
+                checkpoint=Checkpoint(tmp_path / "ck", every_n_steps=1),
+            ).run()
         assert step_dirs(tmp_path / "ck") == []
 
     def test_registry_round_trip_and_tamper(self, tmp_path: Path) -> None:
-        from ..registry import LocalModelRegistry
+        from core.registry import LocalModelRegistry
 
         art = self.loop(max_steps=8).run()
         registry = LocalModelRegistry(tmp_path / "registry")
@@ -327,7 +376,9 @@ class AdapterConformance:
         loaded = registry.load("conformance-model")
         assert loaded.serialize_weights() == art.model.serialize_weights()
         x = regression_task()[1].get_batch(np.arange(16))["x"]
-        np.testing.assert_allclose(np.asarray(loaded(x)), np.asarray(art.model(x)), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(loaded(x)), np.asarray(art.model(x)), rtol=1e-6, atol=1e-6
+        )
         assert record.weights_sha256 == art.weights_sha256
         blob = next((tmp_path / "registry").rglob("weights.bin"))
         data = bytearray(blob.read_bytes())
@@ -338,7 +389,7 @@ class AdapterConformance:
 
     # -- bad input ----------------------------------------------------------------------
     def test_dataset_smaller_than_batch(self) -> None:
-        from ..data import ArrayDataset
+        from core.data import ArrayDataset
 
         tiny = ArrayDataset(x=np.zeros((3, 4), np.float32), y=np.zeros((3, 1), np.float32))
         with pytest.raises(ConfigError, match=r"batch_size=16, but the dataset has 3 samples"):
@@ -346,14 +397,16 @@ class AdapterConformance:
 
     @pytest.mark.parametrize("case", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
     def test_bad_input(self, case: tuple[str, dict[str, Any], str], tmp_path: Path) -> None:
-        from ..callbacks import EarlyStopping
-        from ..data import ArrayDataset
-        from ..writers import JsonlWriter
+        from core.callbacks import EarlyStopping
+        from core.data import ArrayDataset
+        from core.writers import JsonlWriter
 
         _, overrides, fragment = case
         overrides = dict(overrides)
         if overrides.get("data") == "__wrong_keys__":
-            overrides["data"] = ArrayDataset(inputs=np.zeros((64, 4), np.float32), y=np.zeros((64, 1), np.float32))
+            overrides["data"] = ArrayDataset(
+                inputs=np.zeros((64, 4), np.float32), y=np.zeros((64, 1), np.float32)
+            )
         if overrides.get("callbacks") == "__early_stopping__":
             overrides["callbacks"] = [EarlyStopping("val_loss")]
         special = overrides.get("checkpoint")

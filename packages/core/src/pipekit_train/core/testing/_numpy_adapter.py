@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from .._checkpointing import DirectoryCheckpointer
-from .._driver import run_step_loop
-from .._errors import ConfigError
-from .._plan import Plan, describe_callable
+from core._checkpointing import DirectoryCheckpointer
+from core._driver import run_step_loop
+from core._errors import ConfigError
+from core._plan import Plan, describe_callable
+
 from ._numpy_model import decode_arrays, encode_arrays
 
 __all__ = ["NumpyAdapter"]
@@ -45,7 +46,11 @@ class NumpyAdapter:
     name = "numpy"
 
     def __init__(self, gradient_noise: float = 0.0):
-        if isinstance(gradient_noise, bool) or not isinstance(gradient_noise, (int, float)) or gradient_noise < 0:
+        if (
+            isinstance(gradient_noise, bool)
+            or not isinstance(gradient_noise, (int, float))
+            or gradient_noise < 0
+        ):
             raise ConfigError(
                 f"`gradient_noise` must be a non-negative number. Received: gradient_noise={gradient_noise!r}."
             )
@@ -53,11 +58,17 @@ class NumpyAdapter:
 
     def get_config(self) -> dict[str, Any]:
         """JSON options."""
-        return {"type": "pipekit_train.core.testing:NumpyAdapter", "kwargs": {"gradient_noise": self.gradient_noise}}
+        return {
+            "type": "pipekit_train.core.testing:NumpyAdapter",
+            "kwargs": {"gradient_noise": self.gradient_noise},
+        }
 
     def validate(self, plan: Plan) -> None:
         """Only linear models with parameters, the mse loss and sgd/adam are supported."""
-        if not callable(getattr(plan.model, "serialize_weights", None)) or getattr(plan.model, "backend", None) != "numpy":
+        if (
+            not callable(getattr(plan.model, "serialize_weights", None))
+            or getattr(plan.model, "backend", None) != "numpy"
+        ):
             raise ConfigError(
                 f"NumpyAdapter trains numpy model operators. Received: model={type(plan.model).__name__}."
             )
@@ -67,7 +78,10 @@ class NumpyAdapter:
 
     def validate_online(self, plan: Plan) -> None:
         """Checks shared by `TrainingLoop` and `OnlineTrainer`."""
-        if describe_callable(plan.loss) != {"name": "mse"} and getattr(plan.loss, "__name__", "") != "mse":
+        if (
+            describe_callable(plan.loss) != {"name": "mse"}
+            and getattr(plan.loss, "__name__", "") != "mse"
+        ):
             raise ConfigError(
                 f"NumpyAdapter computes analytic gradients for 'mse' only. Received: loss={describe_callable(plan.loss)!r}."
             )
@@ -102,7 +116,11 @@ class _NumpyBackend:
         cfg = plan.optimizer_config
         self.opt_name = cfg["name"]
         self.lr = float(cfg["learning_rate"])
-        self.b1, self.b2, self.eps = float(cfg.get("b1", 0.9)), float(cfg.get("b2", 0.999)), float(cfg.get("eps", 1e-8))
+        self.b1, self.b2, self.eps = (
+            float(cfg.get("b1", 0.9)),
+            float(cfg.get("b2", 0.999)),
+            float(cfg.get("eps", 1e-8)),
+        )
 
     def init_state(self) -> _State:
         params = {k: v.copy() for k, v in self.plan.model.model.parameters().items()}
@@ -119,7 +137,9 @@ class _NumpyBackend:
     def _forward(self, params: Mapping[str, np.ndarray], x: np.ndarray) -> np.ndarray:
         return np.asarray(x, np.float32) @ params["W"] + params["b"]
 
-    def train_step(self, state: _State, batch: Mapping[str, np.ndarray]) -> tuple[_State, dict[str, Any]]:
+    def train_step(
+        self, state: _State, batch: Mapping[str, np.ndarray]
+    ) -> tuple[_State, dict[str, Any]]:
         x = np.asarray(batch["x"], np.float32)
         y = np.asarray(batch["y"], np.float32)
         pred = self._forward(state.params, x)
@@ -128,7 +148,10 @@ class _NumpyBackend:
         g = (2.0 / err.size) * err
         grads = {"W": x.T @ g, "b": g.sum(axis=0)}
         if self.noise:
-            grads = {k: v + self.noise * state.rng.standard_normal(v.shape).astype(np.float32) for k, v in grads.items()}
+            grads = {
+                k: v + self.noise * state.rng.standard_normal(v.shape).astype(np.float32)
+                for k, v in grads.items()
+            }
         t = state.t + 1
         params, opt = {}, dict(state.opt)
         for k, p in state.params.items():
@@ -144,7 +167,9 @@ class _NumpyBackend:
                 params[k] = (p - self.lr * mhat / (np.sqrt(vhat) + self.eps)).astype(np.float32)
         return _State(params, opt, t, state.rng), {"loss": loss}
 
-    def eval_batch(self, state: _State, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, float]:
+    def eval_batch(
+        self, state: _State, batch: Mapping[str, np.ndarray]
+    ) -> tuple[np.ndarray, float]:
         pred = self._forward(state.params, batch["x"])
         err = pred - np.asarray(batch["y"], np.float32)
         return pred, float(np.mean(err * err))
@@ -153,21 +178,29 @@ class _NumpyBackend:
         return self.lr
 
     def model_op(self, state: _State) -> Any:
-        return self.plan.model.with_model(self.plan.model.model.replace(**{k: v.copy() for k, v in state.params.items()}))
+        return self.plan.model.with_model(
+            self.plan.model.model.replace(**{k: v.copy() for k, v in state.params.items()})
+        )
 
     # -- checkpointing -------------------------------------------------------------------
     def _encode(self, state: _State) -> dict[str, bytes]:
         arrays = {f"params/{k}": v for k, v in state.params.items()}
         arrays.update({f"opt/{k}": v for k, v in state.opt.items()})
         rng_state = json.dumps(state.rng.bit_generator.state, sort_keys=True).encode()
-        return {"arrays.bin": encode_arrays(arrays), "train.json": json.dumps({"t": state.t}).encode(), "rng.json": rng_state}
+        return {
+            "arrays.bin": encode_arrays(arrays),
+            "train.json": json.dumps({"t": state.t}).encode(),
+            "rng.json": rng_state,
+        }
 
     def _decode(self, blobs: Mapping[str, bytes], template: _State) -> _State:
         arrays = decode_arrays(blobs["arrays.bin"])
         params = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("params/")}
         opt = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("opt/")}
         if set(params) != set(template.params):
-            raise ValueError(f"checkpoint parameters {sorted(params)} do not match the model's {sorted(template.params)}")
+            raise ValueError(
+                f"checkpoint parameters {sorted(params)} do not match the model's {sorted(template.params)}"
+            )
         rng = np.random.default_rng()
         rng.bit_generator.state = json.loads(blobs["rng.json"])
         return _State(params, opt, int(json.loads(blobs["train.json"])["t"]), rng)

@@ -9,9 +9,11 @@ import numpy as np
 __all__ = ["damped_oscillator_step", "oscillator_task", "regression_task"]
 
 
-def regression_task(n_train: int = 256, n_val: int = 64, in_size: int = 4, out_size: int = 1, seed: int = 0) -> tuple[Any, Any]:
+def regression_task(
+    n_train: int = 256, n_val: int = 64, in_size: int = 4, out_size: int = 1, seed: int = 0
+) -> tuple[Any, Any]:
     """`y = x @ W + 0.5 + small noise`, float32; returns `(train, validation)` ArrayDatasets."""
-    from ..data import ArrayDataset
+    from core.data import ArrayDataset
 
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((in_size, out_size))
@@ -21,7 +23,9 @@ def regression_task(n_train: int = 256, n_val: int = 64, in_size: int = 4, out_s
     return ArrayDataset(x=x[:n_train], y=y[:n_train]), ArrayDataset(x=x[n_train:], y=y[n_train:])
 
 
-def damped_oscillator_step(state: np.ndarray, omega: float = 2.0, zeta: float = 0.1, dt: float = 0.1) -> np.ndarray:
+def damped_oscillator_step(
+    state: np.ndarray, omega: float = 2.0, zeta: float = 0.1, dt: float = 0.1
+) -> np.ndarray:
     """One semi-implicit Euler step of `x'' + 2ζωx' + ω²x = 0` on `[..., (position, velocity)]`."""
     state = np.asarray(state, dtype=np.float64)
     x, v = state[..., 0], state[..., 1]
@@ -32,7 +36,7 @@ def damped_oscillator_step(state: np.ndarray, omega: float = 2.0, zeta: float = 
 
 def oscillator_task(n_train: int = 256, n_val: int = 64, seed: int = 0) -> tuple[Any, Any]:
     """One-step emulation of the damped oscillator: `x` = state, `y` = next state."""
-    from ..data import ArrayDataset
+    from core.data import ArrayDataset
 
     rng = np.random.default_rng(seed + 1)
     states = rng.uniform(-1.0, 1.0, size=(n_train + n_val, 2))

@@ -17,7 +17,7 @@ def build_adapter(config: dict[str, Any] | None) -> Any:
     """Rebuild an adapter from `{"type": "module:Class", "kwargs": {...}}` (None → inferred)."""
     if not config:
         return None
-    from .._imports import import_string
+    from core._imports import import_string
 
     return import_string(config["type"], field="adapter")(**config.get("kwargs", {}))
 
@@ -28,9 +28,10 @@ def main(path: str) -> None:
     for entry in spec.get("sys_path", []):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    from .. import Checkpoint, TrainingLoop
-    from .._operators import model_op_from_config
-    from ..callbacks import LambdaCallback
+    from core import Checkpoint, TrainingLoop
+    from core._operators import model_op_from_config
+    from core.callbacks import LambdaCallback
+
     from ._tasks import oscillator_task, regression_task
 
     task = regression_task if spec["task"] == "regression" else oscillator_task
@@ -50,7 +51,9 @@ def main(path: str) -> None:
         optimizer_config=spec["optimizer_config"],
         batch_size=spec["batch_size"],
         max_steps=spec["max_steps"],
-        checkpoint=Checkpoint(spec["directory"], every_n_steps=spec["every_n_steps"], max_to_keep=None),
+        checkpoint=Checkpoint(
+            spec["directory"], every_n_steps=spec["every_n_steps"], max_to_keep=None
+        ),
         validate_every_n_steps=spec.get("validate_every_n_steps"),
         seed=spec["seed"],
         adapter=build_adapter(spec.get("adapter")),

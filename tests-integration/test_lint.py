@@ -1,0 +1,47 @@
+"""The workspace passes `ruff check` and `ruff format --check` (config: the root pyproject).
+
+This is also what enforces, mechanically, that `pipekit_train.core` never imports a
+backend: `packages/core/pyproject.toml` bans jax, torch, keras, equinox, lightning,
+tensorflow, optax and orbax imports (`flake8-tidy-imports.banned-api`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ruff(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_ruff_check_passes() -> None:
+    proc = _ruff("check", ".", "--output-format", "concise")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_ruff_format_is_applied() -> None:
+    proc = _ruff("format", "--check", ".")
+    assert proc.returncode == 0, (
+        "run `uv run ruff format .`:\n" + proc.stdout[-4000:] + proc.stderr[-2000:]
+    )
+
+
+def test_ruff_rejects_a_backend_import_in_core() -> None:
+    probe = ROOT / "packages" / "core" / "src" / "pipekit_train" / "core" / "_probe.py"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--output-format", "concise"]
+        + ["--stdin-filename", str(probe), "-"],
+        input='"""Probe."""\n\nimport jax\n\n__all__ = ["jax"]\n',
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "TID251" in proc.stdout and "never imports a backend" in proc.stdout
