@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from core._checkpoint import Checkpoint
-from core._checkpointing import TornCheckpointWarning, step_dirs
-from core._errors import ConfigError, IntegrityError
-from core._loop import TrainingLoop
+from pipekit_train.core._checkpoint import Checkpoint
+from pipekit_train.core._checkpointing import TornCheckpointWarning, step_dirs
+from pipekit_train.core._errors import ConfigError, IntegrityError
+from pipekit_train.core._loop import TrainingLoop
 
 from ._tasks import oscillator_task, regression_task
 
@@ -269,7 +269,7 @@ class AdapterConformance:
         assert resumed.model.serialize_weights() == reference.model.serialize_weights()
 
     def test_resume_must_without_checkpoint_fails(self, tmp_path: Path) -> None:
-        from core._errors import CheckpointError
+        from pipekit_train.core._errors import CheckpointError
 
         with pytest.raises(CheckpointError, match="resume='must'"):
             self.loop(max_steps=4, checkpoint=Checkpoint(tmp_path / "none", resume="must")).run()
@@ -292,7 +292,7 @@ class AdapterConformance:
         assert rec.calls == expected
 
     def test_writer_output(self, tmp_path: Path) -> None:
-        from core.writers import JsonlWriter, MemoryWriter
+        from pipekit_train.core.writers import JsonlWriter, MemoryWriter
 
         mem = MemoryWriter()
         path = tmp_path / "metrics.jsonl"
@@ -338,7 +338,7 @@ class AdapterConformance:
         assert step_dirs(directory) == sorted({worst, 12})
 
     def test_early_stopping(self) -> None:
-        from core.callbacks import EarlyStopping
+        from pipekit_train.core.callbacks import EarlyStopping
 
         # with mode="max" a falling loss never improves: stop after `patience` validations
         art = self.loop(
@@ -350,8 +350,8 @@ class AdapterConformance:
         assert art.stop_reason != "max_steps"
 
     def test_nan_guard(self, tmp_path: Path) -> None:
-        from core.callbacks import NaNGuard, NonFiniteLossError
-        from core.data import ArrayDataset
+        from pipekit_train.core.callbacks import NaNGuard, NonFiniteLossError
+        from pipekit_train.core.data import ArrayDataset
 
         train, _ = regression_task()
         batch = train.get_batch(np.arange(len(train)))
@@ -368,7 +368,7 @@ class AdapterConformance:
         assert step_dirs(tmp_path / "ck") == []
 
     def test_registry_round_trip_and_tamper(self, tmp_path: Path) -> None:
-        from core.registry import LocalModelRegistry
+        from pipekit_train.core.registry import LocalModelRegistry
 
         art = self.loop(max_steps=8).run()
         registry = LocalModelRegistry(tmp_path / "registry")
@@ -389,7 +389,7 @@ class AdapterConformance:
 
     # -- bad input ----------------------------------------------------------------------
     def test_dataset_smaller_than_batch(self) -> None:
-        from core.data import ArrayDataset
+        from pipekit_train.core.data import ArrayDataset
 
         tiny = ArrayDataset(x=np.zeros((3, 4), np.float32), y=np.zeros((3, 1), np.float32))
         with pytest.raises(ConfigError, match=r"batch_size=16, but the dataset has 3 samples"):
@@ -397,9 +397,9 @@ class AdapterConformance:
 
     @pytest.mark.parametrize("case", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
     def test_bad_input(self, case: tuple[str, dict[str, Any], str], tmp_path: Path) -> None:
-        from core.callbacks import EarlyStopping
-        from core.data import ArrayDataset
-        from core.writers import JsonlWriter
+        from pipekit_train.core.callbacks import EarlyStopping
+        from pipekit_train.core.data import ArrayDataset
+        from pipekit_train.core.writers import JsonlWriter
 
         _, overrides, fragment = case
         overrides = dict(overrides)

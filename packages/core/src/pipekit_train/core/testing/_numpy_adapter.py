@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from core._checkpointing import DirectoryCheckpointer
-from core._driver import run_step_loop
-from core._errors import ConfigError
-from core._plan import Plan, describe_callable
+from pipekit_train.core._checkpointing import DirectoryCheckpointer
+from pipekit_train.core._driver import run_step_loop
+from pipekit_train.core._errors import ConfigError
+from pipekit_train.core._plan import Plan, describe_callable
 
 from ._numpy_model import decode_arrays, encode_arrays
 

@@ -13,7 +13,7 @@ def regression_task(
     n_train: int = 256, n_val: int = 64, in_size: int = 4, out_size: int = 1, seed: int = 0
 ) -> tuple[Any, Any]:
     """`y = x @ W + 0.5 + small noise`, float32; returns `(train, validation)` ArrayDatasets."""
-    from core.data import ArrayDataset
+    from pipekit_train.core.data import ArrayDataset
 
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((in_size, out_size))
@@ -36,7 +36,7 @@ def damped_oscillator_step(
 
 def oscillator_task(n_train: int = 256, n_val: int = 64, seed: int = 0) -> tuple[Any, Any]:
     """One-step emulation of the damped oscillator: `x` = state, `y` = next state."""
-    from core.data import ArrayDataset
+    from pipekit_train.core.data import ArrayDataset
 
     rng = np.random.default_rng(seed + 1)
     states = rng.uniform(-1.0, 1.0, size=(n_train + n_val, 2))

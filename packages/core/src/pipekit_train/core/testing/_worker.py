@@ -17,7 +17,7 @@ def build_adapter(config: dict[str, Any] | None) -> Any:
     """Rebuild an adapter from `{"type": "module:Class", "kwargs": {...}}` (None → inferred)."""
     if not config:
         return None
-    from core._imports import import_string
+    from pipekit_train.core._imports import import_string
 
     return import_string(config["type"], field="adapter")(**config.get("kwargs", {}))
 
@@ -28,9 +28,9 @@ def main(path: str) -> None:
     for entry in spec.get("sys_path", []):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    from core import Checkpoint, TrainingLoop
-    from core._operators import model_op_from_config
-    from core.callbacks import LambdaCallback
+    from pipekit_train.core import Checkpoint, TrainingLoop
+    from pipekit_train.core._operators import model_op_from_config
+    from pipekit_train.core.callbacks import LambdaCallback
 
     from ._tasks import oscillator_task, regression_task
 
