@@ -57,19 +57,19 @@ def test_spec_validation(sharded: dict) -> None:
 
 @pytest.mark.slow
 def test_multihost_smoke() -> None:
-    """Two `jax.distributed` processes on loopback; skipped if the machine is too slow for 60 s."""
+    """Two `jax.distributed` processes on loopback train, checkpoint and resume in step.
+
+    Takes about 10 s here; the 240 s limit leaves room for a busy 2-core machine, and
+    running past it fails the test (a hang in `jax.distributed` is a bug, not a skip).
+    """
     script = ROOT / "scripts" / "multihost_equinox_smoke.py"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     proc = subprocess.run(
-        [sys.executable, str(script), "--timeout", "60"],
+        [sys.executable, str(script), "--timeout", "240"],
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
-    if proc.returncode == 2:
-        pytest.skip(
-            f"the 2-process smoke run did not finish within 60 s on this machine: {proc.stdout[-500:]}"
-        )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "FAIL" not in proc.stdout
