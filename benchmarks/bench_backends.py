@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _shared import row, write_rows
+
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "examples"
 BACKENDS = {
@@ -167,24 +169,23 @@ def main() -> None:
         for name, r in rows.items():
             rate = None if r is None else args.steps / r["best_s"]
             out.append(
-                {
-                    "benchmark": "backends",
-                    "case": f"{name}: examples/direct.py task, {args.steps} steps",
-                    "metric": "steps/s after warm-up (ratio: x the Equinox adapter)",
-                    "value": None if rate is None else round(rate, 1),
-                    "unit": "steps/s",
-                    "ratio": None if rate is None or not ref_rate else round(rate / ref_rate, 3),
-                    "target": None,
-                    "ok": None,
-                    "note": "failed"
+                row(
+                    "backends",
+                    f"{name}: examples/direct.py task, {args.steps} steps",
+                    "steps/s after warm-up (ratio: x the Equinox adapter)",
+                    rate,
+                    "steps/s",
+                    ratio=None if rate is None or not ref_rate else rate / ref_rate,
+                    note="failed"
                     if r is None
                     else (
                         f"first run {r['first_s']:.1f} s, interpreter {r['process_s']:.1f} s, "
                         f"val_loss {r['val_loss']:.4f}, test RMSE {r['test_rmse']:.4f}"
                     ),
-                }
+                    digits=1,
+                )
             )
-        Path(args.json).write_text(json.dumps(out, indent=2))
+        write_rows(args.json, out)
     if all(r is None for r in rows.values()):
         raise SystemExit("every backend failed")
 

@@ -35,7 +35,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one training thread: stabl
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import argparse
-import json
+import functools
 import shutil
 import statistics
 import tempfile
@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _shared import row as row_of
+from _shared import write_rows
 
 from pipekit_train.core import Checkpoint, DirectoryCheckpointer
 from pipekit_train.core.testing import decode_arrays, encode_arrays
@@ -166,31 +168,8 @@ def run_loop(
     }
 
 
-def row(
-    case: str,
-    metric: str,
-    value: float | None,
-    unit: str,
-    *,
-    ratio: float | None = None,
-    target: str | None = None,
-    ok: bool | None = None,
-    note: str | None = None,
-) -> dict[str, Any]:
-    """One result row (see run_all.py)."""
-    out = {
-        "benchmark": "checkpoint",
-        "case": case,
-        "metric": metric,
-        "value": value,
-        "unit": unit,
-        "ratio": ratio,
-        "target": target,
-        "ok": ok,
-    }
-    if note:
-        out["note"] = note
-    return out
+# One result row of this benchmark (see _shared.row); value and ratio as measured.
+row = functools.partial(row_of, "checkpoint", digits=None, ratio_digits=None)
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -307,8 +286,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         print(f"Orbax skipped: {orbax_note}")
 
     if args.json_path:
-        with open(args.json_path, "w") as fh:
-            json.dump(rows, fh, indent=2)
+        write_rows(args.json_path, rows)
     return rows
 
 

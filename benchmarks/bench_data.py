@@ -29,7 +29,7 @@ none.
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import os
 import shutil
 import tempfile
@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _shared import row as row_of
+from _shared import write_rows
 
 from pipekit_train.core.data import ArrayDataset, CachedDataset, SimulationDataset, make_batches
 
@@ -144,29 +146,8 @@ def plural(count: int, word: str) -> str:
     return f"{count} {word}{'s' * (count != 1)}"
 
 
-def result(
-    case: str,
-    metric: str,
-    value: float | None,
-    unit: str,
-    *,
-    ratio: float | None = None,
-    target: str | None = None,
-    ok: bool | None = None,
-    note: str | None = None,
-) -> dict[str, Any]:
-    """One result row (see run_all.py)."""
-    return {
-        "benchmark": "data",
-        "case": case,
-        "metric": metric,
-        "value": None if value is None else round(float(value), 3),
-        "unit": unit,
-        "ratio": None if ratio is None else round(float(ratio), 3),
-        "target": target,
-        "ok": ok,
-        "note": note,
-    }
+# One result row of this benchmark (see _shared.row): value and ratio rounded to 3 decimals.
+result = functools.partial(row_of, "data")
 
 
 def main() -> None:
@@ -483,8 +464,7 @@ def main() -> None:
             ]
         print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
         if args.json_path:
-            with open(args.json_path, "w") as fh:
-                json.dump(rows, fh, indent=2)
+            write_rows(args.json_path, rows)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

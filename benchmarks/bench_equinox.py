@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import resource
 import time
 from collections.abc import Callable
@@ -51,8 +50,8 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
+from _shared import make_data, row, write_rows
 
 from pipekit_train.core import TrainingLoop
 from pipekit_train.core.data import ArrayDataset, make_batches
@@ -67,16 +66,6 @@ LOOPS = {
     "jit": "jax.jit loop",
     "jit_prestaged": "jax.jit loop, batches pre-staged on the device",
 }
-
-
-def make_data(in_size: int, rows: int) -> ArrayDataset:
-    """A synthetic regression dataset (float32)."""
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((rows, in_size)).astype(np.float32)
-    y = (np.sin(x).sum(axis=1, keepdims=True) + 0.1 * rng.standard_normal((rows, 1))).astype(
-        np.float32
-    )
-    return ArrayDataset(x=x, y=y)
 
 
 def make_op(in_size: int, width: int, depth: int) -> EquinoxModelOp:
@@ -233,29 +222,8 @@ def bench_case(
     return out
 
 
-def result(
-    case: str,
-    metric: str,
-    value: float | None,
-    unit: str,
-    *,
-    ratio: float | None = None,
-    target: str | None = None,
-    ok: bool | None = None,
-    note: str | None = None,
-) -> dict[str, Any]:
-    """One result row (see run_all.py)."""
-    return {
-        "benchmark": "equinox",
-        "case": case,
-        "metric": metric,
-        "value": None if value is None else round(float(value), 1),
-        "unit": unit,
-        "ratio": None if ratio is None else round(float(ratio), 3),
-        "target": target,
-        "ok": ok,
-        "note": note,
-    }
+# One result row of this benchmark (see _shared.row): value to 1 decimal, ratio to 3.
+result = functools.partial(row, "equinox", digits=1)
 
 
 def case_rows(
@@ -381,8 +349,7 @@ def main() -> None:
             result("(a) long run: peak RSS", "not measured", None, "MiB", note="--skip-rss")
         )
     if args.json_path:
-        with open(args.json_path, "w") as fh:
-            json.dump(rows, fh, indent=2)
+        write_rows(args.json_path, rows)
 
 
 if __name__ == "__main__":

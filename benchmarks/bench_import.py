@@ -17,11 +17,15 @@ Rows follow the convention in `benchmarks/run_all.py`.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
 import sys
 from typing import Any
+
+from _shared import row as row_of
+from _shared import write_rows
 
 BACKENDS = (
     "jax",
@@ -103,31 +107,8 @@ def time_imports(
     return list(zip(best, loaded, errors, strict=True))
 
 
-def row(
-    case: str,
-    metric: str,
-    value: float | None,
-    unit: str,
-    *,
-    ratio: float | None = None,
-    target: str | None = None,
-    ok: bool | None = None,
-    note: str | None = None,
-) -> dict[str, Any]:
-    """One result row (see run_all.py)."""
-    out = {
-        "benchmark": "import",
-        "case": case,
-        "metric": metric,
-        "value": value,
-        "unit": unit,
-        "ratio": ratio,
-        "target": target,
-        "ok": ok,
-    }
-    if note:
-        out["note"] = note
-    return out
+# One result row of this benchmark (see _shared.row); value and ratio as measured.
+row = functools.partial(row_of, "import", digits=None, ratio_digits=None)
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -200,8 +181,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         print(f"{case:<28} {seconds * 1e3:8.1f} ms" + (f"   ({note})" if note else ""))
 
     if args.json_path:
-        with open(args.json_path, "w") as fh:
-            json.dump(rows, fh, indent=2)
+        write_rows(args.json_path, rows)
     return rows
 
 

@@ -29,10 +29,8 @@ backend.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 
@@ -61,6 +59,7 @@ os.environ["KERAS_BACKEND"] = ARGS.backend
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from _shared import row, write_rows  # noqa: E402
 
 from pipekit_train.core import TrainingLoop  # noqa: E402
 from pipekit_train.core.data import ArrayDataset  # noqa: E402
@@ -160,17 +159,16 @@ def result_rows(
         ("adapter (TrainingLoop + Keras)", ours, f"{ours / plain_cb:.2f}x fit + no-op callback"),
     ]
     return [
-        {
-            "benchmark": "keras",
-            "case": f"{name}, {backend}, steps_per_execution={k}: {label}",
-            "metric": metric,
-            "value": round(value, 1),
-            "unit": "steps/s",
-            "ratio": round(value / plain, 3),
-            "target": None,
-            "ok": None,
-            "note": note,
-        }
+        row(
+            "keras",
+            f"{name}, {backend}, steps_per_execution={k}: {label}",
+            metric,
+            value,
+            "steps/s",
+            ratio=value / plain,
+            note=note,
+            digits=1,
+        )
         for label, value, note in loops
     ]
 
@@ -200,7 +198,7 @@ def main() -> None:
             rows += result_rows(name, spe, k, plain, plain_cb, ours)
     print("(steady-state steps/s; higher is better)")
     if ARGS.json:
-        Path(ARGS.json).write_text(json.dumps(rows, indent=2))
+        write_rows(ARGS.json, rows)
 
 
 if __name__ == "__main__":

@@ -51,17 +51,15 @@ import argparse
 import copy
 import cProfile
 import functools
-import json
 import os
 import pstats
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
+from _shared import make_data, row, write_rows
 
 from pipekit_train.core import TrainingLoop
 from pipekit_train.core.data import ArrayDataset, make_batches
@@ -70,16 +68,6 @@ from pipekit_train.lightning import Lightning, LightningModelOp
 LR = 1e-3
 SEED = 0
 NVML = "PYTORCH_NVML_BASED_CUDA_CHECK"
-
-
-def make_data(in_size: int, rows: int) -> ArrayDataset:
-    """A synthetic regression dataset (float32)."""
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((rows, in_size)).astype(np.float32)
-    y = (np.sin(x).sum(axis=1, keepdims=True) + 0.1 * rng.standard_normal((rows, 1))).astype(
-        np.float32
-    )
-    return ArrayDataset(x=x, y=y)
 
 
 def make_op(in_size: int, width: int, depth: int) -> LightningModelOp:
@@ -313,20 +301,17 @@ def result_rows(
         if key == REFERENCE:
             note = "reference; " + note
         out.append(
-            {
-                "benchmark": "lightning",
-                "case": f"{title}: {label}",
-                "metric": (
-                    f"steps/s, best of {repeats} ({steps - steps // 5} timed steps; "
-                    "ratio: ÷ plain Trainer.fit, NVML check unset)"
-                ),
-                "value": round(wall[key], 1),
-                "unit": "steps/s",
-                "ratio": round(wall[key] / wall[REFERENCE], 3),
-                "target": None,
-                "ok": None,
-                "note": note,
-            }
+            row(
+                "lightning",
+                f"{title}: {label}",
+                f"steps/s, best of {repeats} ({steps - steps // 5} timed steps; "
+                "ratio: ÷ plain Trainer.fit, NVML check unset)",
+                wall[key],
+                "steps/s",
+                ratio=wall[key] / wall[REFERENCE],
+                note=note,
+                digits=1,
+            )
         )
     return out
 
@@ -390,7 +375,7 @@ def main() -> None:
             )
         rows += result_rows(title, runs, args.repeats, args.steps)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        write_rows(args.json, rows)
     if args.profile:
         time_layer(make_data(2, 16384), make_op(2, 32, 1), 32, args.steps)
         profile_adapter(make_data(2, 16384), make_op(2, 32, 1), 32, args.steps)

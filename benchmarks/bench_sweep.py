@@ -51,6 +51,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _shared import row, write_rows
+
 TRIAL = "pipekit_train.sweep.testing:backend_trial"
 
 
@@ -253,19 +255,20 @@ def _write_json(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
             note += f"; Ray runtime start {r['ray_init_s']:.1f} s not included"
         ratio = r["wall_s"] / serial
         out.append(
-            {
-                "benchmark": "sweep",
-                "case": f"{r['executor']} executor, {workers} worker(s)",
-                "metric": "HyperSweep.run() wall time (ratio: x serial)",
-                "value": round(r["wall_s"], 2),
-                "unit": "s",
-                "ratio": round(ratio, 3),
-                "target": "<= 0.65" if r["executor"] == "process" else None,
-                "ok": (ratio <= 0.65) if r["executor"] == "process" else None,
-                "note": note,
-            }
+            row(
+                "sweep",
+                f"{r['executor']} executor, {workers} worker(s)",
+                "HyperSweep.run() wall time (ratio: x serial)",
+                r["wall_s"],
+                "s",
+                ratio=ratio,
+                target="<= 0.65" if r["executor"] == "process" else None,
+                ok=(ratio <= 0.65) if r["executor"] == "process" else None,
+                note=note,
+                digits=2,
+            )
         )
-    Path(args.json).write_text(json.dumps(out, indent=2))
+    write_rows(args.json, out)
 
 
 if __name__ == "__main__":

@@ -211,3 +211,25 @@ def test_core_stream_resumes_exactly(regression: Any, tmp_path: Path) -> None:
     reference = make_loop(regression, **kwargs).run()
     assert resumed.resumed_from_step == 10 and resumed.steps == 20
     assert resumed.model.serialize_weights() == reference.model.serialize_weights()
+
+
+def test_trainer_info_is_kept_but_the_litlogger_tip_is_dropped(regression: Any) -> None:
+    import logging
+
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = Collect(level=logging.INFO)
+    parent = logging.getLogger("lightning.pytorch")
+    parent.addHandler(handler)
+    try:
+        make_loop(regression, max_steps=2, validation=None).run()
+    finally:
+        parent.removeHandler(handler)
+    assert any(m.startswith("GPU available") for m in seen), seen
+    assert not [m for m in seen if "litlogger" in m]
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    assert not rank_zero.filters  # the filter lives only while the Trainer is built

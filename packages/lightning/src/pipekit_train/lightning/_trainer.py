@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import random
 import warnings
@@ -26,6 +27,25 @@ from ._model import LightningModelOp, module_dtype
 from ._optim import build_optimizer, check_optimizer_config, clip_norm_of
 
 __all__ = ["Lightning"]
+
+
+class _DropAdvert(logging.Filter):
+    """Drops the "💡 Tip: ... litlogger" line `Trainer()` logs on every construction."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+@contextmanager
+def _without_advert() -> Iterator[None]:
+    """While the adapter builds its `Trainer`, hide Lightning's product tip (not its info)."""
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    advert = _DropAdvert()
+    logger.addFilter(advert)
+    try:
+        yield
+    finally:
+        logger.removeFilter(advert)
 
 # `lightning.Trainer` keyword arguments, minus the ones TrainingLoop owns.
 _TRAINER_KWARGS = frozenset(
@@ -372,7 +392,8 @@ class Lightning:
         else:
             module = PlanModule(net, loss, build, bridge=bridge)
             callbacks = []  # the generated module forwards its hooks to the bridge
-        trainer = L.Trainer(**self._trainer_kwargs(plan, native, callbacks))
+        with _without_advert():
+            trainer = L.Trainer(**self._trainer_kwargs(plan, native, callbacks))
         if type(trainer.strategy.launcher).__name__ == "_MultiProcessingLauncher":
             raise ConfigError(
                 "This strategy starts its processes with fork/spawn, so global rank 0 would not run in "
