@@ -47,6 +47,7 @@ def _without_advert() -> Iterator[None]:
     finally:
         logger.removeFilter(advert)
 
+
 # `lightning.Trainer` keyword arguments, minus the ones TrainingLoop owns.
 _TRAINER_KWARGS = frozenset(
     {
