@@ -9,6 +9,7 @@ run as `python benchmarks/bench_<topic>.py` (run_all runs them the same way), wh
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -71,3 +72,17 @@ def make_data(in_size: int, rows: int) -> Any:
         np.float32
     )
     return ArrayDataset(x=x, y=y)
+
+
+def apply_quick(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, quick: dict[str, Any]
+) -> None:
+    """With `--quick`, set each option in `quick` to its short-run value unless given explicitly.
+
+    An option counts as given when its value differs from the parser's default.
+    """
+    if not getattr(args, "quick", False):
+        return
+    for name, value in quick.items():
+        if getattr(args, name) == parser.get_default(name):
+            setattr(args, name, value)

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _shared import row, write_rows
+from _shared import apply_quick, row, write_rows
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "examples"
@@ -127,11 +127,7 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    if args.quick:
-        if args.steps == parser.get_default("steps"):
-            args.steps = 1000
-        if args.repeats == parser.get_default("repeats"):
-            args.repeats = 2
+    apply_quick(parser, args, {"steps": 1000, "repeats": 2})
     if args.repeats < 2:
         raise SystemExit(
             f"--repeats must be at least 2 (the first run warms up). Received: {args.repeats}."

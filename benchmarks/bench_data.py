@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _shared import apply_quick, write_rows
 from _shared import row as row_of
-from _shared import write_rows
 
 from pipekit_train.core.data import ArrayDataset, CachedDataset, SimulationDataset, make_batches
 
@@ -164,10 +164,7 @@ def main() -> None:
     )
     parser.add_argument("--json", dest="json_path", default=None, help="write the rows here")
     args = parser.parse_args()
-    if args.quick:
-        for name, value in QUICK.items():
-            if getattr(args, name) == parser.get_default(name):
-                setattr(args, name, value)
+    apply_quick(parser, args, QUICK)
     rows: list[dict[str, Any]] = []
 
     rng = np.random.default_rng(0)

@@ -51,7 +51,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
-from _shared import make_data, row, write_rows
+from _shared import apply_quick, make_data, row, write_rows
 
 from pipekit_train.core import TrainingLoop
 from pipekit_train.core.data import ArrayDataset, make_batches
@@ -280,10 +280,7 @@ def main() -> None:
     )
     parser.add_argument("--json", dest="json_path", default=None, help="write the rows here")
     args = parser.parse_args()
-    if args.quick:
-        for name, value in QUICK.items():
-            if getattr(args, name) == parser.get_default(name):
-                setattr(args, name, value)
+    apply_quick(parser, args, QUICK)
 
     def steps(n: int) -> int:
         # multiples of 50: the adapter's metrics are flushed (and timestamped) every 50 steps

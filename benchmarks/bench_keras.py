@@ -33,6 +33,8 @@ import os
 import time
 from typing import Any
 
+from _shared import apply_quick, row, write_rows
+
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Keras adapter vs plain model.fit")
@@ -46,11 +48,7 @@ def parse() -> argparse.Namespace:
     )
     p.add_argument("--json", help="also write the result rows (run_all format) to this path")
     args = p.parse_args()
-    if args.quick:
-        if args.repeats == p.get_default("repeats"):
-            args.repeats = 2
-        if args.epochs == p.get_default("epochs"):
-            args.epochs = 3
+    apply_quick(p, args, {"repeats": 2, "epochs": 3})
     return args
 
 
@@ -59,7 +57,6 @@ os.environ["KERAS_BACKEND"] = ARGS.backend
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from _shared import row, write_rows  # noqa: E402
 
 from pipekit_train.core import TrainingLoop  # noqa: E402
 from pipekit_train.core.data import ArrayDataset  # noqa: E402

@@ -59,7 +59,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from _shared import make_data, row, write_rows
+from _shared import apply_quick, make_data, row, write_rows
 
 from pipekit_train.core import TrainingLoop
 from pipekit_train.core.data import ArrayDataset, make_batches
@@ -326,11 +326,7 @@ def main() -> None:
     )
     parser.add_argument("--json", help="also write the result rows (run_all format) to this path")
     args = parser.parse_args()
-    if args.quick:
-        if args.repeats == parser.get_default("repeats"):
-            args.repeats = 3
-        if args.steps == parser.get_default("steps"):
-            args.steps = 400
+    apply_quick(parser, args, {"repeats": 3, "steps": 400})
     torch.set_num_threads(1)
     print(
         f"torch {torch.__version__}, lightning {L.__version__}, threads {torch.get_num_threads()}, "

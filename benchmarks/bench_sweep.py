@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _shared import row, write_rows
+from _shared import apply_quick, row, write_rows
 
 TRIAL = "pipekit_train.sweep.testing:backend_trial"
 
@@ -187,8 +187,7 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    if args.quick and args.steps == parser.get_default("steps"):
-        args.steps = 1500
+    apply_quick(parser, args, {"steps": 1500})
     if args.backend == "equinox":
         import importlib.util
 

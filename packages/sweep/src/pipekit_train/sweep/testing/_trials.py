@@ -126,7 +126,7 @@ def backend_trial(params: dict[str, Any], *, trial_dir: Path | None = None) -> T
         },
     )
     backend = opts["backend"]
-    fused = int(opts["steps_per_execution"])
+    fused = opts["steps_per_execution"]  # the adapter checks it (a positive int)
     if fused != 1 and backend not in _ADAPTERS:
         raise ConfigError(
             f"`steps_per_execution` is for the {sorted(_ADAPTERS)} backends. "
