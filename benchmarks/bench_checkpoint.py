@@ -49,7 +49,8 @@ import numpy as np
 from _shared import row as row_of
 from _shared import write_rows
 
-from pipekit_train.core import Checkpoint, DirectoryCheckpointer
+from pipekit_train.core import Checkpoint
+from pipekit_train.core.adapter import DirectoryCheckpointer
 from pipekit_train.core.testing import decode_arrays, encode_arrays
 
 META = {"step": 0, "data_iter": {"epoch": 0, "index": 0}, "run": {"history": {}}}

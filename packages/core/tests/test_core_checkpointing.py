@@ -8,13 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipekit_train.core import (
-    Checkpoint,
-    CheckpointError,
-    ConfigError,
-    DirectoryCheckpointer,
-    TornCheckpointWarning,
-)
+from pipekit_train.core import Checkpoint, CheckpointError, ConfigError, TornCheckpointWarning
+from pipekit_train.core.adapter import DirectoryCheckpointer
 
 
 def _store(tmp_path: Path, **kw) -> DirectoryCheckpointer:

@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from pipekit_train.core import Checkpoint, Plan, RunContext
+from pipekit_train.core import Checkpoint
+from pipekit_train.core.adapter import Plan, RunContext
 from pipekit_train.core.testing import NumpyAdapter, NumpyLinearOp
 
 

@@ -6,8 +6,12 @@ import math
 
 import pytest
 
-from pipekit_train.core import ConfigError, resolve_optimizer_config
-from pipekit_train.core._schedules import learning_rate_at, peak_learning_rate
+from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import (
+    learning_rate_at,
+    peak_learning_rate,
+    resolve_optimizer_config,
+)
 
 
 def test_cosine() -> None:
@@ -55,11 +59,20 @@ def test_bad_schedules(lr: dict, fragment: str) -> None:
 
 
 def test_resolve_optimizer_config() -> None:
+    adam = {"b1": 0.9, "b2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
+    clips = {"clip_norm": None, "clip_value": None}
     assert resolve_optimizer_config({"name": "Adam", "lr": 0.1}) == {
         "name": "adam",
         "learning_rate": 0.1,
+        **adam,
+        **clips,
     }
-    assert resolve_optimizer_config(None) == {"name": "adam", "learning_rate": 1e-3}
+    assert resolve_optimizer_config(None) == {
+        "name": "adam",
+        "learning_rate": 1e-3,
+        **adam,
+        **clips,
+    }
     sentinel = object()
     assert resolve_optimizer_config(sentinel) is sentinel
     with pytest.raises(ConfigError, match="clip_norm"):

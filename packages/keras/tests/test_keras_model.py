@@ -11,7 +11,7 @@ import pytest
 from pipekit_train.core import ConfigError, TrainingLoop, model_op_from_config
 from pipekit_train.core.testing import regression_task
 from pipekit_train.keras import Keras, KerasModelOp
-from pipekit_train.keras._optimizers import KNOWN_OPTIMIZERS, build_optimizer
+from pipekit_train.keras._optimizers import build_optimizer
 
 LINEAR = "pipekit_train.keras.testing:linear"
 MLP = "pipekit_train.keras.testing:mlp"
@@ -139,8 +139,8 @@ def _loop(**overrides):
         ({"optimizer_config": {"name": "adam", "betta_1": 0.9}}, "betta_1"),
         ({"optimizer_config": {"name": "adam", "b1": 0.8, "beta_1": 0.9}}, "beta_1"),
         (
-            {"optimizer_config": {"name": "sgd", "gradient_accumulation_steps": 1}},
-            "gradient_accumulation_steps",
+            {"optimizer_config": {"name": "sgd", "gradient_accumulation_steps": 2}},
+            r"TrainingLoop\(accumulate_grad_batches=k\)",
         ),
         ({"optimizer_config": "adam"}, "optimizer_config"),
         ({"sharding": "model_parallel"}, "sharding"),
@@ -166,10 +166,23 @@ def test_adapter_refuses_other_model_operators() -> None:
 # -- optimizers --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(KNOWN_OPTIMIZERS))
-def test_every_known_optimizer_builds(name: str) -> None:
-    opt = build_optimizer({"name": name, "learning_rate": 0.01})
-    assert type(opt).__name__ == KNOWN_OPTIMIZERS[name]
+@pytest.mark.parametrize(
+    ("config", "cls", "attrs"),
+    [
+        ({"name": "adam"}, "Adam", {"epsilon": 1e-8, "weight_decay": None}),
+        ({"name": "adamw"}, "AdamW", {"weight_decay": 0.01}),
+        ({"name": "adam", "weight_decay": 0.1}, "AdamW", {"weight_decay": 0.1}),
+        ({"name": "sgd", "weight_decay": 0.1}, "SGD", {"weight_decay": 0.1, "momentum": 0.0}),
+        ({"name": "rmsprop"}, "RMSprop", {"rho": 0.9, "epsilon": 1e-8}),
+        ({"name": "adagrad"}, "Adagrad", {"initial_accumulator_value": 0.1}),
+    ],
+)
+def test_every_core_optimizer_translates(config: dict, cls: str, attrs: dict) -> None:
+    """Core's defaults apply, not Keras's (epsilon=1e-7, AdamW weight_decay=0.004)."""
+    opt = build_optimizer({**config, "learning_rate": 0.01})
+    assert type(opt).__name__ == cls
+    for key, value in attrs.items():
+        assert getattr(opt, key) == value, key
 
 
 def test_optimizer_aliases_and_schedules() -> None:
@@ -188,10 +201,10 @@ def test_optimizer_aliases_and_schedules() -> None:
     assert (
         opt.global_clipnorm == 1.0 and opt.clipnorm is None
     )  # clip_norm is global, as on every backend
-    opt = build_optimizer(
-        {"name": "sgd", "learning_rate": 0.1, "momentum": 0.9, "gradient_accumulation_steps": 4}
-    )
-    assert opt.gradient_accumulation_steps == 4
+    opt = build_optimizer({"name": "sgd", "learning_rate": 0.1, "clip_value": 0.5})
+    assert opt.clipvalue == 0.5 and opt.global_clipnorm is None
+    with pytest.raises(ConfigError, match="accumulate_grad_batches"):
+        build_optimizer({"name": "sgd", "gradient_accumulation_steps": 4})
 
 
 @pytest.mark.parametrize(
@@ -222,7 +235,7 @@ def test_optimizer_aliases_and_schedules() -> None:
     ids=lambda spec: spec["schedule"],
 )
 def test_core_schedules_follow_core_curve(spec: dict) -> None:
-    from pipekit_train.core._schedules import check_schedule, learning_rate_at
+    from pipekit_train.core.adapter import check_schedule, learning_rate_at
 
     spec = check_schedule(spec)
     opt = build_optimizer({"name": "sgd", "learning_rate": spec})

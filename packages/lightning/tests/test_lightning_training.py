@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from pipekit_train.core import Checkpoint, TrainingLoop
-from pipekit_train.core._checkpointing import step_dirs
-from pipekit_train.core._schedules import learning_rate_at
+from pipekit_train.core.adapter import learning_rate_at, step_dirs
 from pipekit_train.core.callbacks import LambdaCallback, LearningRateLogger
 from pipekit_train.core.writers import MemoryWriter
 from pipekit_train.lightning import Lightning, LightningModelOp
@@ -63,20 +62,25 @@ def crash_at(step: int) -> LambdaCallback:
 
 
 @pytest.mark.parametrize(
-    "adapter_kwargs, optimizer",
+    "adapter_kwargs, loop_kwargs",
     [
-        ({}, None),  # dropout + cosine schedule + adamw + clipping: RNG and scheduler state
-        ({"accumulate_grad_batches": 2}, {"name": "sgd", "lr": 0.05, "momentum": 0.9}),
-        ({"precision": "bf16-mixed"}, None),
+        ({}, {}),  # dropout + cosine schedule + adamw + clipping: RNG and scheduler state
+        (
+            {},
+            {
+                "accumulate_grad_batches": 2,
+                "optimizer_config": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+            },
+        ),
+        ({"precision": "bfloat16-mixed"}, {}),
     ],
     ids=["dropout-schedule", "accumulate-sgd", "bf16"],
 )
 def test_exact_resume_after_crash(
-    regression: Any, tmp_path: Path, adapter_kwargs: dict, optimizer: Any
+    regression: Any, tmp_path: Path, adapter_kwargs: dict, loop_kwargs: dict
 ) -> None:
     extra: dict[str, Any] = {"adapter": Lightning(accelerator="cpu", **adapter_kwargs)}
-    if optimizer is not None:
-        extra["optimizer_config"] = optimizer
+    extra.update(loop_kwargs)
     policy = Checkpoint(tmp_path / "ck", every_n_steps=4, max_to_keep=2)
     with pytest.raises(Boom):
         make_loop(regression, checkpoint=policy, callbacks=[crash_at(14)], **extra).run()
@@ -113,15 +117,19 @@ def test_global_rng_untouched_and_model_op_not_mutated(regression: Any) -> None:
 
 
 def test_accumulation_matches_full_batch(regression: Any) -> None:
+    """k batches of `batch_size` per update: the same as one batch of k * batch_size."""
     sgd = {"name": "sgd", "lr": 0.05}
     model = LightningModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1)
-    full = make_loop(regression, model=model, optimizer_config=sgd, max_steps=12).run()
+    full = make_loop(
+        regression, model=model, optimizer_config=sgd, max_steps=12, batch_size=64
+    ).run()
     split = make_loop(
         regression,
         model=model,
         optimizer_config=sgd,
         max_steps=12,
-        adapter=Lightning(accelerator="cpu", accumulate_grad_batches=4),
+        batch_size=16,
+        accumulate_grad_batches=4,
     ).run()
     assert split.steps == 12 and len(split.history["loss"]) == 12
     np.testing.assert_allclose(split.history["loss"], full.history["loss"], rtol=1e-5)

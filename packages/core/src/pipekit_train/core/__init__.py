@@ -1,35 +1,25 @@
 """pipekit-train-core: the carrier-agnostic core of pipekit-train.
 
 Layer 0 (data), layer 1 (losses, metrics), layer 2 (callbacks, writers, checkpoint
-policy), layer 3 (`TrainingLoop`, `TrainingArtifact`, `OnlineTrainer`), the adapter
-machinery every backend reuses, and the pipekit handoffs (operators, model registry,
-`NeuralForward`, `Cycle`). It never imports a backend framework.
+policy), layer 3 (`TrainingLoop`, `TrainingArtifact`, `OnlineTrainer`), the pipekit handoffs (operators, model registry,
+`NeuralForward`, `Cycle`). `pipekit_train.core.adapter` is the contract for adapter
+authors. It never imports a backend framework.
 """
 
 from typing import Any as _Any
 
-from . import callbacks, data, losses, metrics, registry, writers
-from ._adapter import Adapter
+from . import adapter, callbacks, data, losses, metrics, registry, writers
+from ._adapter import NotSupportedError
 from ._artifact import TrainingArtifact
 from ._checkpoint import Checkpoint
-from ._checkpointing import (
-    Checkpointer,
-    DirectoryCheckpointer,
-    Restored,
-    TornCheckpointWarning,
-    step_dirs,
-)
+from ._checkpointing import TornCheckpointWarning
 from ._cycle import Cycle, NeuralForward, NonFiniteStateError
-from ._driver import StepBackend, check_resume_key, restore_or_start, run_step_loop, stack_batches
 from ._errors import CheckpointError, ConfigError, IntegrityError, PipekitError
 from ._history import History
-from ._imports import import_string, optional_import
-from ._loop import TrainingLoop, resolve_optimizer_config
+from ._loop import TrainingLoop
 from ._online import OnlineTrainer
 from ._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
-from ._plan import Plan
-from ._runtime import RunContext, RunState
-from ._schedules import check_schedule, learning_rate_at
+from ._runtime import RunState
 from .callbacks import (
     Callback,
     EarlyStopping,
@@ -82,7 +72,6 @@ def __getattr__(name: str) -> _Any:
 
 
 __all__ = [
-    "Adapter",
     "ArrayDataset",
     "AsyncWriter",
     "BatchIterator",
@@ -90,12 +79,10 @@ __all__ = [
     "Callback",
     "Checkpoint",
     "CheckpointError",
-    "Checkpointer",
     "ConfigError",
     "CsvWriter",
     "Cycle",
     "Dataset",
-    "DirectoryCheckpointer",
     "EarlyStopping",
     "FsspecModelRegistry",
     "History",
@@ -113,6 +100,7 @@ __all__ = [
     "ModelOpBase",
     "ModelRecord",
     "ModelRegistry",
+    "NotSupportedError",
     "NaNGuard",
     "NeuralForward",
     "NonFiniteLossError",
@@ -121,17 +109,13 @@ __all__ = [
     "OnlineTrainer",
     "Operator",
     "PipekitError",
-    "Plan",
     "ProgressBar",
     "RegistryError",
-    "Restored",
-    "RunContext",
     "RunState",
     "S3ModelRegistry",
     "SimulationDataset",
     "SimulationError",
     "StatefulOperator",
-    "StepBackend",
     "Subset",
     "TensorBoardWriter",
     "TornCheckpointWarning",
@@ -142,19 +126,10 @@ __all__ = [
     "losses",
     "make_batches",
     "metrics",
-    "check_resume_key",
-    "check_schedule",
-    "import_string",
-    "learning_rate_at",
     "model_op_from_config",
-    "optional_import",
     "registry",
-    "resolve_optimizer_config",
-    "restore_or_start",
-    "run_step_loop",
     "split",
-    "stack_batches",
-    "step_dirs",
     "writers",
     "__version__",
+    "adapter",
 ]

@@ -1,43 +1,218 @@
-"""The `Adapter` contract: how a backend runs a frozen `Plan`."""
+"""The adapter contract: the base classes a backend implements.
+
+An adapter turns a frozen `Plan` into a `TrainingArtifact`. Core owns everything around
+the step (batching, the per-step sequence, validation and checkpoint schedules,
+retention, resume, callbacks, writers, history, the artifact); an adapter only builds the
+backend's model and optimizer from the canonical spec, runs train and eval steps, moves
+numpy batches onto its device and saves/restores its state.
+
+There are two ways to be an adapter:
+
+- **Step-based** (`StepAdapter`): implement a `StepBackend` (init, put, train step, eval
+  step, checkpointer, model operator) and core's `run_step_loop` does the rest. Equinox
+  and the numpy reference adapter work this way; so would Flax NNX or plain PyTorch.
+- **Loop-owning** (`Adapter`): the backend runs its own loop (Lightning's `Trainer.fit`,
+  Keras's `model.fit`); the adapter builds a `RunContext`, resumes with
+  `restore_or_start`, and calls `RunContext.after_steps` from the backend's per-batch
+  hook.
+
+Optional capabilities are declared in `Capabilities`; the defaults of the optional
+methods raise `NotSupportedError` naming the backend.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+import numpy as np
+
+from ._errors import ConfigError
 
 if TYPE_CHECKING:
     from ._artifact import TrainingArtifact
+    from ._checkpointing import Checkpointer
     from ._plan import Plan
 
-__all__ = ["Adapter"]
+__all__ = ["Adapter", "Capabilities", "NotSupportedError", "StepAdapter", "StepBackend"]
+
+StateT = TypeVar("StateT")
 
 
-class Adapter(Protocol):
-    """A training backend.
+class NotSupportedError(ConfigError):
+    """A plan asks for something this backend does not offer (raised before any work)."""
 
-    An adapter knows how to build the backend model and optimizer, run a train step and
-    an eval step, move a numpy batch onto its device and save/restore state. Everything
-    else (batching, callback dispatch, writer routing, validation and checkpoint
-    schedules, retention, history, artifact assembly) comes from core: step-based
-    backends call `pipekit_train.core.run_step_loop`; backends with their own loop drive a
-    `pipekit_train.core.RunContext` from their hooks.
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an adapter offers beyond the required members.
+
+    Attributes:
+        native_data: accepts its framework's own loaders (`Adapter.accepts_data`).
+        online: has a step backend for `OnlineTrainer` (`Adapter.step_backend`).
+        fused_steps: can fuse several optimizer steps into one call.
+        sharding: accepts a `sharding=` spec on the loop.
+        accumulation: supports `TrainingLoop(accumulate_grad_batches=k)` (a step-based
+            backend then receives `k` stacked batches per update in `train_steps`).
+        precisions: the canonical precision names it runs.
+    """
+
+    native_data: bool = False
+    online: bool = False
+    fused_steps: bool = False
+    sharding: bool = False
+    accumulation: bool = False
+    precisions: tuple[str, ...] = ("float32",)
+
+
+class Adapter(abc.ABC):
+    """A training backend: `run(plan) -> TrainingArtifact`.
+
+    Subclasses set `name` and `capabilities`, implement `run` and `get_config`, and may
+    override `validate` (call `super().validate(plan)` first: it checks the plan
+    against the declared capabilities).
 
     Attributes:
         name: the backend name recorded in plans and artifacts.
+        capabilities: what the backend supports (see `Capabilities`).
     """
 
-    name: str
+    name: ClassVar[str] = "adapter"
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    def _unsupported(self, what: str, received: str, fix: str) -> NotSupportedError:
+        return NotSupportedError(
+            f"{what} is not supported by the {self.name!r} backend. Received: {received}. {fix}"
+        )
 
     def validate(self, plan: Plan) -> None:
         """Raise `ConfigError` for anything in the plan this backend cannot run.
 
-        Called by `TrainingLoop` at construction, before any work is done.
+        Called by `TrainingLoop` at construction, before any work is done. The base
+        implementation checks the plan against `capabilities`.
         """
-        ...
+        caps = self.capabilities
+        if plan.sharding is not None and not caps.sharding:
+            raise self._unsupported(
+                "`sharding`",
+                f"sharding={plan.sharding!r}",
+                "Drop it; this backend distributes through its own options.",
+            )
+        if plan.accumulate_grad_batches > 1 and not caps.accumulation:
+            raise self._unsupported(
+                "Gradient accumulation",
+                f"accumulate_grad_batches={plan.accumulate_grad_batches}",
+                "Use a larger batch_size instead.",
+            )
 
+    def validate_online(self, plan: Plan) -> None:
+        """Checks for `OnlineTrainer` (the default refuses when `online` is not declared)."""
+        if not self.capabilities.online:
+            raise self._unsupported(
+                "Online training (OnlineTrainer)",
+                f"adapter={self!r}",
+                "Use a TrainingLoop, or a backend with an online step backend.",
+            )
+
+    @abc.abstractmethod
     def run(self, plan: Plan) -> TrainingArtifact:
         """Train according to the plan and return the artifact."""
-        ...
 
+    @abc.abstractmethod
     def get_config(self) -> dict[str, Any]:
         """JSON description of the adapter's options (recorded in the plan)."""
-        ...
+
+    def accepts_data(self, data: Any) -> bool:
+        """Whether `data` is one of this backend's native loaders (default: none)."""
+        return False
+
+    def step_backend(self, plan: Plan) -> StepBackend[Any]:
+        """The step backend for `OnlineTrainer` (and `run_step_loop`)."""
+        raise self._unsupported(
+            "A step backend",
+            f"adapter={self!r}",
+            "Use a backend that declares Capabilities(online=True).",
+        )
+
+
+class StepAdapter(Adapter):
+    """An adapter whose whole loop is core's `run_step_loop` over its `StepBackend`.
+
+    Subclasses implement `step_backend(plan)` (and `get_config`); `run` is provided.
+    """
+
+    capabilities: ClassVar[Capabilities] = Capabilities(online=True)
+
+    @abc.abstractmethod
+    def step_backend(self, plan: Plan) -> StepBackend[Any]:
+        """The `StepBackend` of one run."""
+
+    def run(self, plan: Plan) -> TrainingArtifact:
+        """Train with core's step driver and return the artifact."""
+        from ._driver import run_step_loop
+
+        return run_step_loop(plan, self.step_backend(plan))
+
+
+class StepBackend(abc.ABC, Generic[StateT]):
+    """A backend that trains one (or K fused) optimizer step(s) per call.
+
+    The state (`StateT`) is whatever the backend hands around (model, optimizer state,
+    RNG, step); core never looks inside it.
+
+    Attributes:
+        steps_per_execution: the most steps `train_steps` fuses (1: never called).
+        data_shard: `(index, count)` of this process's slice of the data.
+        is_chief: whether this process writes metrics and checkpoint metadata.
+    """
+
+    steps_per_execution: int = 1
+    data_shard: tuple[int, int] = (0, 1)
+    is_chief: bool = True
+
+    @abc.abstractmethod
+    def init_state(self) -> StateT:
+        """Build the initial training state (model, optimizer state, RNG, step)."""
+
+    @abc.abstractmethod
+    def put(self, batch: Mapping[str, np.ndarray]) -> Any:
+        """Move a numpy batch (or a stacked group of batches) onto the device."""
+
+    @abc.abstractmethod
+    def train_step(self, state: StateT, batch: Any) -> tuple[StateT, Mapping[str, Any]]:
+        """One optimizer step; the metrics (at least `loss`) may stay on the device."""
+
+    @abc.abstractmethod
+    def eval_batch(self, state: StateT, batch: Mapping[str, np.ndarray]) -> tuple[Any, Any]:
+        """`(predictions, mean loss)` on one validation batch."""
+
+    @abc.abstractmethod
+    def model_op(self, state: StateT) -> Any:
+        """The trained model operator for `state`."""
+
+    @abc.abstractmethod
+    def checkpointer(self) -> Checkpointer:
+        """The checkpoint engine for `plan.checkpoint`."""
+
+    def train_steps(self, state: StateT, stacked: Any) -> tuple[StateT, Mapping[str, Any]]:
+        """K fused steps over K stacked batches; each metric has shape `(K,)`.
+
+        Called when `steps_per_execution > 1`, and for every update when the plan
+        accumulates gradients (`plan.accumulate_grad_batches = m > 1`): then `stacked`
+        holds `K * m` batches, each `m` consecutive ones make one update, and each
+        metric has one value per batch (shape `(K * m,)`; core averages per update).
+        """
+        raise NotSupportedError(
+            f"{type(self).__name__} does not fuse steps. Received: steps_per_execution="
+            f"{self.steps_per_execution}. Use steps_per_execution=1."
+        )
+
+    def fetch(self, values: Sequence[Any]) -> Sequence[Any]:
+        """Device values to host numpy arrays, in one call where the backend can."""
+        return [np.asarray(v) for v in values]
+
+    def learning_rate(self, state: StateT) -> float | None:
+        """The learning rate of the next step, if known."""
+        return None

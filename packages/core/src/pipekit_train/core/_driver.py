@@ -1,18 +1,20 @@
 """`run_step_loop`: the whole training loop for backends that expose a train step.
 
-The numpy reference adapter and the Equinox adapter implement `StepBackend` and get
+Step-based adapters (the numpy reference adapter, Equinox) implement `StepBackend` and get
 batching, fused multi-step execution, validation, checkpoint/resume, callbacks, writers
-and the artifact from here.
+and the artifact from here. `restore_or_start` is the one resume path: the step driver,
+the Lightning and Keras bridges and `OnlineTrainer` all use it.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from ._adapter import StepBackend
 from ._artifact import TrainingArtifact
 from ._checkpointing import Checkpointer, Restored
 from ._errors import CheckpointError
@@ -20,47 +22,12 @@ from ._plan import Plan
 from ._runtime import RunContext
 
 __all__ = [
-    "StepBackend",
     "abort_run",
     "check_resume_key",
     "restore_or_start",
     "run_step_loop",
     "stack_batches",
 ]
-
-
-class StepBackend(Protocol):
-    """A backend that trains one (or K fused) step(s) at a time.
-
-    Optional members, looked up with `getattr`: `steps_per_execution` (int, default 1)
-    with `train_steps(state, stacked_batch) -> (state, stacked_metrics)`; `fetch(values)`
-    (device → host in one call); `learning_rate(state) -> float | None`;
-    `data_shard -> (index, count)` for multi-process data; `is_chief` (bool).
-    """
-
-    def init_state(self) -> Any:
-        """Build the initial training state (model, optimizer state, RNG, step)."""
-        ...
-
-    def put(self, batch: Mapping[str, np.ndarray]) -> Any:
-        """Move a numpy batch (or a stacked group of batches) onto the device."""
-        ...
-
-    def train_step(self, state: Any, batch: Any) -> tuple[Any, Mapping[str, Any]]:
-        """One optimizer step; metrics may stay on the device."""
-        ...
-
-    def eval_batch(self, state: Any, batch: Mapping[str, np.ndarray]) -> tuple[Any, Any]:
-        """`(predictions, mean loss)` on one validation batch."""
-        ...
-
-    def model_op(self, state: Any) -> Any:
-        """The trained model operator for `state`."""
-        ...
-
-    def checkpointer(self) -> Checkpointer:
-        """The checkpoint engine for `plan.checkpoint`."""
-        ...
 
 
 def stack_batches(batches: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -86,7 +53,13 @@ def check_resume_key(plan: Plan, meta: Mapping[str, Any], path: str) -> None:
 def restore_or_start(
     plan: Plan, ckpt: Checkpointer | None, template: Any, ctx: RunContext
 ) -> tuple[Any, dict[str, Any] | None]:
-    """Apply the resume policy; return `(state, data_iter_state)`."""
+    """Apply the resume policy; return `(state, data_iter_state)`.
+
+    With `Checkpoint(resume="auto")` the latest complete checkpoint is restored into
+    `template` (torn ones are skipped with a warning), its resume key is checked against
+    the plan, and `ctx` takes its run state (step, history, callback states); with no
+    checkpoint the template is returned. `resume="must"` without a checkpoint raises.
+    """
     if ckpt is None or plan.checkpoint is None or plan.checkpoint.resume == "never":
         return template, None
     restored: Restored | None = ckpt.restore_latest(template)
@@ -117,42 +90,48 @@ def abort_run(ctx: RunContext, ckpt: Checkpointer | None) -> None:
                 pass
 
 
-def run_step_loop(plan: Plan, backend: StepBackend) -> TrainingArtifact:
+def run_step_loop(plan: Plan, backend: StepBackend[Any]) -> TrainingArtifact:
     """Run a whole training loop on a `StepBackend` and return the artifact."""
-    state_fn = getattr(backend, "learning_rate", None)
     holder: dict[str, Any] = {}
     ctx = RunContext(
         plan,
-        fetch=getattr(backend, "fetch", None),
-        learning_rate=(lambda: state_fn(holder["state"])) if callable(state_fn) else None,
-        is_chief=bool(getattr(backend, "is_chief", True)),
+        fetch=backend.fetch,
+        learning_rate=lambda: backend.learning_rate(holder["state"]),
+        is_chief=bool(backend.is_chief),
     )
     ckpt = backend.checkpointer() if plan.checkpoint is not None else None
-    k_max = int(getattr(backend, "steps_per_execution", 1) or 1)
+    k_max = max(1, int(backend.steps_per_execution))
     try:
         state = backend.init_state()
         state, data_state = restore_or_start(plan, ckpt, state, ctx)
         holder["state"] = state
-        batches = ctx.train_batches(data_state, shard=getattr(backend, "data_shard", (0, 1)))
+        batches = ctx.train_batches(data_state, shard=backend.data_shard)
         ctx.begin()
+
+        def validate() -> None:
+            current = holder["state"]
+            ctx.validate(lambda batch: backend.eval_batch(current, batch))
+
+        def save() -> None:
+            assert ckpt is not None
+            path = ckpt.save(
+                ctx.step, holder["state"], ctx.checkpoint_meta(), ctx.checkpoint_metrics()
+            )
+            ctx.record_checkpoint(path)
+
+        micro = plan.accumulate_grad_batches
         while not ctx.done:
             k = ctx.steps_until_event(k_max) if k_max > 1 else 1
-            if k == 1:
+            if k == 1 and micro == 1:
                 state, metrics = backend.train_step(state, backend.put(next(batches)))
-                holder["state"] = state
-                ctx.record_step(metrics)
             else:
-                group = stack_batches([next(batches) for _ in range(k)])
-                state, metrics = backend.train_steps(state, backend.put(group))  # type: ignore[attr-defined]
-                holder["state"] = state
-                ctx.record_steps(metrics, k)
-            if ctx.due_validation():
-                current = state
-                ctx.validate(lambda batch, current=current: backend.eval_batch(current, batch))
-            if ckpt is not None and ctx.due_checkpoint():
-                meta = ctx.checkpoint_meta()
-                path = ckpt.save(ctx.step, state, meta, ctx.checkpoint_metrics())
-                ctx.record_checkpoint(path)
+                # k updates of `micro` accumulated batches each, in one call
+                group = stack_batches([next(batches) for _ in range(k * micro)])
+                state, metrics = backend.train_steps(state, backend.put(group))
+            holder["state"] = state
+            ctx.after_steps(
+                metrics, k, micro=micro, validate=validate, checkpoint=save if ckpt else None
+            )
         if ckpt is not None:
             ckpt.wait()
         artifact = ctx.finish(backend.model_op(state))

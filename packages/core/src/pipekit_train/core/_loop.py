@@ -8,17 +8,16 @@ from typing import Any
 
 import numpy as np
 
+from ._adapter import Adapter
 from ._artifact import TrainingArtifact
 from ._checkpoint import Checkpoint
 from ._checkpointing import has_checkpoints
 from ._errors import ConfigError
 from ._plan import Plan, is_core_dataset, steps_per_epoch
 from ._runtime import HOOKS
-from ._schedules import check_schedule
+from ._spec import resolve_optimizer_config
 
-__all__ = ["TrainingLoop", "resolve_optimizer_config"]
-
-_DEFAULT_OPTIMIZER = {"name": "adam", "learning_rate": 1e-3}
+__all__ = ["TrainingLoop"]
 
 
 def _is_int(value: Any) -> bool:
@@ -32,49 +31,6 @@ def _positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | N
         fix = " or None" if allow_none else ""
         raise ConfigError(f"`{name}` must be a positive int{fix}. Received: {name}={value!r}.")
     return int(value)
-
-
-def resolve_optimizer_config(config: Any) -> Any:
-    """Normalise a dict optimizer config: `lr` → `learning_rate`, checked values.
-
-    Non-dict values (a backend-native optimizer object) are returned unchanged for the
-    adapter to validate.
-    """
-    if config is None:
-        return dict(_DEFAULT_OPTIMIZER)
-    if not isinstance(config, Mapping):
-        return config
-    out = dict(config)
-    if "lr" in out:
-        lr = out.pop("lr")
-        if "learning_rate" in out and out["learning_rate"] != lr:
-            raise ConfigError(
-                "`optimizer_config` has both `lr` and `learning_rate` with different values. "
-                f"Received: lr={lr!r}, learning_rate={out['learning_rate']!r}. Pass only one."
-            )
-        out["learning_rate"] = lr
-    name = out.get("name", "adam")
-    if not isinstance(name, str) or not name:
-        raise ConfigError(
-            f"`optimizer_config['name']` must be an optimizer name such as 'adam'. Received: name={name!r}."
-        )
-    out["name"] = name.lower()
-    lr = out.setdefault("learning_rate", _DEFAULT_OPTIMIZER["learning_rate"])
-    if isinstance(lr, Mapping):
-        out["learning_rate"] = check_schedule(lr)
-    elif isinstance(lr, bool) or not isinstance(lr, (int, float)) or not np.isfinite(lr) or lr <= 0:
-        raise ConfigError(
-            "`optimizer_config['learning_rate']` (or `lr`) must be a positive finite number or "
-            f"a schedule dict. Received: learning_rate={lr!r}."
-        )
-    clip = out.get("clip_norm", out.get("gradient_clip_norm"))
-    if clip is not None and (
-        isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip <= 0
-    ):
-        raise ConfigError(
-            f"`optimizer_config['clip_norm']` must be a positive number. Received: clip_norm={clip!r}."
-        )
-    return out
 
 
 def _resolve_loss(loss: Any) -> Callable[..., Any]:
@@ -115,8 +71,7 @@ def _check_dataset(
             raise ConfigError("`data` is required. Received: data=None.")
         return
     if not is_core_dataset(data):
-        accepts = getattr(adapter, "accepts_data", None)
-        if callable(accepts) and accepts(data):
+        if adapter.capabilities.native_data and adapter.accepts_data(data):
             return
         raise ConfigError(
             f"`{name}` must be a pipekit dataset (ArrayDataset, SimulationDataset, CachedDataset, "
@@ -187,7 +142,7 @@ class TrainingLoop:
         optimizer_config: `{"name": "adam", "lr": 1e-3, ...}` (`lr` and `learning_rate`
             both accepted; schedules as `{"schedule": "cosine", ...}`), or a
             backend-native optimizer.
-        batch_size: samples per optimizer step.
+        batch_size: samples per batch (per optimizer step, unless accumulating).
         max_steps: stop after this many optimizer steps.
         max_epochs: stop after this many passes over the data (sized datasets).
         callbacks: objects implementing any of the `Callback` hooks.
@@ -199,6 +154,10 @@ class TrainingLoop:
         validate_every_n_steps: validation schedule (default: every epoch and at the end).
         log_every_n_steps: metrics are fetched from the device and written in groups of
             this many steps.
+        accumulate_grad_batches: gradient accumulation: each optimizer update averages the
+            gradients of this many consecutive batches of `batch_size`. Steps (`max_steps`,
+            logging, validation and checkpoint cadence, schedules) count updates, and a
+            step's `loss` is the mean over its batches, the same on every backend.
         shuffle: shuffle the training data each epoch.
         drop_remainder: drop the last partial batch of each epoch.
         sweep_id: set by sweeps; recorded on the artifact.
@@ -229,6 +188,7 @@ class TrainingLoop:
         sharding: Any = None,
         validate_every_n_steps: int | None = None,
         log_every_n_steps: int = 50,
+        accumulate_grad_batches: int = 1,
         shuffle: bool = True,
         drop_remainder: bool = True,
         sweep_id: str | None = None,
@@ -247,6 +207,7 @@ class TrainingLoop:
             "validate_every_n_steps", validate_every_n_steps, allow_none=True
         )
         log_every_n_steps = _positive_int("log_every_n_steps", log_every_n_steps)  # type: ignore[assignment]
+        accumulate_grad_batches = _positive_int("accumulate_grad_batches", accumulate_grad_batches)  # type: ignore[assignment]
         if not _is_int(seed) or seed < 0:
             raise ConfigError(f"`seed` must be a non-negative int. Received: seed={seed!r}.")
         for flag, value in (("shuffle", shuffle), ("drop_remainder", drop_remainder)):
@@ -269,9 +230,10 @@ class TrainingLoop:
                     f"or `adapter=` must be given. Received: model={type(model).__name__}, adapter=None."
                 )
             adapter = default()
-        elif not callable(getattr(adapter, "run", None)):
+        if not isinstance(adapter, Adapter):
             raise ConfigError(
-                f"`adapter` must be a backend adapter such as Equinox(). Received: adapter={adapter!r}."
+                "`adapter` must be a backend adapter (a `pipekit_train.core.adapter.Adapter`) such "
+                f"as Equinox(), Lightning() or Keras(). Received: adapter={adapter!r}."
             )
         if isinstance(checkpoint, (str, os.PathLike)):
             checkpoint = Checkpoint(checkpoint)
@@ -316,7 +278,7 @@ class TrainingLoop:
                 f"`Checkpoint.keep_best` ranks by {checkpoint.monitor!r}, which needs validation data. "
                 "Received: validation=None."
             )
-        spe = steps_per_epoch(data, batch_size, drop_remainder)
+        spe = steps_per_epoch(data, batch_size, drop_remainder, accumulate_grad_batches)
         total = max_steps
         if max_epochs is not None:
             if spe is None:
@@ -347,15 +309,14 @@ class TrainingLoop:
             sharding=sharding,
             validate_every_n_steps=validate_every_n_steps,
             log_every_n_steps=log_every_n_steps,
+            accumulate_grad_batches=accumulate_grad_batches,
             shuffle=shuffle,
             drop_remainder=drop_remainder,
             sweep_id=sweep_id,
             normalizer=normalizer,
             progress=progress,
         )
-        validate = getattr(adapter, "validate", None)
-        if callable(validate):
-            validate(self.plan)
+        adapter.validate(self.plan)
 
     @property
     def adapter(self) -> Any:

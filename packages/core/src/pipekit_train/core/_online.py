@@ -7,10 +7,14 @@ from typing import Any
 
 import numpy as np
 
+from ._adapter import Adapter
 from ._checkpoint import Checkpoint
-from ._errors import CheckpointError, ConfigError
-from ._loop import _is_int, _resolve_loss, resolve_optimizer_config
+from ._driver import restore_or_start
+from ._errors import ConfigError
+from ._loop import _is_int, _resolve_loss
 from ._plan import Plan
+from ._runtime import RunContext
+from ._spec import resolve_optimizer_config
 
 __all__ = ["OnlineTrainer"]
 
@@ -52,9 +56,10 @@ class OnlineTrainer:
                     f"`model` must be a model operator. Received: model={type(model).__name__}."
                 )
             adapter = default()
-        if not callable(getattr(adapter, "step_backend", None)):
+        if not isinstance(adapter, Adapter):
             raise ConfigError(
-                f"The {getattr(adapter, 'name', adapter)!r} adapter has no online step backend."
+                "`adapter` must be a backend adapter (a `pipekit_train.core.adapter.Adapter`). "
+                f"Received: adapter={adapter!r}."
             )
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             raise ConfigError(
@@ -79,25 +84,20 @@ class OnlineTrainer:
             adapter=adapter,
             progress=False,
         )
-        validate = getattr(adapter, "validate_online", None)
-        if callable(validate):
-            validate(self.plan)
+        adapter.validate_online(self.plan)
         self._backend = adapter.step_backend(self.plan)
-        self._state = self._backend.init_state()
-        self.step = 0
+        self._ctx = RunContext(self.plan, fetch=self._backend.fetch)
         self._ckpt = self._backend.checkpointer() if checkpoint is not None else None
-        if self._ckpt is not None and checkpoint is not None and checkpoint.resume != "never":
-            restored = self._ckpt.restore_latest(self._state)
-            if restored is not None:
-                self._state, self.step = (
-                    restored.state,
-                    int(restored.meta.get("step", restored.step)),
-                )
-            elif checkpoint.resume == "must":
-                raise CheckpointError(
-                    f"`resume='must'` but {checkpoint.path} holds no complete checkpoint."
-                )
+        # the one resume path: resume policy, resume-key check, run state
+        self._state, _ = restore_or_start(
+            self.plan, self._ckpt, self._backend.init_state(), self._ctx
+        )
         self.last_metrics: dict[str, float] = {}
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (including those restored from a checkpoint)."""
+        return self._ctx.step
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         """Predict on `batch["x"]`, then take one optimizer step on `(x, y)`."""
@@ -109,12 +109,11 @@ class OnlineTrainer:
         host = {k: np.asarray(v) for k, v in batch.items()}
         pred, _ = self._backend.eval_batch(self._state, host)
         self._state, metrics = self._backend.train_step(self._state, self._backend.put(host))
-        self.step += 1
-        fetch = getattr(self._backend, "fetch", None) or (lambda vs: [np.asarray(v) for v in vs])
+        self._ctx.step += 1
         names = list(metrics)
         self.last_metrics = {
             n: float(np.asarray(v))
-            for n, v in zip(names, fetch([metrics[n] for n in names]), strict=False)
+            for n, v in zip(names, self._backend.fetch([metrics[n] for n in names]), strict=True)
         }
         if (
             self._ckpt is not None
@@ -138,10 +137,7 @@ class OnlineTrainer:
         if self._ckpt is None:
             raise ConfigError("OnlineTrainer.save() needs `checkpoint=Checkpoint(...)`.")
         path = self._ckpt.save(
-            self.step,
-            self._state,
-            {"step": self.step, "resume_key": self.plan.resume_key()},
-            self.last_metrics,
+            self.step, self._state, self._ctx.checkpoint_meta(), self.last_metrics
         )
         self._ckpt.wait()
         return path

@@ -38,12 +38,19 @@ def _is_stream(data: Any) -> bool:
     )
 
 
-def steps_per_epoch(data: Any, batch_size: int, drop_remainder: bool) -> int | None:
-    """Optimizer steps in one epoch of a sized dataset (None for streams / native loaders)."""
+def steps_per_epoch(
+    data: Any, batch_size: int, drop_remainder: bool, accumulate: int = 1
+) -> int | None:
+    """Optimizer steps in one epoch of a sized dataset (None for streams / native loaders).
+
+    With gradient accumulation a step takes `accumulate` batches, so an epoch has
+    `batches // accumulate` steps (accumulation groups run on across epoch ends).
+    """
     if not is_core_dataset(data) or _is_stream(data):
         return None
     n = len(data)
-    return n // batch_size if drop_remainder else math.ceil(n / batch_size)
+    batches = n // batch_size if drop_remainder else math.ceil(n / batch_size)
+    return max(1, batches // accumulate)
 
 
 def _describe_data(data: Any) -> dict[str, Any]:
@@ -88,6 +95,7 @@ class Plan:
     adapter: Any
     sharding: Any = None
     validate_every_n_steps: int | None = None
+    accumulate_grad_batches: int = 1
     log_every_n_steps: int = 50
     shuffle: bool = True
     drop_remainder: bool = True
@@ -145,6 +153,7 @@ class Plan:
             "seed": self.seed,
             "sharding": None if self.sharding is None else repr(self.sharding),
             "validate_every_n_steps": self.validate_every_n_steps,
+            "accumulate_grad_batches": self.accumulate_grad_batches,
             "shuffle": self.shuffle,
             "drop_remainder": self.drop_remainder,
             "sweep_id": self.sweep_id,
@@ -156,5 +165,14 @@ class Plan:
         plan = self.to_json()
         return {
             k: plan[k]
-            for k in ("backend", "model", "loss", "optimizer", "batch_size", "seed", "shuffle")
+            for k in (
+                "backend",
+                "model",
+                "loss",
+                "optimizer",
+                "batch_size",
+                "accumulate_grad_batches",
+                "seed",
+                "shuffle",
+            )
         }

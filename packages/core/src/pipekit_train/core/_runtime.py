@@ -115,24 +115,34 @@ class _Normalized:
 
 
 class _PendingGroup:
-    """`count` consecutive steps whose metrics are still device values."""
+    """`count` consecutive steps whose metrics are still device values.
 
-    __slots__ = ("first_step", "count", "raw", "stacked", "rows")
+    With gradient accumulation each step's metrics arrive as `micro` values (one per
+    accumulated batch) and the step's value is their mean.
+    """
 
-    def __init__(self, first_step: int, count: int, raw: Mapping[str, Any], stacked: bool):
+    __slots__ = ("first_step", "count", "raw", "stacked", "micro", "rows")
+
+    def __init__(
+        self, first_step: int, count: int, raw: Mapping[str, Any], stacked: bool, micro: int = 1
+    ):
         self.first_step = first_step
         self.count = count
         self.raw = dict(raw)
         self.stacked = stacked
+        self.micro = micro
         self.rows: list[dict[str, float]] | None = None
 
     def to_rows(self, arrays: Mapping[str, np.ndarray]) -> list[dict[str, float]]:
         """Per-step host rows from the fetched arrays."""
+        if not self.stacked:
+            return [{name: float(arr.reshape(())) for name, arr in arrays.items()}]
+        per_step = {
+            name: np.asarray(arr, dtype=np.float64).reshape(self.count, self.micro).mean(axis=1)
+            for name, arr in arrays.items()
+        }
         return [
-            {
-                name: float(arr[offset] if self.stacked else arr.reshape(()))
-                for name, arr in arrays.items()
-            }
+            {name: float(values[offset]) for name, values in per_step.items()}
             for offset in range(self.count)
         ]
 
@@ -213,7 +223,7 @@ class RunContext:
         )
         if shard[1] > 1:
             # each process sees 1/count of the data: epochs are per-shard
-            self.steps_per_epoch = it.steps_per_epoch
+            self.steps_per_epoch = max(1, it.steps_per_epoch // self.plan.accumulate_grad_batches)
             if self.plan.max_epochs is not None and self.steps_per_epoch:
                 by_epochs = self.plan.max_epochs * self.steps_per_epoch
                 self.total_steps = (
@@ -290,6 +300,46 @@ class RunContext:
                 k = min(k, every - self.step % every)
         return max(1, k)
 
+    # -- the per-step sequence ----------------------------------------------------------
+    def after_steps(
+        self,
+        metrics: Mapping[str, Any],
+        count: int = 1,
+        *,
+        micro: int = 1,
+        validate: Callable[[], Any],
+        checkpoint: Callable[[], Any] | None,
+        sync_stop: Callable[[bool], bool] | None = None,
+    ) -> bool:
+        """The sequence after every optimizer step (or group of `count` fused steps).
+
+        Record the steps (callbacks see each one), agree on a stop across processes
+        (`sync_stop(requested) -> any process requested`), validate if due, checkpoint if
+        due. Every adapter calls this, so the order is the same on every backend.
+
+        Args:
+            metrics: the steps' metrics (device values; shape `(count,)` when fused).
+            count: how many optimizer steps the call covers.
+            micro: batches accumulated per step (metrics then hold `count * micro` values).
+            validate: runs validation with the current weights (`RunContext.validate`).
+            checkpoint: saves a checkpoint of the current state (None: no checkpoints).
+            sync_stop: multi-process runs: all-reduce of "a stop was requested".
+
+        Returns:
+            Whether the run is done.
+        """
+        if count == 1 and micro == 1:
+            self.record_step(metrics)
+        else:
+            self.record_steps(metrics, count, micro=micro)
+        if sync_stop is not None and sync_stop(self.stop_reason is not None):
+            self.request_stop("a stop was requested on another process")
+        if self.due_validation():
+            validate()
+        if checkpoint is not None and self.due_checkpoint():
+            checkpoint()
+        return self.done
+
     # -- metrics -----------------------------------------------------------------------
     def record_step(self, metrics: Mapping[str, Any]) -> None:
         """One optimizer step finished; `metrics` may hold device scalars."""
@@ -298,9 +348,13 @@ class RunContext:
         self._pending.append(_PendingGroup(self.step, 1, metrics, stacked=False))
         self._after_steps(1)
 
-    def record_steps(self, stacked: Mapping[str, Any], count: int) -> None:
-        """`count` fused steps finished; each value is a device array of shape `(count,)`."""
-        group = _PendingGroup(self.step + 1, count, stacked, stacked=True)
+    def record_steps(self, stacked: Mapping[str, Any], count: int, *, micro: int = 1) -> None:
+        """`count` fused steps finished; each value is a device array of shape `(count,)`.
+
+        With `micro > 1` (gradient accumulation) each value has shape `(count * micro,)`:
+        one value per accumulated batch, averaged into the step's value.
+        """
+        group = _PendingGroup(self.step + 1, count, stacked, stacked=True, micro=micro)
         if self._step_hooks:
             self._active = group
             try:

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import equinox as eqx
-from pipekit_train.core import ConfigError, Plan, TrainingArtifact, run_step_loop
+from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import Capabilities, Plan, StepAdapter, StepBackend
 
 from ._checkpoint import OrbaxCheckpointer, abstract_of
 from ._model import EquinoxModelOp, _host_array, has_stochastic_layers, takes_key
@@ -31,8 +32,20 @@ __all__ = ["Equinox", "EquinoxBackend"]
 
 _LOSS_SCALES: Final = ("auto", "dynamic", "none")
 
+# core's precision vocabulary (and its common spellings) -> jmp policy strings
+_POLICIES: Final[dict[str, str | None]] = {
+    "float32": None,
+    "32-true": None,
+    "bfloat16-mixed": "params=float32,compute=bfloat16,output=float32",
+    "bf16-mixed": "params=float32,compute=bfloat16,output=float32",
+    "mixed_bfloat16": "params=float32,compute=bfloat16,output=float32",
+    "float16-mixed": "params=float32,compute=float16,output=float32",
+    "16-mixed": "params=float32,compute=float16,output=float32",
+    "mixed_float16": "params=float32,compute=float16,output=float32",
+}
 
-class Equinox:
+
+class Equinox(StepAdapter):
     """The Equinox/JAX training adapter (`backend = "equinox"`).
 
     ```python
@@ -44,14 +57,22 @@ class Equinox:
             (`jax.lax.scan` over stacked batches). Validation, checkpoints and the end
             of the run still land on the same steps as with 1, and the results match.
             Callbacks still see every step.
-        precision: a mixed-precision policy such as
-            `"params=float32,compute=bfloat16,output=float32"` (None: float32 throughout).
+        precision: `"float32"` (the default), `"bfloat16-mixed"` or `"float16-mixed"`
+            (core's vocabulary, the same on every backend), or a jmp policy string such as
+            `"params=float32,compute=bfloat16,output=float32"`.
         loss_scale: `"auto"` (dynamic loss scaling when computing in float16), `"dynamic"`,
             `"none"`, or a number (a fixed scale). Steps whose gradients are not finite
             are skipped whenever a loss scale is used.
     """
 
-    name: Final = "equinox"
+    name = "equinox"
+    capabilities = Capabilities(
+        online=True,
+        fused_steps=True,
+        sharding=True,
+        accumulation=True,
+        precisions=("float32", "bfloat16-mixed", "float16-mixed"),
+    )
 
     def __init__(
         self,
@@ -70,7 +91,7 @@ class Equinox:
                 f"Received: steps_per_execution={steps_per_execution!r}."
             )
         self.steps_per_execution = int(steps_per_execution)
-        self.policy: Policy = parse_policy(precision)
+        self.policy: Policy = parse_policy(_POLICIES.get(str(precision), precision))
         self.precision = None if precision is None else str(self.policy)
         if isinstance(loss_scale, str):
             if loss_scale.lower() not in _LOSS_SCALES:
@@ -149,10 +170,6 @@ class Equinox:
         """The `StepBackend` for `run_step_loop` and `OnlineTrainer`."""
         return EquinoxBackend(plan, self)
 
-    def run(self, plan: Plan) -> TrainingArtifact:
-        """Train with core's step driver and return the artifact."""
-        return run_step_loop(plan, self.step_backend(plan))
-
 
 def _fresh_copies(leaves: list[jax.Array]) -> list[jax.Array]:
     # New buffers (a bare `x` output would forward the input buffer, which a later
@@ -179,7 +196,7 @@ def _leaf_names(template: TrainState) -> list[str]:
     return names
 
 
-class EquinoxBackend:
+class EquinoxBackend(StepBackend[FlatState]):
     """The `StepBackend` of one run (see `pipekit_train.core.StepBackend`).
 
     The state it hands around is a `FlatState` (the `TrainState`'s array leaves);
@@ -192,7 +209,9 @@ class EquinoxBackend:
         self.plan = plan
         self.adapter = adapter
         self.op: EquinoxModelOp = plan.model
-        self.optimizer = build_optimizer(plan.optimizer_config)
+        self.optimizer = build_optimizer(
+            plan.optimizer_config, accumulate=plan.accumulate_grad_batches
+        )
         self.policy = adapter.policy
         self.placement = Placement(plan.sharding)
         self.steps_per_execution = adapter.steps_per_execution
@@ -293,7 +312,9 @@ class EquinoxBackend:
         """The learning rate of the next step (None for an optimizer object)."""
         if self.optimizer.schedule is None:
             return None
-        return self.optimizer.learning_rate(int(jax.device_get(state.leaves[self._step_index])))
+        # the state counts batches; with accumulation an update takes several
+        batches = int(jax.device_get(state.leaves[self._step_index]))
+        return self.optimizer.learning_rate(batches // self.optimizer.accumulate)
 
     def model_op(self, state: FlatState) -> EquinoxModelOp:
         """The trained operator (host copies of the weights: later steps may donate them)."""

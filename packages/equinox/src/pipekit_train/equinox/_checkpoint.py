@@ -27,7 +27,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from pipekit_train.core import Checkpoint, CheckpointError, Restored, TornCheckpointWarning
+from pipekit_train.core import Checkpoint, CheckpointError, TornCheckpointWarning
+from pipekit_train.core.adapter import Restored
 
 __all__ = ["OrbaxCheckpointer", "abstract_of"]
 

@@ -1,13 +1,15 @@
-"""Building an optax optimizer from a JSON `optimizer_config`.
+"""optax from the canonical optimizer spec (`pipekit_train.core.adapter.optimizer_spec`).
 
-Core has already normalised the config (`lr` → `learning_rate`, a lower-case `name`,
-checked numbers); this module maps it onto optax:
+Core validates `optimizer_config` and fills in every default; this module translates it:
 
-```python
-{"name": "adamw", "learning_rate": 1e-3, "weight_decay": 1e-4, "clip_norm": 1.0}
-{"name": "sgd", "learning_rate": {"schedule": "cosine", "init_value": 0.1, "decay_steps": 1000},
- "momentum": 0.9}
-```
+| spec | optax |
+|---|---|
+| `adam` / `adamw` | `optax.adam` / `optax.adamw` (`b1`, `b2`, `eps`; `weight_decay` decoupled) |
+| `sgd` | `optax.sgd(momentum, nesterov)`, plus decoupled decay `-lr·wd·param` |
+| `rmsprop` | `optax.rmsprop(decay, eps, momentum, centered, eps_in_sqrt=False)`, plus decay |
+| `adagrad` | `optax.adagrad(initial_accumulator_value, eps)`, plus decay |
+| `clip_norm` / `clip_value` | `optax.clip_by_global_norm` / `optax.clip` before the update |
+| schedules | the optax schedule of the same curve (core's `SCHEDULES` table) |
 
 An `optax.GradientTransformation` (or anything with `init`/`update`, such as
 `optax.MultiSteps`) passed as `optimizer_config` is used as is.
@@ -15,7 +17,6 @@ An `optax.GradientTransformation` (or anything with `init`/`update`, such as
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,72 +26,18 @@ import jax
 import optax
 
 from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import OptimizerSpec, check_schedule, optimizer_spec
 
-__all__ = ["OPTIMIZERS", "SCHEDULES", "BuiltOptimizer", "build_optimizer", "build_schedule"]
-
-OPTIMIZERS: Final[dict[str, Callable[..., optax.GradientTransformation]]] = {
-    name: getattr(optax, name)
-    for name in (
-        "adabelief",
-        "adadelta",
-        "adafactor",
-        "adagrad",
-        "adam",
-        "adamax",
-        "adamaxw",
-        "adamw",
-        "adan",
-        "amsgrad",
-        "fromage",
-        "lamb",
-        "lars",
-        "lion",
-        "nadam",
-        "nadamw",
-        "noisy_sgd",
-        "novograd",
-        "optimistic_gradient_descent",
-        "radam",
-        "rmsprop",
-        "rprop",
-        "sgd",
-        "sign_sgd",
-        "signum",
-        "sm3",
-        "yogi",
-    )
-    if hasattr(optax, name)
-}
-"""Optimizer names accepted in `optimizer_config['name']` (the optax function of that name)."""
+__all__ = ["SCHEDULES", "BuiltOptimizer", "build_optimizer", "build_schedule"]
 
 SCHEDULES: Final[dict[str, Callable[..., optax.Schedule]]] = {
     "constant": optax.constant_schedule,
     "cosine": optax.cosine_decay_schedule,
-    "cosine_decay": optax.cosine_decay_schedule,
     "warmup_cosine": optax.warmup_cosine_decay_schedule,
-    "warmup_cosine_decay": optax.warmup_cosine_decay_schedule,
     "exponential": optax.exponential_decay,
-    "exponential_decay": optax.exponential_decay,
-    "warmup_exponential": optax.warmup_exponential_decay_schedule,
     "linear": optax.linear_schedule,
-    "polynomial": optax.polynomial_schedule,
-    "piecewise_constant": optax.piecewise_constant_schedule,
-    "cosine_onecycle": optax.cosine_onecycle_schedule,
-    "linear_onecycle": optax.linear_onecycle_schedule,
-    "warmup_constant": optax.warmup_constant_schedule,
-    "sgdr": optax.sgdr_schedule,
 }
-"""Schedule names accepted in `learning_rate={"schedule": name, ...}`."""
-
-# Keys of the config handled here rather than forwarded to the optax function.
-_RESERVED: Final = (
-    "name",
-    "learning_rate",
-    "clip_norm",
-    "gradient_clip_norm",
-    "clip_value",
-    "weight_decay",
-)
+"""Core's schedule names and the optax schedule each one becomes."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +52,7 @@ class BuiltOptimizer:
     transform: Any
     schedule: Callable[[Any], Any] | float | None
     runtime_lr: bool = False
+    accumulate: int = 1
 
     def cache_key(self, config: Any) -> str | None:
         """The JSON of the config that fixes the compiled step (None: never share).
@@ -114,7 +62,7 @@ class BuiltOptimizer:
         """
         if not isinstance(config, Mapping):
             return None
-        cfg = dict(config)
+        cfg = dict(config, accumulate=self.accumulate)
         if self.runtime_lr:
             cfg["learning_rate"] = "<in optimizer state>"
         try:
@@ -123,7 +71,7 @@ class BuiltOptimizer:
             return None
 
     def learning_rate(self, step: int) -> float | None:
-        """The learning rate at optimizer step `step`, if known."""
+        """The learning rate at optimizer update `step`, if known."""
         if self.schedule is None:
             return None
         if callable(self.schedule):
@@ -131,153 +79,101 @@ class BuiltOptimizer:
         return float(self.schedule)
 
 
-def _call_checked(
-    fn: Callable[..., Any], kwargs: Mapping[str, Any], *, what: str, field: str
-) -> Any:
-    """Call `fn(**kwargs)`, turning a bad or missing argument into a `ConfigError`."""
-    params = inspect.signature(fn).parameters
-    takes_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    unknown = sorted(k for k in kwargs if k not in params and not takes_var_kw)
-    if unknown:
-        accepted = sorted(
-            k for k, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL
-        )
-        raise ConfigError(
-            f"`{field}` has options {what} does not take. Received: {', '.join(f'{k}={kwargs[k]!r}' for k in unknown)}. "
-            f"{what} accepts {accepted}."
-        )
-    missing = sorted(
-        k
-        for k, p in params.items()
-        if p.default is inspect.Parameter.empty
-        and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        and k not in kwargs
-    )
-    if missing:
-        raise ConfigError(
-            f"`{field}` is missing arguments of {what}. Received: {dict(kwargs)!r}. Add {missing}."
-        )
-    try:
-        return fn(**kwargs)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(
-            f"`{field}` is not valid for {what}: {exc}. Received: {dict(kwargs)!r}."
-        ) from exc
-
-
-def _piecewise_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    # JSON object keys are strings; optax wants int step boundaries.
-    bas = kwargs.get("boundaries_and_scales")
-    if isinstance(bas, Mapping):
-        kwargs["boundaries_and_scales"] = {int(k): float(v) for k, v in bas.items()}
-    return kwargs
-
-
 def build_schedule(config: Any) -> Callable[[Any], Any] | float:
-    """A learning rate: a positive number, or a schedule from `{"schedule": name, ...}`.
+    """A learning rate: a positive number, or the optax schedule of a core schedule dict.
 
     Raises:
-        ConfigError: an unknown schedule name or bad schedule arguments.
+        ConfigError: the schedule dict is not one of core's (see `SCHEDULES`).
     """
     if not isinstance(config, Mapping):
         return float(config)
-    kwargs = dict(config)
-    name = kwargs.pop("schedule", None) or kwargs.pop("name", None)
-    kwargs.pop("name", None)
-    if not isinstance(name, str) or name.lower() not in SCHEDULES:
-        raise ConfigError(
-            f"`learning_rate['schedule']` must be one of {sorted(SCHEDULES)}. "
-            f"Received: schedule={name!r}."
-        )
-    name = name.lower()
-    if name == "piecewise_constant":
-        kwargs = _piecewise_kwargs(kwargs)
-    if name == "constant" and "value" not in kwargs and "init_value" in kwargs:
-        kwargs["value"] = kwargs.pop("init_value")
-    fn = SCHEDULES[name]
-    return _call_checked(fn, kwargs, what=f"optax.{fn.__name__}", field="learning_rate")
+    spec = check_schedule(config)
+    kwargs = {k: v for k, v in spec.items() if k != "schedule"}
+    name = spec["schedule"]
+    if name == "exponential" and kwargs.get("end_value") is None:
+        kwargs.pop("end_value", None)
+    return SCHEDULES[name](**kwargs)
 
 
-def build_optimizer(config: Any) -> BuiltOptimizer:
+def _base_transform(spec: OptimizerSpec, lr: Any) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """The optax function and its keyword arguments for the spec (decay handled apart)."""
+    h = spec.hyper
+    if spec.name in ("adam", "adamw"):
+        kwargs = {"learning_rate": lr, "b1": h["b1"], "b2": h["b2"], "eps": h["eps"]}
+        if spec.weight_decay:
+            return optax.adamw, {**kwargs, "weight_decay": spec.weight_decay}
+        return optax.adam, kwargs
+    if spec.name == "sgd":
+        momentum = h["momentum"] or None
+        return optax.sgd, {"learning_rate": lr, "momentum": momentum, "nesterov": h["nesterov"]}
+    if spec.name == "rmsprop":
+        return optax.rmsprop, {
+            "learning_rate": lr,
+            "decay": h["decay"],
+            "eps": h["eps"],
+            "eps_in_sqrt": False,
+            "centered": h["centered"],
+            "momentum": h["momentum"] or None,
+        }
+    if spec.name == "adagrad":
+        return optax.adagrad, {
+            "learning_rate": lr,
+            "initial_accumulator_value": h["initial_accumulator_value"],
+            "eps": h["eps"],
+        }
+    raise ConfigError(  # pragma: no cover - core's table and this one are kept in step
+        f"The Equinox adapter has no translation for optimizer {spec.name!r}."
+    )
+
+
+def build_optimizer(config: Any, *, accumulate: int = 1) -> BuiltOptimizer:
     """Build the optax optimizer a plan's `optimizer_config` describes.
 
     Args:
-        config: a normalised dict (`name`, `learning_rate` number or schedule dict,
-            optional `clip_norm`, `clip_value`, `weight_decay`, and any keyword of the
-            optax function, e.g. `b1`, `momentum`), or a ready optimizer with `init`
-            and `update` (an `optax.GradientTransformation`, `optax.MultiSteps`).
+        config: core's canonical config dict (see `pipekit_train.core.adapter.OPTIMIZERS`),
+            or a ready optimizer with `init` and `update` (an
+            `optax.GradientTransformation`, `optax.MultiSteps`).
+        accumulate: `TrainingLoop(accumulate_grad_batches=k)`: wrap the optimizer in
+            `optax.MultiSteps(k)`, which averages k batches' gradients into one update.
 
     Returns:
         The transform and its schedule.
 
     Raises:
-        ConfigError: unknown names, bad arguments, or an object that is not an optimizer.
+        ConfigError: an invalid config, or an object that is not an optimizer.
     """
     if not isinstance(config, Mapping):
         if callable(getattr(config, "init", None)) and callable(getattr(config, "update", None)):
-            return BuiltOptimizer(transform=config, schedule=None)
+            if accumulate > 1:
+                config = optax.MultiSteps(config, every_k_schedule=accumulate)
+            return BuiltOptimizer(transform=config, schedule=None, accumulate=accumulate)
         raise ConfigError(
             "`optimizer_config` must be a dict such as {'name': 'adam', 'lr': 1e-3} or an "
             f"optax.GradientTransformation. Received: optimizer_config={config!r}."
         )
-    cfg = dict(config)
-    name = str(cfg.get("name", "adam")).lower()
-    if name not in OPTIMIZERS:
-        raise ConfigError(
-            f"`optimizer_config['name']` must be an optax optimizer. Received: name={name!r}. "
-            f"Use one of {sorted(OPTIMIZERS)}, or pass an optax.GradientTransformation."
-        )
-    fn = OPTIMIZERS[name]
-    params = inspect.signature(fn).parameters
-    lr_key = "learning_rate" if "learning_rate" in params else None
-    schedule = build_schedule(cfg.get("learning_rate", 1e-3))
-    kwargs = {k: v for k, v in cfg.items() if k not in _RESERVED}
-    if lr_key:
-        kwargs[lr_key] = schedule
-    weight_decay = cfg.get("weight_decay")
-    decay_outside = False
-    if weight_decay is not None:
-        if (
-            isinstance(weight_decay, bool)
-            or not isinstance(weight_decay, (int, float))
-            or weight_decay < 0
-        ):
-            raise ConfigError(
-                "`optimizer_config['weight_decay']` must be a non-negative number. "
-                f"Received: weight_decay={weight_decay!r}."
-            )
-        if "weight_decay" in params:
-            kwargs["weight_decay"] = float(weight_decay)
-        else:
-            decay_outside = True
-    transform = _call_checked(fn, kwargs, what=f"optax.{name}", field="optimizer_config")
-    runtime_lr = bool(lr_key) and not callable(schedule) and not decay_outside
+    spec = optimizer_spec(config)
+    schedule = build_schedule(spec.learning_rate)
+    fn, kwargs = _base_transform(spec, schedule)
+    decay_outside = bool(spec.weight_decay) and "weight_decay" not in kwargs
+    runtime_lr = not callable(schedule) and not decay_outside
     if runtime_lr:
         # The constant learning rate becomes a scalar in the optimizer state, so the
-        # compiled step does not depend on its value (every other argument stays static).
-        static = [k for k, p in params.items() if k != lr_key and p.kind is not p.VAR_KEYWORD]
+        # compiled step does not depend on its value (every other argument stays static):
+        # a learning-rate sweep compiles once.
+        static = [k for k in kwargs if k != "learning_rate"]
         transform = optax.inject_hyperparams(fn, static_args=static)(**kwargs)
-    chain: list[optax.GradientTransformation] = []
-    clip_norm = cfg.get("clip_norm", cfg.get("gradient_clip_norm"))
-    if clip_norm is not None:
-        chain.append(optax.clip_by_global_norm(float(clip_norm)))
-    clip_value = cfg.get("clip_value")
-    if clip_value is not None:
-        if (
-            isinstance(clip_value, bool)
-            or not isinstance(clip_value, (int, float))
-            or clip_value <= 0
-        ):
-            raise ConfigError(
-                f"`optimizer_config['clip_value']` must be a positive number. Received: clip_value={clip_value!r}."
-            )
-        chain.append(optax.clip(float(clip_value)))
+    else:
+        transform = fn(**kwargs)
     if decay_outside:
-        transform = _with_decoupled_decay(transform, float(weight_decay), schedule)
-    if chain:
-        transform = optax.chain(*chain, transform)
+        transform = _with_decoupled_decay(transform, spec.weight_decay, schedule)
+    if spec.clip_norm is not None:
+        transform = optax.chain(optax.clip_by_global_norm(spec.clip_norm), transform)
+    elif spec.clip_value is not None:
+        transform = optax.chain(optax.clip(spec.clip_value), transform)
+    if accumulate > 1:
+        transform = optax.MultiSteps(transform, every_k_schedule=accumulate)
     return BuiltOptimizer(
-        transform=transform, schedule=schedule if lr_key else None, runtime_lr=runtime_lr
+        transform=transform, schedule=schedule, runtime_lr=runtime_lr, accumulate=accumulate
     )
 
 

@@ -6,17 +6,37 @@ them; the modules act on one sample (the adapter vmaps them over the batch).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 import equinox as eqx
+
+if TYPE_CHECKING:
+    from pipekit_train.core.testing import GoldenBackend
+    from pipekit_train.equinox import EquinoxModelOp
 
 Features = Float[Array, " features"]
 """One input sample."""
 Outputs = Float[Array, " outputs"]
 """One output sample."""
 
-__all__ = ["BatchNormMLP", "DropoutMLP", "batchnorm_mlp", "dropout_mlp", "linear", "mlp"]
+__all__ = [
+    "BatchNormMLP",
+    "DropoutMLP",
+    "batchnorm_mlp",
+    "dropout_mlp",
+    "golden_backend",
+    "linear",
+    "mlp",
+    "mlp_from_weights",
+]
+
+_ACTIVATIONS = {"tanh": jax.nn.tanh, "relu": jax.nn.relu}
 
 
 def linear(in_size: int, out_size: int, *, key: PRNGKeyArray) -> eqx.nn.Linear:
@@ -25,10 +45,57 @@ def linear(in_size: int, out_size: int, *, key: PRNGKeyArray) -> eqx.nn.Linear:
 
 
 def mlp(
-    in_size: int, out_size: int, width: int = 32, depth: int = 1, *, key: PRNGKeyArray
+    in_size: int,
+    out_size: int,
+    width: int = 32,
+    depth: int = 1,
+    activation: str = "tanh",
+    *,
+    key: PRNGKeyArray,
 ) -> eqx.nn.MLP:
-    """`eqx.nn.MLP` with `depth` hidden layers of `width` and ReLU activations."""
-    return eqx.nn.MLP(in_size, out_size, width, depth, activation=jax.nn.relu, key=key)
+    """`eqx.nn.MLP`: `depth` hidden layers of `width` with `activation` (`"tanh"`/`"relu"`).
+
+    The same architecture and initialisation family (uniform `±1/sqrt(fan_in)`) as
+    `mlp` in `pipekit_train.lightning.testing` and `pipekit_train.keras.testing`.
+    """
+    return eqx.nn.MLP(in_size, out_size, width, depth, activation=_ACTIVATIONS[activation], key=key)
+
+
+def mlp_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") -> EquinoxModelOp:
+    """An `EquinoxModelOp` of `mlp` holding canonical weights `[W0, b0, W1, b1, ...]`.
+
+    `W` has shape `(fan_in, fan_out)` (see `pipekit_train.core.testing.golden_weights`).
+    """
+    from pipekit_train.equinox import EquinoxModelOp
+
+    sizes = [w.shape[0] for w in weights[::2]] + [weights[-1].shape[0]]
+    op = EquinoxModelOp(
+        "pipekit_train.equinox.testing:mlp",
+        in_size=sizes[0],
+        out_size=sizes[-1],
+        width=sizes[1],
+        depth=len(sizes) - 2,
+        activation=activation,
+    )
+    model = op.model
+    for i in range(len(model.layers)):
+        w, b = weights[2 * i], weights[2 * i + 1]
+        model = eqx.tree_at(
+            lambda m, i=i: (m.layers[i].weight, m.layers[i].bias),
+            model,
+            (jnp.asarray(w.T), jnp.asarray(b)),
+        )
+    return op.with_model(model)
+
+
+def golden_backend() -> GoldenBackend:
+    """The Equinox backend of the cross-backend golden-run suite."""
+    from pipekit_train.core.testing import GoldenBackend
+    from pipekit_train.equinox import Equinox
+
+    return GoldenBackend(
+        name="equinox", model_from_weights=mlp_from_weights, adapter=lambda p: Equinox(precision=p)
+    )
 
 
 class DropoutMLP(eqx.Module):

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 import keras
-from pipekit_train.core import Plan, RunContext, TrainingArtifact
-from pipekit_train.core._driver import abort_run, restore_or_start
+from pipekit_train.core import TrainingArtifact
+from pipekit_train.core.adapter import Plan, RunContext, abort_run, restore_or_start
 
 from . import _weights
 from ._data import FitFeed
@@ -61,16 +61,19 @@ def build_train_handle(
     applied only when `start_rng()` is called before the first step.
     """
     model = plan.model.build_model(precision=precision)
+    micro = plan.accumulate_grad_batches
     model.compile(
-        optimizer=build_optimizer(plan.optimizer_config),
+        optimizer=build_optimizer(plan.optimizer_config, accumulate=micro),
         loss=keras_loss(plan.loss),
-        steps_per_execution=steps_per_execution,
+        # fused executions run whole updates; unfused ones run one batch per call
+        steps_per_execution=steps_per_execution * micro if steps_per_execution > 1 else 1,
         jit_compile=jit_compile,
     )
     optimizer = model.optimizer
     optimizer.build(model.trainable_variables)  # before any restore (see _state)
     # the ring buffer also covers a whole metrics group, so one snapshot serves a flush
-    capacity = steps_per_execution + (plan.log_every_n_steps if deferred else 0)
+    # (Keras runs batches: with accumulation, `micro` per optimizer step)
+    capacity = (steps_per_execution + (plan.log_every_n_steps if deferred else 0)) * micro
     install_tracker(model, capacity, deferred=deferred and keras.backend.backend() == "jax")
     sync = getattr(model, "jax_state_sync", None)
     return TrainHandle(
@@ -112,15 +115,17 @@ class RunBridge(keras.callbacks.Callback):
     def __init__(self, session: FitSession):
         super().__init__()
         self.session = session
-        self.count = 0  # the tracker's step count (mod COUNT_MODULUS) after the last execution
+        self.count = 0  # the tracker's batch count (mod COUNT_MODULUS) at the last recorded step
         self.consumed = 0  # batches trained on by this fit call
-        self.expected = 1
+        self.expected = 1  # batches Keras runs in the next execution
+        self.pending = 0  # batches run since the last recorded step (accumulation)
+        self.micro = session.plan.accumulate_grad_batches
         self._rng_started = False
 
     def _schedule_next(self) -> None:
         s = self.session
         if s.k_max > 1:
-            k = s.ctx.steps_until_event(s.k_max)
+            k = s.ctx.steps_until_event(s.k_max) * self.micro  # batches, not updates
             if k != self.expected or s.handle.model.steps_per_execution != k:
                 s.handle.model.steps_per_execution = k  # read per call by Keras's jax loop
             self.expected = k
@@ -139,21 +144,25 @@ class RunBridge(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         """Record the steps just run, then validate / checkpoint / stop as due."""
         s, ctx = self.session, self.session.ctx
-        n = self.expected
-        # the losses stay on the device; RunContext fetches them in groups and
-        # StepSlice checks then that Keras ran exactly the n steps scheduled
+        self.consumed += self.expected
+        self.pending += self.expected
+        if self.pending % self.micro:  # mid-accumulation: no optimizer update yet
+            return
+        n = self.pending
+        self.pending = 0
+        # the per-batch losses stay on the device; RunContext fetches them in groups and
+        # StepSlice checks then that Keras ran exactly the n batches scheduled
         losses = StepSlice(packed_losses(logs or {}), self.count, n)
         self.count = (self.count + n) % COUNT_MODULUS
-        self.consumed += n
-        if n == 1:
-            ctx.record_step({"loss": losses})
-        else:
-            ctx.record_steps({"loss": losses}, n)
-        if ctx.due_validation():
-            s.validate()
-        if s.ckpt is not None and ctx.due_checkpoint():
-            s.save(self.consumed)
-        if ctx.done:
+        consumed = self.consumed
+        done = ctx.after_steps(
+            {"loss": losses},
+            n // self.micro,
+            micro=self.micro,
+            validate=s.validate,
+            checkpoint=(lambda: s.save(consumed)) if s.ckpt is not None else None,
+        )
+        if done:
             self.model.stop_training = True
         else:
             self._schedule_next()
@@ -225,7 +234,9 @@ class FitSession:
         ctx, ckpt, model = self.ctx, self.ckpt, self.handle.model
         try:
             _, data_state = restore_or_start(self.plan, ckpt, self.handle, ctx)
-            self.feed = FitFeed(ctx.train_batches(data_state), self.k_max)
+            self.feed = FitFeed(
+                ctx.train_batches(data_state), self.k_max * self.plan.accumulate_grad_batches
+            )
             ctx.begin()
             if not ctx.done:
                 with self._scope():

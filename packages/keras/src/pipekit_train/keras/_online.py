@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from pipekit_train.core import DirectoryCheckpointer, Plan
+from pipekit_train.core.adapter import DirectoryCheckpointer, Plan, StepBackend
 
 from ._fit import build_train_handle, learning_rate, output_model_op, predict
 from ._state import TrainHandle, checkpointer
@@ -22,7 +22,7 @@ from ._step import eval_loss, last_loss
 __all__ = ["KerasStepBackend"]
 
 
-class KerasStepBackend:
+class KerasStepBackend(StepBackend[TrainHandle]):
     """`init_state`/`put`/`train_step`/`eval_batch`/`model_op`/`checkpointer` for Keras.
 
     Args:

@@ -1,17 +1,19 @@
-"""Keras optimizers and learning-rate schedules from a pipekit `optimizer_config`.
+"""Keras optimizers and learning-rate schedules from the canonical optimizer spec.
 
-`optimizer_config` reaches the adapter normalised by core (`lr` → `learning_rate`,
-lower-case `name`). Keys are Keras constructor arguments, plus a few cross-backend
-aliases: `b1`/`b2` → `beta_1`/`beta_2`, `eps` → `epsilon`, `clip_norm` (or
-`gradient_clip_norm`) → `global_clipnorm` (the global gradient norm, as optax's
-`clip_by_global_norm` on Equinox and Lightning's `gradient_clip_val` do; Keras's own
-per-variable `clipnorm` stays available under its name), `clip_value` → `clipvalue`.
-`gradient_accumulation_steps` is passed through (Keras accumulates micro-batches inside
-the optimizer; pipekit's step count still counts batches). A learning-rate schedule is
-core's schedule dict (`{"schedule": "warmup_cosine", "peak_value": ..., ...}`, see
-`pipekit_train.core._schedules`), run as a Keras `LearningRateSchedule` that follows the
-same curve as every other backend. A `keras.optimizers.Optimizer` instance (with any
-Keras schedule) is accepted too.
+Core validates `optimizer_config` and fills in every default
+(`pipekit_train.core.adapter.optimizer_spec`); this module translates it:
+
+| spec | Keras |
+|---|---|
+| `adam` / `adamw` | `keras.optimizers.Adam` / `AdamW` (`beta_1`, `beta_2`, `epsilon`) |
+| `sgd` | `SGD(momentum, nesterov)` |
+| `rmsprop` | `RMSprop(rho=decay, epsilon, momentum, centered)` |
+| `adagrad` | `Adagrad(initial_accumulator_value, epsilon)` |
+| `weight_decay` | Keras's own `weight_decay` argument, which is decoupled on every optimizer |
+| `clip_norm` / `clip_value` | `global_clipnorm` / `clipvalue` |
+| schedules | a `LearningRateSchedule` following core's curve (`core_schedule`) |
+
+A `keras.optimizers.Optimizer` instance (with any Keras schedule) is accepted too.
 """
 
 from __future__ import annotations
@@ -21,45 +23,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import OptimizerSpec, check_schedule, optimizer_spec
 
-__all__ = ["KNOWN_OPTIMIZERS", "build_optimizer", "check_optimizer_config", "core_schedule"]
-
-# pipekit name -> keras.optimizers class name
-KNOWN_OPTIMIZERS: dict[str, str] = {
-    "adadelta": "Adadelta",
-    "adafactor": "Adafactor",
-    "adagrad": "Adagrad",
-    "adam": "Adam",
-    "adamax": "Adamax",
-    "adamw": "AdamW",
-    "ftrl": "Ftrl",
-    "lamb": "Lamb",
-    "lion": "Lion",
-    "muon": "Muon",
-    "nadam": "Nadam",
-    "rmsprop": "RMSprop",
-    "sgd": "SGD",
-}
-
-_ALIASES = {
-    "b1": "beta_1",
-    "b2": "beta_2",
-    "eps": "epsilon",
-    "clip_norm": "global_clipnorm",
-    "gradient_clip_norm": "global_clipnorm",
-    "clip_value": "clipvalue",
-}
+__all__ = ["build_optimizer", "check_optimizer_config", "core_schedule"]
 
 
-def core_schedule(spec: Mapping[str, Any]) -> Any:
+def core_schedule(spec: Mapping[str, Any], accumulate: int = 1) -> Any:
     """A `keras.optimizers.schedules.LearningRateSchedule` following core's schedule dict.
 
     The curve is `pipekit_train.core`'s `learning_rate_at(spec, step)` (the same for every
-    backend), evaluated with `keras.ops` at the optimizer's iteration (0 for the first
-    update; with gradient accumulation, iterations count updates).
+    backend), evaluated with `keras.ops` at the optimizer's update count (0 for the first
+    update). Keras calls a schedule with its batch counter, so with gradient accumulation
+    (`accumulate > 1`) the counter is divided by `accumulate` here.
     """
     import keras
-    from pipekit_train.core._schedules import check_schedule
 
     spec = check_schedule(spec)
     ops = keras.ops
@@ -70,6 +47,8 @@ def core_schedule(spec: Mapping[str, Any]) -> Any:
 
     class CoreSchedule(keras.optimizers.schedules.LearningRateSchedule):
         def __call__(self, step: Any) -> Any:
+            if accumulate > 1:
+                step = ops.floor_divide(step, accumulate)
             t = ops.cast(step, "float32")
             name = spec["schedule"]
             if name == "constant":
@@ -108,39 +87,53 @@ def core_schedule(spec: Mapping[str, Any]) -> Any:
             return init + (end - init) * ops.minimum(t, steps) / steps
 
         def get_config(self) -> dict[str, Any]:
-            return dict(spec)
+            return {**spec, "accumulate": accumulate}
 
     return CoreSchedule()
 
 
-def _optimizer_kwargs(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    config = dict(config)
-    name = str(config.pop("name", "adam")).lower()
-    if name not in KNOWN_OPTIMIZERS:
-        raise ConfigError(
-            f"`optimizer_config['name']` must be one of {sorted(KNOWN_OPTIMIZERS)} for the Keras "
-            f"adapter. Received: name={name!r}."
+def _keras_optimizer(spec: OptimizerSpec, lr: Any, accumulate: int) -> Any:
+    import keras
+
+    h = spec.hyper
+    kwargs: dict[str, Any] = {"learning_rate": lr}
+    if accumulate > 1:
+        kwargs["gradient_accumulation_steps"] = accumulate
+    if spec.weight_decay:
+        kwargs["weight_decay"] = spec.weight_decay
+    if spec.clip_norm is not None:
+        kwargs["global_clipnorm"] = spec.clip_norm
+    if spec.clip_value is not None:
+        kwargs["clipvalue"] = spec.clip_value
+    if spec.name in ("adam", "adamw"):
+        cls = keras.optimizers.AdamW if spec.weight_decay else keras.optimizers.Adam
+        return cls(beta_1=h["b1"], beta_2=h["b2"], epsilon=h["eps"], **kwargs)
+    if spec.name == "sgd":
+        return keras.optimizers.SGD(momentum=h["momentum"], nesterov=h["nesterov"], **kwargs)
+    if spec.name == "rmsprop":
+        return keras.optimizers.RMSprop(
+            rho=h["decay"],
+            epsilon=h["eps"],
+            momentum=h["momentum"],
+            centered=h["centered"],
+            **kwargs,
         )
-    kwargs: dict[str, Any] = {}
-    for key, value in config.items():
-        target = _ALIASES.get(key, key)
-        if target in kwargs and kwargs[target] != value:
-            raise ConfigError(
-                f"`optimizer_config` sets `{target}` twice with different values. "
-                f"Received: {key}={value!r}, {target}={kwargs[target]!r}. Pass only one."
-            )
-        kwargs[target] = value
-    lr = kwargs.get("learning_rate")
-    if isinstance(lr, Mapping):
-        kwargs["learning_rate"] = core_schedule(lr)
-    return name, kwargs
+    if spec.name == "adagrad":
+        return keras.optimizers.Adagrad(
+            initial_accumulator_value=h["initial_accumulator_value"], epsilon=h["eps"], **kwargs
+        )
+    raise ConfigError(  # pragma: no cover - core's table and this one are kept in step
+        f"The Keras adapter has no translation for optimizer {spec.name!r}."
+    )
 
 
-def build_optimizer(config: Any) -> Any:
+def build_optimizer(config: Any, *, accumulate: int = 1) -> Any:
     """A new, unbuilt `keras.optimizers.Optimizer` from a dict config or a Keras optimizer.
 
     A Keras optimizer instance is cloned (`from_config(get_config())`) so every run
-    starts from fresh optimizer state.
+    starts from fresh optimizer state. `accumulate > 1`
+    (`TrainingLoop(accumulate_grad_batches=k)`) sets Keras's `gradient_accumulation_steps`:
+    one update averages k batches' gradients, and schedules follow the update count.
 
     Raises:
         ConfigError: an unknown optimizer or schedule name, or arguments the Keras
@@ -149,22 +142,22 @@ def build_optimizer(config: Any) -> Any:
     import keras
 
     if isinstance(config, keras.optimizers.Optimizer):
-        return type(config).from_config(config.get_config())
+        native = config.get_config()
+        if accumulate > 1:
+            native["gradient_accumulation_steps"] = accumulate
+        return type(config).from_config(native)
     if not isinstance(config, Mapping):
         raise ConfigError(
             "`optimizer_config` must be a dict such as {'name': 'adam', 'lr': 1e-3} or a "
             f"`keras.optimizers.Optimizer`. Received: optimizer_config={config!r}."
         )
-    name, kwargs = _optimizer_kwargs(config)
-    cls = getattr(keras.optimizers, KNOWN_OPTIMIZERS[name])
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(
-            f"keras.optimizers.{cls.__name__} rejected `optimizer_config`: {exc}. "
-            f"Received: optimizer_config={dict(config)!r}. Use {cls.__name__}'s argument names "
-            "(b1/b2/eps/clip_norm are accepted as aliases)."
-        ) from exc
+    spec = optimizer_spec(config)
+    lr = (
+        core_schedule(spec.learning_rate, accumulate)  # type: ignore[arg-type]
+        if spec.scheduled
+        else spec.learning_rate
+    )
+    return _keras_optimizer(spec, lr, accumulate)
 
 
 def check_optimizer_config(config: Any) -> None:

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from pipekit_train.core import Checkpoint, DirectoryCheckpointer
+from pipekit_train.core import Checkpoint
+from pipekit_train.core.adapter import DirectoryCheckpointer
 
 from . import _weights
 from ._model import model_variables

@@ -5,18 +5,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import Adapter, Capabilities
 
 from ._backend import backend_name
 
 if TYPE_CHECKING:
-    from pipekit_train.core import Plan, TrainingArtifact
+    from pipekit_train.core import TrainingArtifact
+    from pipekit_train.core.adapter import Plan
 
 __all__ = ["Keras"]
 
 PRECISIONS: Final = ("float32", "mixed_bfloat16", "mixed_float16", "bfloat16", "float16")
 
+# core's precision vocabulary -> Keras dtype policies (None: the float32 default)
+_CANONICAL_PRECISION: Final[dict[str | None, str | None]] = {
+    "float32": None,
+    "bfloat16-mixed": "mixed_bfloat16",
+    "float16-mixed": "mixed_float16",
+}
 
-class Keras:
+
+class Keras(Adapter):
     """Train a `KerasModelOp` with `model.fit` on the jax or torch Keras backend.
 
     Batches come from core's batch iterator (the same order as every backend for the
@@ -32,8 +41,9 @@ class Keras:
         steps_per_execution: run up to this many steps per compiled call between callbacks
             (jax backend only; Keras requires 1 on torch). Every step's loss is still
             recorded, and validation/checkpoints land on the same steps as with 1.
-        precision: a Keras dtype policy for training, e.g. `"mixed_bfloat16"`
-            (`"mixed_float16"` adds Keras's loss scaling). None keeps `float32`.
+        precision: `"float32"` (the default), `"bfloat16-mixed"` or `"float16-mixed"`
+            (core's names, the same on every backend; float16 adds Keras's loss scaling),
+            or a Keras dtype policy such as `"mixed_bfloat16"`.
 
     Multi-device: pass `sharding=keras.distribution.DataParallel(...)` (or
     `sharding="data_parallel"` for all local devices) to `TrainingLoop` (jax backend).
@@ -48,6 +58,13 @@ class Keras:
     """
 
     name = "keras"
+    capabilities = Capabilities(
+        online=True,
+        fused_steps=True,
+        sharding=True,
+        accumulation=True,
+        precisions=("float32", "bfloat16-mixed", "float16-mixed"),
+    )
 
     def __init__(
         self,
@@ -69,9 +86,12 @@ class Keras:
                 "`steps_per_execution` must be a positive int. "
                 f"Received: steps_per_execution={steps_per_execution!r}. Use e.g. steps_per_execution=10."
             )
-        if precision is not None and precision not in PRECISIONS:
+        if precision in _CANONICAL_PRECISION:
+            precision = _CANONICAL_PRECISION[precision]
+        elif precision is not None and precision not in PRECISIONS:
             raise ConfigError(
-                f"`precision` must be None or one of {list(PRECISIONS)}. Received: precision={precision!r}."
+                f"`precision` must be one of {list(_CANONICAL_PRECISION)} (the same on every "
+                f"backend) or a Keras dtype policy {list(PRECISIONS)}. Received: precision={precision!r}."
             )
         self.jit_compile = jit_compile
         self.steps_per_execution = steps_per_execution
@@ -115,6 +135,7 @@ class Keras:
 
     def validate(self, plan: Plan) -> None:
         """Raise `ConfigError` for anything this adapter cannot run, before any work."""
+        super().validate(plan)
         self.validate_online(plan)
         self.distribution(plan)
 

@@ -9,11 +9,32 @@ op = KerasModelOp("pipekit_train.keras.testing:linear", in_size=4, out_size=1, s
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from ._backend import configure
 
-__all__ = ["linear", "mlp"]
+__all__ = ["dense", "golden_backend", "linear", "mlp", "mlp_from_weights"]
+
+
+def dense(units: int, fan_in: int, activation: str | None = None) -> Any:
+    """A `Dense` layer initialised like torch and Equinox: uniform `±1/sqrt(fan_in)`.
+
+    Keras's default (Glorot-uniform kernel, zero bias) is another family; this one keeps a
+    model's starting point comparable across backends.
+    """
+    import keras
+
+    bound = 1.0 / math.sqrt(fan_in)
+    return keras.layers.Dense(
+        units,
+        activation=activation,
+        kernel_initializer=keras.initializers.RandomUniform(-bound, bound),
+        bias_initializer=keras.initializers.RandomUniform(-bound, bound),
+    )
 
 
 def linear(in_size: int, out_size: int) -> Any:
@@ -21,18 +42,68 @@ def linear(in_size: int, out_size: int) -> Any:
     configure()
     import keras
 
-    return keras.Sequential([keras.Input((in_size,)), keras.layers.Dense(out_size)])
+    return keras.Sequential([keras.Input((in_size,)), dense(out_size, in_size)])
 
 
-def mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2, dropout: float = 0.0) -> Any:
-    """A ReLU MLP `in_size → width × depth → out_size`, with optional dropout (uses RNG)."""
+def mlp(
+    in_size: int,
+    out_size: int,
+    width: int = 32,
+    depth: int = 1,
+    activation: str = "tanh",
+    dropout: float = 0.0,
+) -> Any:
+    """An MLP: `depth` hidden layers of `width` with `activation`, optional dropout.
+
+    The same architecture and initialisation family (uniform `±1/sqrt(fan_in)`, see
+    `dense`) as `mlp` in `pipekit_train.equinox.testing` and `pipekit_train.lightning.testing`.
+    """
     configure()
     import keras
 
     layers: list[Any] = [keras.Input((in_size,))]
+    size = in_size
     for _ in range(depth):
-        layers.append(keras.layers.Dense(width, activation="relu"))
+        layers.append(dense(width, size, activation))
         if dropout:
             layers.append(keras.layers.Dropout(dropout))
-    layers.append(keras.layers.Dense(out_size))
+        size = width
+    layers.append(dense(out_size, size))
     return keras.Sequential(layers)
+
+
+def mlp_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") -> Any:
+    """A `KerasModelOp` of `mlp` holding canonical weights `[W0, b0, W1, b1, ...]`.
+
+    `W` has shape `(fan_in, fan_out)`, Keras's own kernel layout.
+    """
+    import keras
+    from pipekit_train.keras import KerasModelOp
+
+    sizes = [w.shape[0] for w in weights[::2]] + [weights[-1].shape[0]]
+    op = KerasModelOp(
+        "pipekit_train.keras.testing:mlp",
+        in_size=sizes[0],
+        out_size=sizes[-1],
+        width=sizes[1],
+        depth=len(sizes) - 2,
+        activation=activation,
+    )
+    layers = [la for la in op.model.layers if isinstance(la, keras.layers.Dense)]
+    for i, layer in enumerate(layers):
+        layer.set_weights([weights[2 * i], weights[2 * i + 1]])
+    return op
+
+
+def golden_backend() -> Any:
+    """The Keras backend of the cross-backend golden-run suite (named by Keras's backend)."""
+    from pipekit_train.core.testing import GoldenBackend
+    from pipekit_train.keras import Keras
+
+    from ._backend import backend_name
+
+    return GoldenBackend(
+        name=f"keras-{backend_name()}",
+        model_from_weights=mlp_from_weights,
+        adapter=lambda p: Keras(precision=p),
+    )

@@ -32,9 +32,7 @@ import numpy as np
 import torch
 
 import lightning as L
-from pipekit_train.core import RunContext
-from pipekit_train.core._driver import restore_or_start
-from pipekit_train.core._plan import Plan, is_core_dataset
+from pipekit_train.core.adapter import Plan, RunContext, is_core_dataset, restore_or_start
 
 from ._data import BatchFeed
 from ._model import as_input, module_dtype
@@ -190,17 +188,18 @@ class RunBridge(L.Callback):
         assert ctx is not None
         if self.feed is None and self.plan.steps_per_epoch is None:  # a native loader's epochs
             ctx.epoch = int(trainer.current_epoch)
-        ctx.record_step({} if loss is None else {"loss": loss})
-        self._consumed += 1
-        if self.world > 1:
-            stop = trainer.strategy.reduce_boolean_decision(ctx.stop_reason is not None, all=False)
-            if stop and ctx.stop_reason is None:
-                ctx.request_stop("a stop was requested on another process")
-        if ctx.due_validation():
-            self.validate()
-        if self.ckpt is not None and ctx.due_checkpoint():
-            self.save(trainer, pl_module)
-        if ctx.done:
+        self._consumed += self.plan.accumulate_grad_batches  # batches per optimizer step
+        done = ctx.after_steps(
+            {} if loss is None else {"loss": loss},
+            validate=self.validate,
+            checkpoint=(lambda: self.save(trainer, pl_module)) if self.ckpt is not None else None,
+            sync_stop=(
+                (lambda requested: trainer.strategy.reduce_boolean_decision(requested, all=False))
+                if self.world > 1
+                else None
+            ),
+        )
+        if done:
             trainer.should_stop = True
 
     # -- validation ----------------------------------------------------------------------

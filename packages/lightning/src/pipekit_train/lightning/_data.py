@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["BatchFeed", "is_datamodule", "is_native_loader", "split_batch"]
+__all__ = ["BatchFeed", "is_datamodule", "is_native_loader"]
 
 
 def is_datamodule(data: Any) -> bool:
@@ -34,27 +34,20 @@ def is_native_loader(data: Any) -> bool:
     return isinstance(data, torch.utils.data.DataLoader) or is_datamodule(data)
 
 
-def split_batch(batch: Mapping[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
-    """Split a batch into `parts` equal micro-batches (views, no copy)."""
-    chunks = {k: torch.chunk(v, parts) for k, v in batch.items()}
-    return [{k: c[i] for k, c in chunks.items()} for i in range(parts)]
-
-
 class BatchFeed:
     """An iterable of tensor batches over a core `BatchIterator` (see the module docs).
 
     Args:
-        micro_batches: split every core batch into this many micro-batches (gradient
-            accumulation: one optimizer step per core batch).
         dtype: floating arrays are cast to this dtype (the model's).
+        keep: how many recent iterator states to keep (at least the batches of one
+            optimizer step plus Lightning's prefetch).
     """
 
-    def __init__(self, micro_batches: int = 1, dtype: torch.dtype = torch.float32):
-        self.micro_batches = int(micro_batches)
+    def __init__(self, dtype: torch.dtype = torch.float32, keep: int = 16):
         self.dtype = dtype
         self._it: Any = None
         self._yielded = 0
-        self._states: deque[tuple[int, dict[str, Any]]] = deque(maxlen=16)
+        self._states: deque[tuple[int, dict[str, Any]]] = deque(maxlen=max(16, keep))
         self._start_state: dict[str, Any] | None = None
 
     def start(self, iterator: Any) -> None:
@@ -89,12 +82,9 @@ class BatchFeed:
     def _generate(self) -> Iterator[dict[str, torch.Tensor]]:
         if self._it is None:
             raise RuntimeError("BatchFeed.start() was not called before iteration")
-        it, parts, states = self._it, self.micro_batches, self._states
+        it, states = self._it, self._states
         while True:
             batch = self._convert(next(it))
             self._yielded += 1
             states.append((self._yielded, it.get_state()))
-            if parts == 1:
-                yield batch
-            else:
-                yield from split_batch(batch, parts)
+            yield batch

@@ -132,7 +132,7 @@ class LightningModelOp(ModelOpBase):
         keyword arguments, so `from_config` can rebuild it when the class is importable
         and takes those arguments.
         """
-        from pipekit_train.core._imports import object_path
+        from pipekit_train.core.adapter import object_path
 
         try:
             factory = object_path(type(module))

@@ -1,73 +1,45 @@
-"""Torch optimizers and learning-rate schedules from core's optimizer config.
+"""Torch optimizers and schedules from the canonical optimizer spec.
 
-`optimizer_config` (normalised by core: `lr` → `learning_rate`) names a torch optimizer
-and its keyword arguments; optax spellings are accepted too (`b1`/`b2` → `betas`,
-`decay` → RMSprop's `alpha`) so one config runs on every backend. `learning_rate` is a
-number or a schedule dict validated by core (`pipekit_train.core._schedules`, the same
-curves as optax's); a schedule becomes a `LambdaLR` over an optimizer whose base
-learning rate is 1.0, evaluating core's `learning_rate_at`, so the schedule's value
-*is* the learning rate and the scheduler state is plain JSON. `clip_norm` clips the
-global gradient norm.
+Core validates `optimizer_config` and fills in every default
+(`pipekit_train.core.adapter.optimizer_spec`); this module translates it:
 
+| spec | torch |
+|---|---|
+| `adam` / `adamw` | `torch.optim.Adam` / `AdamW` (`betas=(b1, b2)`, `eps`); `weight_decay` decoupled (AdamW) |
+| `sgd` | `torch.optim.SGD(momentum, nesterov)` |
+| `rmsprop` | `torch.optim.RMSprop(alpha=decay, eps, momentum, centered)` |
+| `adagrad` | `torch.optim.Adagrad(initial_accumulator_value, eps)` |
+| `weight_decay` | decoupled on every optimizer: `param -= lr * wd * param` before the update (torch's own `weight_decay` argument, a coupled L2 term, is never used) |
+| `clip_norm` / `clip_value` | Lightning's `gradient_clip_val` with `"norm"` / `"value"` |
+| schedules | a `LambdaLR` over base rate 1.0 evaluating core's `learning_rate_at` |
+
+The schedule's value *is* the learning rate and the scheduler's state is plain JSON.
 A backend-native optimizer is a callable `params -> torch.optim.Optimizer`, e.g.
 `functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)`.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterable, Mapping
+from functools import cache
 from typing import Any
 
 from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import (
+    OptimizerSpec,
+    check_schedule,
+    learning_rate_at,
+    optimizer_spec,
+)
 
-__all__ = [
-    "OPTIMIZERS",
-    "build_optimizer",
-    "check_optimizer_config",
-    "clip_norm_of",
-    "schedule_fn",
-]
-
-# name -> torch.optim class name
-OPTIMIZERS: dict[str, str] = {
-    "adadelta": "Adadelta",
-    "adagrad": "Adagrad",
-    "adam": "Adam",
-    "adamax": "Adamax",
-    "adamw": "AdamW",
-    "asgd": "ASGD",
-    "nadam": "NAdam",
-    "radam": "RAdam",
-    "rmsprop": "RMSprop",
-    "rprop": "Rprop",
-    "sgd": "SGD",
-}
-
-_COMMON_KEYS = ("name", "learning_rate", "clip_norm", "gradient_clip_norm")
-
-
-def _torch_optimizer_class(name: str) -> Any:
-    import torch
-
-    return getattr(torch.optim, OPTIMIZERS[name])
-
-
-def _accepted_keys(name: str) -> list[str]:
-    cls = _torch_optimizer_class(name)
-    params = [p for p in inspect.signature(cls).parameters if p not in ("params", "lr", "self")]
-    if "betas" in params:
-        params += ["b1", "b2"]
-    if name == "rmsprop":
-        params.append("decay")
-    return sorted(set(params) | set(_COMMON_KEYS))
+__all__ = ["build_optimizer", "check_optimizer_config", "gradient_clip", "schedule_fn"]
 
 
 def check_optimizer_config(config: Any, total_steps: int | None = None) -> None:
     """Raise `ConfigError` unless the config builds a torch optimizer.
 
     Args:
-        config: core's normalised optimizer config, or a callable `params -> Optimizer`.
+        config: core's canonical optimizer config, or a callable `params -> Optimizer`.
         total_steps: the run length (unused by core's schedules, which carry their own).
     """
     if not isinstance(config, Mapping):
@@ -77,65 +49,100 @@ def check_optimizer_config(config: Any, total_steps: int | None = None) -> None:
             "`optimizer_config` must be a dict such as {'name': 'adam', 'lr': 1e-3} or a callable "
             f"`params -> torch.optim.Optimizer`. Received: optimizer_config={config!r}."
         )
-    name = config.get("name", "adam")
-    if name not in OPTIMIZERS:
-        raise ConfigError(
-            f"`optimizer_config['name']` must be one of {sorted(OPTIMIZERS)} for the Lightning "
-            f"backend. Received: name={name!r}. Pick a known optimizer name."
-        )
-    accepted = _accepted_keys(name)
-    unknown = sorted(set(config) - set(accepted))
-    if unknown:
-        raise ConfigError(
-            f"`optimizer_config` has keys the {name!r} optimizer does not take: {unknown}. "
-            f"Received: optimizer_config={dict(config)!r}. Use some of {accepted}."
-        )
-    if "betas" in config and ("b1" in config or "b2" in config):
-        raise ConfigError(
-            f"`optimizer_config` sets both `betas` and `b1`/`b2`. Received: {dict(config)!r}. Pass one form."
-        )
-    if "decay" in config and "alpha" in config:
-        raise ConfigError(
-            f"`optimizer_config` sets both `decay` and `alpha` (the same RMSprop argument). Received: {dict(config)!r}."
-        )
-    try:
-        import torch
-
-        probe = torch.nn.Parameter(torch.zeros(1))
-        build_optimizer(config, [probe], total_steps=total_steps or 1)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(
-            f"`optimizer_config` is not valid for torch.optim.{OPTIMIZERS[name]}: {exc}. "
-            f"Received: optimizer_config={dict(config)!r}."
-        ) from exc
+    optimizer_spec(config)
 
 
-def clip_norm_of(config: Any) -> float | None:
-    """The gradient-norm clip of a config, if any."""
+def gradient_clip(config: Any) -> tuple[float, str] | None:
+    """`(gradient_clip_val, gradient_clip_algorithm)` of a config, if it clips."""
     if not isinstance(config, Mapping):
         return None
-    clip = config.get("clip_norm", config.get("gradient_clip_norm"))
-    return None if clip is None else float(clip)
+    spec = optimizer_spec(config)
+    if spec.clip_norm is not None:
+        return spec.clip_norm, "norm"
+    if spec.clip_value is not None:
+        return spec.clip_value, "value"
+    return None
 
 
 def schedule_fn(spec: Mapping[str, Any]) -> Callable[[int], float]:
     """The learning rate of update number `count` (0-based), from core's schedule table."""
-    from pipekit_train.core._schedules import check_schedule, learning_rate_at
-
     filled = check_schedule(spec)
-    cache: dict[int, float] = {}
+    cache_: dict[int, float] = {}
 
     def lr_at(count: int) -> float:
-        value = cache.get(count)
+        value = cache_.get(count)
         if value is None:
-            if len(cache) > 4:
-                cache.clear()
-            value = cache[count] = learning_rate_at(filled, count)
+            if len(cache_) > 4:
+                cache_.clear()
+            value = cache_[count] = learning_rate_at(filled, count)
         return value
 
     return lr_at
+
+
+@cache
+def _decoupled(base: type) -> type:
+    """`base` with AdamW-style decoupled weight decay applied before every update."""
+
+    class Decoupled(base):  # type: ignore[misc, valid-type]
+        def __init__(self, params: Any, *, decoupled_weight_decay: float, **kwargs: Any):
+            super().__init__(params, **kwargs)
+            for group in self.param_groups:
+                group.setdefault("decoupled_weight_decay", decoupled_weight_decay)
+
+        def step(self, closure: Any = None) -> Any:
+            import torch
+
+            loss = None
+            if closure is not None:  # gradients first, at the undecayed parameters
+                with torch.enable_grad():
+                    loss = closure()
+            with torch.no_grad():
+                for group in self.param_groups:
+                    decay = group["decoupled_weight_decay"] * group["lr"]
+                    if decay:
+                        for p in group["params"]:
+                            if p.grad is not None:
+                                p.mul_(1.0 - decay)
+            super().step()
+            return loss
+
+    Decoupled.__name__ = Decoupled.__qualname__ = f"Decoupled{base.__name__}"
+    return Decoupled
+
+
+def _torch_optimizer(spec: OptimizerSpec, params: list[Any], lr: float) -> Any:
+    import torch
+
+    h, wd = spec.hyper, spec.weight_decay
+    if spec.name in ("adam", "adamw"):
+        cls = torch.optim.AdamW if wd else torch.optim.Adam
+        kwargs: dict[str, Any] = {"betas": (h["b1"], h["b2"]), "eps": h["eps"]}
+        if wd:
+            kwargs["weight_decay"] = wd
+        return cls(params, lr=lr, **kwargs)
+    if spec.name == "sgd":
+        cls, kwargs = torch.optim.SGD, {"momentum": h["momentum"], "nesterov": h["nesterov"]}
+    elif spec.name == "rmsprop":
+        cls, kwargs = (
+            torch.optim.RMSprop,
+            {
+                "alpha": h["decay"],
+                "eps": h["eps"],
+                "momentum": h["momentum"],
+                "centered": h["centered"],
+            },
+        )
+    elif spec.name == "adagrad":
+        cls, kwargs = (
+            torch.optim.Adagrad,
+            {"initial_accumulator_value": h["initial_accumulator_value"], "eps": h["eps"]},
+        )
+    else:  # pragma: no cover - core's table and this one are kept in step
+        raise ConfigError(f"The Lightning adapter has no translation for {spec.name!r}.")
+    if wd:
+        return _decoupled(cls)(params, lr=lr, decoupled_weight_decay=wd, **kwargs)
+    return cls(params, lr=lr, **kwargs)
 
 
 def build_optimizer(
@@ -144,7 +151,7 @@ def build_optimizer(
     """Build `(optimizer, scheduler or None)` over `params`.
 
     Args:
-        config: a normalised optimizer config dict, or a callable `params -> Optimizer`.
+        config: core's canonical config dict, or a callable `params -> Optimizer`.
         params: the parameters (or parameter groups) to optimize.
         total_steps: the run length (kept for custom builders; core schedules carry theirs).
     """
@@ -159,26 +166,10 @@ def build_optimizer(
                 f"Received: {type(optimizer).__name__}."
             )
         return optimizer, None
-    name = config.get("name", "adam")
-    kwargs = {k: v for k, v in config.items() if k not in _COMMON_KEYS}
-    if "b1" in kwargs or "b2" in kwargs:
-        defaults = inspect.signature(_torch_optimizer_class(name)).parameters["betas"].default
-        kwargs["betas"] = (
-            float(kwargs.pop("b1", defaults[0])),
-            float(kwargs.pop("b2", defaults[1])),
-        )
-    elif isinstance(kwargs.get("betas"), list):
-        kwargs["betas"] = tuple(kwargs["betas"])
-    if "decay" in kwargs:
-        kwargs["alpha"] = kwargs.pop("decay")
-    lr = config.get("learning_rate", 1e-3)
-    schedule = None
-    if isinstance(lr, Mapping):
-        schedule = schedule_fn(lr)
-        kwargs["lr"] = 1.0
-    else:
-        kwargs["lr"] = float(lr)
-    optimizer = _torch_optimizer_class(name)(params, **kwargs)
+    spec = optimizer_spec(config)
+    schedule = schedule_fn(spec.learning_rate) if spec.scheduled else None  # type: ignore[arg-type]
+    lr = 1.0 if schedule is not None else float(spec.learning_rate)  # type: ignore[arg-type]
+    optimizer = _torch_optimizer(spec, params, lr)
     # a plain function (not a callable object) keeps LambdaLR's state dict pure JSON
     scheduler = None if schedule is None else torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     return optimizer, scheduler

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipekit_train.core import Checkpoint, DirectoryCheckpointer
+from pipekit_train.core import Checkpoint
+from pipekit_train.core.adapter import DirectoryCheckpointer
 
 from ._model import load_module_weights
 from ._weights import (

@@ -15,17 +15,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipekit_train.core import Plan
+from pipekit_train.core.adapter import Plan, StepBackend
 
 from ._losses import torch_loss
 from ._model import LightningModelOp, as_input, module_dtype
-from ._optim import build_optimizer, clip_norm_of
+from ._optim import build_optimizer, gradient_clip
 from ._state import TorchState, checkpointer, derive_seed, fetch
 
 __all__ = ["TorchStepBackend"]
 
 
-class TorchStepBackend:
+class TorchStepBackend(StepBackend[TorchState]):
     """Core's `StepBackend` protocol in plain torch (see the module docs).
 
     Args:
@@ -43,7 +43,7 @@ class TorchStepBackend:
             else LightningModelOp.wrap(model, seed=plan.seed)
         )
         self._loss = torch_loss(plan.loss)
-        self._clip = clip_norm_of(plan.optimizer_config)
+        self._clip = gradient_clip(plan.optimizer_config)
         self._dtype, self._device = module_dtype(self._op.model)
 
     def init_state(self) -> TorchState:
@@ -74,7 +74,11 @@ class TorchStepBackend:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if self._clip is not None:
-                torch.nn.utils.clip_grad_norm_(net.parameters(), self._clip)
+                value, algorithm = self._clip
+                if algorithm == "norm":
+                    torch.nn.utils.clip_grad_norm_(net.parameters(), value)
+                else:
+                    torch.nn.utils.clip_grad_value_(net.parameters(), value)
             optimizer.step()
             for scheduler in state.schedulers:
                 scheduler.step()

@@ -19,12 +19,12 @@ import numpy as np
 import torch
 
 from pipekit_train.core import ConfigError, TrainingArtifact
-from pipekit_train.core._plan import Plan, is_core_dataset
+from pipekit_train.core.adapter import Adapter, Capabilities, Plan, is_core_dataset
 
 from ._data import BatchFeed, is_datamodule, is_native_loader
 from ._losses import torch_loss
 from ._model import LightningModelOp, module_dtype
-from ._optim import build_optimizer, check_optimizer_config, clip_norm_of
+from ._optim import build_optimizer, check_optimizer_config, gradient_clip
 
 __all__ = ["Lightning"]
 
@@ -68,7 +68,6 @@ _TRAINER_KWARGS = frozenset(
         "enable_checkpointing",
         "enable_progress_bar",
         "enable_model_summary",
-        "accumulate_grad_batches",
         "gradient_clip_val",
         "gradient_clip_algorithm",
         "deterministic",
@@ -95,6 +94,13 @@ _OWNED = {
     "limit_train_batches": "TrainingLoop(max_steps=...)",
     "fast_dev_run": "TrainingLoop(max_steps=1)",
     "overfit_batches": "a small ArrayDataset",
+    "accumulate_grad_batches": "TrainingLoop(accumulate_grad_batches=k) (the same meaning on every backend)",
+}
+# core's precision vocabulary -> Lightning's names
+_CANONICAL_PRECISION = {
+    "float32": "32-true",
+    "bfloat16-mixed": "bf16-mixed",
+    "float16-mixed": "16-mixed",
 }
 _PRECISIONS = frozenset(
     {
@@ -177,20 +183,21 @@ def _without_nvml_check() -> Iterator[None]:
         os.environ[_NVML] = saved
 
 
-class Lightning:
+class Lightning(Adapter):
     """Run a `TrainingLoop` with PyTorch Lightning's `Trainer.fit`.
 
     Keyword arguments are forwarded to `lightning.Trainer` (e.g. `devices`, `strategy`,
-    `precision`, `accumulate_grad_batches`, `gradient_clip_val`, `callbacks` with
+    `precision`, `callbacks` with
     Lightning callbacks, `logger`). The adapter sets quiet defaults — no Lightning
     logger, checkpointing, progress bar or model summary (core's writers, `Checkpoint`
     and `ProgressBar` do those jobs) — which explicit arguments override. The run length
     belongs to `TrainingLoop` (`max_steps`, `max_epochs`), so Lightning's own stopping
-    arguments are refused.
+    arguments are refused. `precision` takes core's names (`"float32"`,
+    `"bfloat16-mixed"`, `"float16-mixed"`, the same on every backend) or Lightning's own.
 
-    With core datasets, `accumulate_grad_batches=k` splits every batch of `batch_size`
-    into `k` micro-batches: an optimizer step still sees `batch_size` samples in the
-    same order as without accumulation (so `batch_size` must be divisible by `k`).
+    Gradient accumulation is `TrainingLoop(accumulate_grad_batches=k)`, forwarded to
+    Lightning's argument of that name: an update averages `k` batches of `batch_size`.
+    Gradient clipping is `optimizer_config["clip_norm"]` / `["clip_value"]`.
     With `strategy="ddp"` each process trains on its shard of every epoch
     (`batch_size` samples per process and step); only global rank 0 writes metrics and
     checkpoints.
@@ -204,10 +211,16 @@ class Lightning:
     Examples:
         >>> loop = TrainingLoop(model=LightningModelOp("pipekit_train.lightning.testing:mlp",
         ...                     in_size=2, out_size=1), data=train, batch_size=64, max_steps=500,
-        ...                     adapter=Lightning(precision="bf16-mixed"))
+        ...                     adapter=Lightning(precision="bfloat16-mixed"))
     """
 
     name = "lightning"
+    capabilities = Capabilities(
+        native_data=True,
+        online=True,
+        accumulation=True,
+        precisions=("float32", "bfloat16-mixed", "float16-mixed"),
+    )
 
     def __init__(self, **trainer_kwargs: Any):
         for key, value in trainer_kwargs.items():
@@ -221,11 +234,6 @@ class Lightning:
                     f"`{key}` is not a lightning.Trainer argument. Received: {key}={value!r}. "
                     f"Use some of {sorted(_TRAINER_KWARGS)}."
                 )
-        acc = trainer_kwargs.get("accumulate_grad_batches", 1)
-        if isinstance(acc, bool) or not isinstance(acc, int) or acc < 1:
-            raise ConfigError(
-                f"`accumulate_grad_batches` must be a positive int. Received: accumulate_grad_batches={acc!r}."
-            )
         strategy = trainer_kwargs.get("strategy")
         if isinstance(strategy, str) and any(w in strategy for w in ("spawn", "fork", "notebook")):
             raise ConfigError(
@@ -234,17 +242,15 @@ class Lightning:
                 "Use strategy='ddp' (Lightning re-runs the script for the other ranks)."
             )
         precision = trainer_kwargs.get("precision")
-        if precision is not None and precision not in _PRECISIONS:
+        if isinstance(precision, str) and precision in _CANONICAL_PRECISION:
+            trainer_kwargs["precision"] = _CANONICAL_PRECISION[precision]
+        elif precision is not None and precision not in _PRECISIONS:
             raise ConfigError(
-                f"`precision` must be one of {sorted(map(str, _PRECISIONS))}. Received: precision={precision!r}. "
-                "On CPU use '32-true' or 'bf16-mixed'."
+                f"`precision` must be one of {list(_CANONICAL_PRECISION)} (the same on every "
+                f"backend) or a Lightning precision {sorted(map(str, _PRECISIONS))}. "
+                f"Received: precision={precision!r}. On CPU use 'float32' or 'bfloat16-mixed'."
             )
         self.trainer_kwargs = dict(trainer_kwargs)
-
-    @property
-    def accumulate_grad_batches(self) -> int:
-        """Lightning batches per optimizer step."""
-        return int(self.trainer_kwargs.get("accumulate_grad_batches", 1))
 
     def get_config(self) -> dict[str, Any]:
         """`{"type": "pipekit_train.lightning:Lightning", "kwargs": ...}` (objects as their repr)."""
@@ -285,25 +291,14 @@ class Lightning:
             )
         if self._uses_plan_optimizer(plan.model):
             check_optimizer_config(plan.optimizer_config, plan.total_steps)
-        acc = self.accumulate_grad_batches
-        if acc > 1 and is_core_dataset(plan.data) and not plan.drop_remainder:
-            raise ConfigError(
-                "With core datasets `accumulate_grad_batches` splits every batch into equal "
-                "micro-batches, so partial batches cannot be used. Received: drop_remainder=False, "
-                f"accumulate_grad_batches={acc}. Use drop_remainder=True."
-            )
-        if acc > 1 and is_core_dataset(plan.data) and plan.batch_size % acc:
-            raise ConfigError(
-                "With core datasets each batch is split into `accumulate_grad_batches` micro-batches, "
-                f"so it must divide `batch_size`. Received: batch_size={plan.batch_size}, "
-                f"accumulate_grad_batches={acc}. Use a batch_size divisible by {acc}."
-            )
-        clip = clip_norm_of(plan.optimizer_config)
+        clip = gradient_clip(plan.optimizer_config)
         given = self.trainer_kwargs.get("gradient_clip_val")
-        if clip is not None and given is not None and float(given) != clip:
+        if clip is not None and given is not None:
+            key = "clip_norm" if clip[1] == "norm" else "clip_value"
             raise ConfigError(
-                "`optimizer_config['clip_norm']` and Lightning(gradient_clip_val=...) disagree. "
-                f"Received: clip_norm={clip}, gradient_clip_val={given}. Set only one."
+                f"`optimizer_config['{key}']` and Lightning(gradient_clip_val=...) both clip. "
+                f"Received: {key}={clip[0]}, gradient_clip_val={given}. Set only `{key}` "
+                "(it means the same on every backend)."
             )
         if is_datamodule(plan.data) and plan.validation is not None:
             raise ConfigError(
@@ -311,6 +306,7 @@ class Lightning:
                 f"Received: validation={type(plan.validation).__name__}. Drop `validation=`, or pass "
                 "a DataLoader as `data=` instead."
             )
+        super().validate(plan)
 
     def validate_online(self, plan: Plan) -> None:
         """Checks for `OnlineTrainer` (plain-torch steps)."""
@@ -338,13 +334,13 @@ class Lightning:
             "num_sanity_val_steps": 0,
             "max_epochs": -1,
             "max_steps": -1 if plan.total_steps is None else int(plan.total_steps),
+            "accumulate_grad_batches": plan.accumulate_grad_batches,
         }
         if not native:
             kwargs["use_distributed_sampler"] = False
-        clip = clip_norm_of(plan.optimizer_config)
+        clip = gradient_clip(plan.optimizer_config)
         if clip is not None and self._uses_plan_optimizer(plan.model):
-            kwargs["gradient_clip_val"] = clip
-            kwargs["gradient_clip_algorithm"] = "norm"
+            kwargs["gradient_clip_val"], kwargs["gradient_clip_algorithm"] = clip
         kwargs.update(self.trainer_kwargs)
         user = kwargs.pop("callbacks", None)
         if user is not None and not isinstance(user, (list, tuple)):
@@ -361,7 +357,6 @@ class Lightning:
 
         model = plan.model
         native = not is_core_dataset(plan.data)
-        acc = self.accumulate_grad_batches
         if isinstance(model, LightningModelOp):
             net = copy.deepcopy(model.model)
         elif is_lightning_module(model):
@@ -386,7 +381,7 @@ class Lightning:
                 module.configure_optimizers = configure_optimizers  # type: ignore[method-assign]
                 patched = True
         dtype, _ = module_dtype(net)
-        feed = None if native else BatchFeed(micro_batches=acc, dtype=dtype)
+        feed = None if native else BatchFeed(dtype=dtype, keep=16 * plan.accumulate_grad_batches)
         bridge = RunBridge(plan, save_module=net, eval_module=net, loss=loss, feed=feed)
         if is_lightning_module(net):
             callbacks = [bridge]  # your module's hooks stay yours: the bridge is a Callback

@@ -6,9 +6,15 @@ model the conformance suite trains.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 import torch
 
-__all__ = ["linear", "mlp", "tied"]
+__all__ = ["golden_backend", "linear", "mlp", "mlp_from_weights", "tied"]
+
+_ACTIVATIONS = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}
 
 
 def linear(in_size: int, out_size: int) -> torch.nn.Linear:
@@ -17,13 +23,23 @@ def linear(in_size: int, out_size: int) -> torch.nn.Linear:
 
 
 def mlp(
-    in_size: int, out_size: int, width: int = 32, depth: int = 1, dropout: float = 0.0
+    in_size: int,
+    out_size: int,
+    width: int = 32,
+    depth: int = 1,
+    activation: str = "tanh",
+    dropout: float = 0.0,
 ) -> torch.nn.Sequential:
-    """A tanh MLP with `depth` hidden layers of `width` units and optional dropout."""
+    """An MLP: `depth` hidden layers of `width` with `activation`, optional dropout.
+
+    The same architecture and initialisation family (torch's default, uniform
+    `±1/sqrt(fan_in)`) as `mlp` in `pipekit_train.equinox.testing` and
+    `pipekit_train.keras.testing`.
+    """
     layers: list[torch.nn.Module] = []
     size = int(in_size)
     for _ in range(int(depth)):
-        layers += [torch.nn.Linear(size, int(width)), torch.nn.Tanh()]
+        layers += [torch.nn.Linear(size, int(width)), _ACTIVATIONS[activation]()]
         if dropout:
             layers.append(torch.nn.Dropout(float(dropout)))
         size = int(width)
@@ -45,3 +61,39 @@ class _Tied(torch.nn.Module):
 def tied(size: int) -> torch.nn.Module:
     """A two-layer model whose layers share one weight matrix (tests tied-weight storage)."""
     return _Tied(int(size))
+
+
+def mlp_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") -> Any:
+    """A `LightningModelOp` of `mlp` holding canonical weights `[W0, b0, W1, b1, ...]`.
+
+    `W` has shape `(fan_in, fan_out)` (see `pipekit_train.core.testing.golden_weights`).
+    """
+    from pipekit_train.lightning import LightningModelOp
+
+    sizes = [w.shape[0] for w in weights[::2]] + [weights[-1].shape[0]]
+    op = LightningModelOp(
+        "pipekit_train.lightning.testing:mlp",
+        in_size=sizes[0],
+        out_size=sizes[-1],
+        width=sizes[1],
+        depth=len(sizes) - 2,
+        activation=activation,
+    )
+    linears = [m for m in op.model.modules() if isinstance(m, torch.nn.Linear)]
+    with torch.no_grad():
+        for i, layer in enumerate(linears):
+            layer.weight.copy_(torch.from_numpy(np.ascontiguousarray(weights[2 * i].T)))
+            layer.bias.copy_(torch.from_numpy(weights[2 * i + 1]))
+    return op
+
+
+def golden_backend() -> Any:
+    """The Lightning backend of the cross-backend golden-run suite."""
+    from pipekit_train.core.testing import GoldenBackend
+    from pipekit_train.lightning import Lightning
+
+    return GoldenBackend(
+        name="lightning",
+        model_from_weights=mlp_from_weights,
+        adapter=lambda p: Lightning(accelerator="cpu", precision=p),
+    )

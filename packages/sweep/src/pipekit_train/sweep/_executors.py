@@ -21,7 +21,8 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-from pipekit_train.core import ConfigError, import_string, optional_import
+from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import import_string, optional_import
 
 from ._result import summarize_artifact
 

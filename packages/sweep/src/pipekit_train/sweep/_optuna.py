@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipekit_train.core import ConfigError, optional_import
+from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import optional_import
 
 from ._grid import to_json_value
 

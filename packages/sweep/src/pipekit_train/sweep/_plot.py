@@ -6,7 +6,8 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
-from pipekit_train.core import ConfigError, optional_import
+from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import optional_import
 
 if TYPE_CHECKING:
     from ._result import SweepResult

@@ -4,18 +4,46 @@
 - `NumpyAdapter`, `NumpyLinearOp`: a pure-numpy reference backend (linear model,
   analytic gradients) that runs the suite without any framework.
 - `regression_task`, `oscillator_task`, `damped_oscillator_step`: the shared toy tasks.
+- `run_golden`, `compare_golden`, `GOLDEN_CASES`, ...: the cross-backend golden-run suite
+  (the same description and initial weights give the same loss curve on every backend).
 """
 
 from typing import Any
 
+from ._golden import (
+    GOLDEN_CASES,
+    GOLDEN_STEPS,
+    GoldenBackend,
+    GoldenCase,
+    GoldenRun,
+    compare_golden,
+    dump_runs,
+    golden_task,
+    golden_weights,
+    load_runs,
+    max_differences,
+    run_golden,
+)
 from ._numpy_adapter import NumpyAdapter
 from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arrays, linear
 from ._tasks import damped_oscillator_step, oscillator_task, regression_task
 
 __all__ = [
     "BAD_INPUTS",
+    "GOLDEN_CASES",
+    "GOLDEN_STEPS",
+    "GoldenBackend",
+    "GoldenCase",
+    "GoldenRun",
     "AdapterConformance",
     "HookRecorder",
+    "compare_golden",
+    "dump_runs",
+    "golden_task",
+    "golden_weights",
+    "load_runs",
+    "max_differences",
+    "run_golden",
     "LinearModel",
     "NumpyAdapter",
     "NumpyLinearOp",

@@ -15,10 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from pipekit_train.core._checkpointing import DirectoryCheckpointer
-from pipekit_train.core._driver import run_step_loop
 from pipekit_train.core._errors import ConfigError
-from pipekit_train.core._plan import Plan, describe_callable
+from pipekit_train.core.adapter import (
+    DirectoryCheckpointer,
+    Plan,
+    StepAdapter,
+    StepBackend,
+    describe_callable,
+)
 
 from ._numpy_model import decode_arrays, encode_arrays
 
@@ -35,7 +39,7 @@ class _State:
     rng: np.random.Generator
 
 
-class NumpyAdapter:
+class NumpyAdapter(StepAdapter):
     """The numpy reference adapter (`backend = "numpy"`).
 
     Args:
@@ -102,12 +106,8 @@ class NumpyAdapter:
         """The step backend for `run_step_loop` and `OnlineTrainer`."""
         return _NumpyBackend(plan, self.gradient_noise)
 
-    def run(self, plan: Plan) -> Any:
-        """Train with the shared step driver."""
-        return run_step_loop(plan, self.step_backend(plan))
 
-
-class _NumpyBackend:
+class _NumpyBackend(StepBackend[_State]):
     name = "numpy"
 
     def __init__(self, plan: Plan, noise: float):

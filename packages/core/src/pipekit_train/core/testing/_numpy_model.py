@@ -30,7 +30,7 @@ from pipekit_train.core._errors import ConfigError
 from pipekit_train.core._operators import ModelOpBase
 
 if TYPE_CHECKING:
-    from pipekit_train.core._adapter import Adapter
+    from pipekit_train.core.adapter import Adapter
 
 __all__ = ["LinearModel", "NumpyLinearOp", "decode_arrays", "encode_arrays", "linear"]
 

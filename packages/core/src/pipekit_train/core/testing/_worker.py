@@ -17,7 +17,7 @@ def build_adapter(config: dict[str, Any] | None) -> Any:
     """Rebuild an adapter from `{"type": "module:Class", "kwargs": {...}}` (None → inferred)."""
     if not config:
         return None
-    from pipekit_train.core._imports import import_string
+    from pipekit_train.core.adapter import import_string
 
     return import_string(config["type"], field="adapter")(**config.get("kwargs", {}))
 

@@ -1,0 +1,308 @@
+"""The canonical training spec: one meaning for every backend.
+
+`optimizer_config` and `precision` are validated here, in core, and every adapter
+translates the result to its framework. What a name means does not depend on the
+backend:
+
+| `name` | hyperparameters (defaults) |
+|---|---|
+| `adam` | `b1=0.9`, `b2=0.999`, `eps=1e-8`, `weight_decay=0.0` |
+| `adamw` | `b1=0.9`, `b2=0.999`, `eps=1e-8`, `weight_decay=0.01` |
+| `sgd` | `momentum=0.0`, `nesterov=False`, `weight_decay=0.0` |
+| `rmsprop` | `decay=0.9`, `eps=1e-8`, `momentum=0.0`, `centered=False`, `weight_decay=0.0` |
+| `adagrad` | `eps=1e-8`, `initial_accumulator_value=0.1`, `weight_decay=0.0` |
+
+Every optimizer also takes `learning_rate` (a number or a schedule dict, see
+`pipekit_train.core.adapter.SCHEDULES`), `clip_norm` (clip the global gradient norm
+before the update) and `clip_value` (clip each gradient element).
+
+- `weight_decay` is **decoupled** on every backend, as in AdamW: each update subtracts
+  `learning_rate * weight_decay * param` besides the optimizer's own step. `adam` with
+  `weight_decay` is therefore the same as `adamw`.
+- Defaults are filled in here, so a backend's own defaults (Keras's `epsilon=1e-7`,
+  torch's RMSprop `alpha=0.99`, optax's AdamW `weight_decay=1e-4`) never apply.
+- Familiar spellings are accepted and renamed: `lr` → `learning_rate`,
+  `betas=(b1, b2)`, `beta_1`/`beta_2` → `b1`/`b2`, `epsilon` → `eps`, `rho` → `decay`,
+  `gradient_clip_norm` → `clip_norm`.
+
+Precision has one vocabulary: `"float32"`, `"bfloat16-mixed"` (parameters in float32,
+computation in bfloat16) and `"float16-mixed"` (the same with float16 and dynamic loss
+scaling). Each adapter translates it (a jmp policy on Equinox, `"bf16-mixed"` on
+Lightning, `"mixed_bfloat16"` on Keras) and still accepts its own unambiguous strings.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ._errors import ConfigError
+from ._schedules import check_schedule
+
+__all__ = [
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "OptimizerSpec",
+    "optimizer_spec",
+    "resolve_optimizer_config",
+    "resolve_precision",
+]
+
+_COMMON: Final[dict[str, Any]] = {"weight_decay": 0.0, "clip_norm": None, "clip_value": None}
+
+OPTIMIZERS: Final[dict[str, dict[str, Any]]] = {
+    "adam": {"b1": 0.9, "b2": 0.999, "eps": 1e-8},
+    "adamw": {"b1": 0.9, "b2": 0.999, "eps": 1e-8, "weight_decay": 0.01},
+    "sgd": {"momentum": 0.0, "nesterov": False},
+    "rmsprop": {"decay": 0.9, "eps": 1e-8, "momentum": 0.0, "centered": False},
+    "adagrad": {"eps": 1e-8, "initial_accumulator_value": 0.1},
+}
+"""Optimizer name → its hyperparameters and their defaults (besides `learning_rate`,
+`weight_decay`, `clip_norm` and `clip_value`, which every optimizer takes)."""
+
+_ALIASES: Final[dict[str, str]] = {
+    "lr": "learning_rate",
+    "beta_1": "b1",
+    "beta_2": "b2",
+    "epsilon": "eps",
+    "rho": "decay",
+    "gradient_clip_norm": "clip_norm",
+}
+
+_DEFAULT_NAME: Final = "adam"
+_DEFAULT_LR: Final = 1e-3
+
+PRECISIONS: Final[tuple[str, ...]] = ("float32", "bfloat16-mixed", "float16-mixed")
+"""The precision names every backend understands."""
+
+_PRECISION_ALIASES: Final[dict[str, str]] = {
+    "32": "float32",
+    "fp32": "float32",
+    "f32": "float32",
+    "bf16-mixed": "bfloat16-mixed",
+    "mixed_bfloat16": "bfloat16-mixed",
+    "16-mixed": "float16-mixed",
+    "fp16-mixed": "float16-mixed",
+    "mixed_float16": "float16-mixed",
+}
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """A validated optimizer description, ready for an adapter to translate.
+
+    Attributes:
+        name: one of `OPTIMIZERS`.
+        learning_rate: a positive number, or a checked schedule dict.
+        hyper: the optimizer's hyperparameters with every default filled in.
+        weight_decay: decoupled weight decay (0.0 for none).
+        clip_norm: the global-norm clip, or None.
+        clip_value: the element-wise clip, or None.
+    """
+
+    name: str
+    learning_rate: float | dict[str, Any]
+    hyper: dict[str, Any] = field(default_factory=dict)
+    weight_decay: float = 0.0
+    clip_norm: float | None = None
+    clip_value: float | None = None
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the learning rate follows a schedule."""
+        return isinstance(self.learning_rate, Mapping)
+
+    def to_config(self) -> dict[str, Any]:
+        """The canonical JSON config (what the plan records)."""
+        return {
+            "name": self.name,
+            "learning_rate": self.learning_rate,
+            **self.hyper,
+            "weight_decay": self.weight_decay,
+            "clip_norm": self.clip_norm,
+            "clip_value": self.clip_value,
+        }
+
+
+def _number(key: str, value: Any, *, positive: bool, allow_zero: bool = False) -> float:
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and math.isfinite(value)
+        and (value > 0 or (allow_zero and value == 0) or not positive)
+    )
+    if not ok:
+        kind = "a non-negative" if allow_zero else "a positive" if positive else "a finite"
+        raise ConfigError(
+            f"`optimizer_config['{key}']` must be {kind} number. Received: {key}={value!r}."
+        )
+    return float(value)
+
+
+def _renamed(config: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for key, value in config.items():
+        if key == "betas":
+            if not isinstance(value, (list, tuple)) or len(value) != 2:
+                raise ConfigError(
+                    f"`optimizer_config['betas']` must be a pair (b1, b2). Received: betas={value!r}."
+                )
+            pairs = [("b1", value[0]), ("b2", value[1])]
+        else:
+            pairs = [(_ALIASES.get(key, key), value)]
+        for target, v in pairs:
+            if target in out and out[target] != v:
+                raise ConfigError(
+                    f"`optimizer_config` sets `{target}` twice with different values. "
+                    f"Received: {origin[target]}={out[target]!r}, {key}={value!r}. Pass only one."
+                )
+            out[target], origin[target] = v, key
+    return out
+
+
+def optimizer_spec(config: Mapping[str, Any] | None) -> OptimizerSpec:
+    """Validate a dict optimizer config and return its `OptimizerSpec`.
+
+    Args:
+        config: e.g. `{"name": "adamw", "lr": 3e-4, "weight_decay": 0.05, "clip_norm": 1.0}`;
+            None means `{"name": "adam", "learning_rate": 1e-3}`.
+
+    Raises:
+        ConfigError: an unknown name or key, or a bad value; the message names the field,
+            the value and what is accepted.
+    """
+    cfg = _renamed(config or {})
+    if "gradient_accumulation_steps" in cfg or "accumulate_grad_batches" in cfg:
+        key = (
+            "gradient_accumulation_steps"
+            if "gradient_accumulation_steps" in cfg
+            else "accumulate_grad_batches"
+        )
+        raise ConfigError(
+            f"Gradient accumulation is not an optimizer option. Received: {key}={cfg[key]!r}. "
+            "Use TrainingLoop(accumulate_grad_batches=k): every backend then makes one update "
+            "from k batches of `batch_size`, and steps count updates."
+        )
+    name = cfg.pop("name", _DEFAULT_NAME)
+    if not isinstance(name, str) or name.lower() not in OPTIMIZERS:
+        raise ConfigError(
+            f"`optimizer_config['name']` must be one of {sorted(OPTIMIZERS)} (the names every "
+            f"backend runs the same way). Received: name={name!r}. For another optimizer pass "
+            "the backend's own object (an optax transformation, a `params -> torch.optim` "
+            "callable, a keras.optimizers.Optimizer)."
+        )
+    name = name.lower()
+    defaults = {**OPTIMIZERS[name]}
+    accepted = {"learning_rate", *_COMMON, *defaults}
+    unknown = sorted(set(cfg) - accepted)
+    if unknown:
+        raise ConfigError(
+            f"`optimizer_config` has keys the {name!r} optimizer does not take: {unknown}. "
+            f"Received: {', '.join(f'{k}={cfg[k]!r}' for k in unknown)}. "
+            f"Use some of {sorted(accepted)}."
+        )
+    lr = cfg.pop("learning_rate", _DEFAULT_LR)
+    if isinstance(lr, Mapping):
+        lr = check_schedule(lr)
+    elif (
+        isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0
+    ):
+        raise ConfigError(
+            "`optimizer_config['learning_rate']` (or `lr`) must be a positive finite number or "
+            f"a schedule dict. Received: learning_rate={lr!r}."
+        )
+    else:
+        lr = float(lr)
+    hyper: dict[str, Any] = {}
+    for key, default in defaults.items():
+        if key == "weight_decay":
+            continue
+        value = cfg.get(key, default)
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(
+                    f"`optimizer_config['{key}']` must be True or False. Received: {key}={value!r}."
+                )
+            hyper[key] = value
+        elif key in ("b1", "b2", "decay", "momentum"):
+            value = _number(key, value, positive=True, allow_zero=True)
+            if value >= 1:
+                raise ConfigError(
+                    f"`optimizer_config['{key}']` must be in [0, 1). Received: {key}={value!r}."
+                )
+            hyper[key] = value
+        else:
+            hyper[key] = _number(key, value, positive=True, allow_zero=key != "eps")
+    if name == "sgd" and hyper["nesterov"] and hyper["momentum"] == 0:
+        raise ConfigError(
+            "`optimizer_config['nesterov']` needs a momentum. Received: nesterov=True, "
+            "momentum=0.0. Set momentum (e.g. 0.9) or drop nesterov."
+        )
+    weight_decay = _number(
+        "weight_decay",
+        cfg.get("weight_decay", defaults.get("weight_decay", 0.0)),
+        positive=True,
+        allow_zero=True,
+    )
+    clips: dict[str, float | None] = {}
+    for key in ("clip_norm", "clip_value"):
+        value = cfg.get(key)
+        clips[key] = None if value is None else _number(key, value, positive=True)
+    if clips["clip_norm"] is not None and clips["clip_value"] is not None:
+        raise ConfigError(
+            "`optimizer_config` sets both `clip_norm` and `clip_value`; backends apply only one. "
+            f"Received: clip_norm={clips['clip_norm']}, clip_value={clips['clip_value']}. Pass one."
+        )
+    return OptimizerSpec(
+        name=name,
+        learning_rate=lr,
+        hyper=hyper,
+        weight_decay=weight_decay,
+        clip_norm=clips["clip_norm"],
+        clip_value=clips["clip_value"],
+    )
+
+
+def resolve_optimizer_config(config: Any) -> Any:
+    """The canonical dict of a dict optimizer config (every default filled in).
+
+    Non-dict values (a backend-native optimizer object) are returned unchanged for the
+    adapter to validate.
+
+    Raises:
+        ConfigError: see `optimizer_spec`.
+    """
+    if config is not None and not isinstance(config, Mapping):
+        return config
+    return optimizer_spec(config).to_config()
+
+
+def resolve_precision(value: str | None, *, native: Mapping[str, str] | None = None) -> str:
+    """The canonical precision name of `value`.
+
+    Args:
+        value: a canonical name (`PRECISIONS`), a common spelling (`"bf16-mixed"`,
+            `"mixed_bfloat16"`, ...), or one of the backend's own names in `native`.
+        native: the backend's own names → canonical names.
+
+    Raises:
+        ConfigError: a name that is neither canonical nor known to the backend.
+    """
+    if value is None:
+        return "float32"
+    if isinstance(value, str):
+        key = value.strip()
+        if key in PRECISIONS:
+            return key
+        if native and key in native:
+            return native[key]
+        if key in _PRECISION_ALIASES:
+            return _PRECISION_ALIASES[key]
+    known = sorted(set(PRECISIONS) | set(_PRECISION_ALIASES) | set(native or {}))
+    raise ConfigError(
+        f"`precision` must be one of {list(PRECISIONS)} (the names every backend accepts). "
+        f"Received: precision={value!r}. This backend also accepts {known}."
+    )

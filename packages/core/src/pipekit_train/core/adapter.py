@@ -1,0 +1,84 @@
+"""The contract for adapter authors: everything a backend needs from core.
+
+A user trains with `pipekit_train.core.TrainingLoop`; an adapter author implements the
+classes here and uses the shared machinery, and imports nothing private from core.
+
+- **Base classes**: `Adapter` (any backend), `StepAdapter` + `StepBackend` (backends that
+  expose a train step: core runs the whole loop), `Capabilities` (what is optional),
+  `NotSupportedError` (the default of every optional member).
+- **The run**: `Plan` (the frozen description), `RunContext` (callbacks, writers, history,
+  schedules, the per-step sequence `RunContext.after_steps`, the artifact), `RunState`
+  (what callbacks see), `run_step_loop`, `restore_or_start` (the one resume path),
+  `abort_run`, `check_resume_key`, `stack_batches`.
+- **Checkpoints**: `Checkpointer` (the engine interface), `DirectoryCheckpointer` (the
+  atomic SHA-256-verified store for backends without an engine), `Restored`,
+  `TornCheckpointWarning`, `step_dirs`.
+- **The canonical spec**: `OptimizerSpec`/`optimizer_spec` and `OPTIMIZERS` (names and
+  hyperparameters every backend runs the same way), `SCHEDULES`, `check_schedule`,
+  `learning_rate_at`, `peak_learning_rate` (learning-rate curves in plain Python),
+  `PRECISIONS`/`resolve_precision`.
+- **Helpers**: `is_core_dataset`, `describe_callable`, `import_string`, `object_path`,
+  `optional_import`, `default_fetch`.
+
+See the "Writing an adapter" page of the docs for a walk-through.
+"""
+
+from ._adapter import Adapter, Capabilities, NotSupportedError, StepAdapter, StepBackend
+from ._checkpointing import (
+    Checkpointer,
+    DirectoryCheckpointer,
+    Restored,
+    TornCheckpointWarning,
+    step_dirs,
+)
+from ._driver import abort_run, check_resume_key, restore_or_start, run_step_loop, stack_batches
+from ._imports import import_string, object_path, optional_import
+from ._plan import Plan, describe_callable, is_core_dataset, steps_per_epoch
+from ._runtime import RunContext, RunState, default_fetch
+from ._schedules import SCHEDULES, check_schedule, learning_rate_at, peak_learning_rate
+from ._spec import (
+    OPTIMIZERS,
+    PRECISIONS,
+    OptimizerSpec,
+    optimizer_spec,
+    resolve_optimizer_config,
+    resolve_precision,
+)
+
+__all__ = [
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "SCHEDULES",
+    "Adapter",
+    "Capabilities",
+    "Checkpointer",
+    "DirectoryCheckpointer",
+    "NotSupportedError",
+    "OptimizerSpec",
+    "Plan",
+    "Restored",
+    "RunContext",
+    "RunState",
+    "StepAdapter",
+    "StepBackend",
+    "TornCheckpointWarning",
+    "abort_run",
+    "check_resume_key",
+    "check_schedule",
+    "default_fetch",
+    "describe_callable",
+    "import_string",
+    "is_core_dataset",
+    "learning_rate_at",
+    "object_path",
+    "optimizer_spec",
+    "optional_import",
+    "peak_learning_rate",
+    "resolve_optimizer_config",
+    "resolve_precision",
+    "restore_or_start",
+    "run_step_loop",
+    "stack_batches",
+    "step_dirs",
+    "steps_per_epoch",
+]

@@ -1,0 +1,317 @@
+"""The cross-backend golden-run suite: the same description trains the same everywhere.
+
+Every backend gets the same initial weights (supplied here), the same data order (core's
+batching), the same loss and the same canonical optimizer spec; the suite records the
+per-step training loss and the final validation loss of each case, and
+`compare_golden` checks two backends' runs against each other.
+
+```python
+from pipekit_train.core.testing import compare_golden, run_golden
+from pipekit_train.equinox.testing import golden_backend as equinox_backend
+from pipekit_train.lightning.testing import golden_backend as lightning_backend
+
+reference = run_golden(equinox_backend())
+other = run_golden(lightning_backend())
+assert not compare_golden(reference, other)
+```
+
+A user runs it on their own model: a `GoldenBackend` needs `model_from_weights`
+(canonical weights → a model operator) and `adapter` (precision → adapter). The
+canonical weights of an MLP are `[W0, b0, W1, b1, ...]` with `W` of shape
+`(fan_in, fan_out)`, drawn uniform in `±1/sqrt(fan_in)`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipekit_train.core import TrainingLoop
+from pipekit_train.core.data import ArrayDataset
+
+__all__ = [
+    "GOLDEN_CASES",
+    "GoldenBackend",
+    "GoldenCase",
+    "GoldenRun",
+    "GOLDEN_STEPS",
+    "compare_golden",
+    "dump_runs",
+    "golden_task",
+    "golden_weights",
+    "load_runs",
+    "max_differences",
+    "run_golden",
+]
+
+GOLDEN_STEPS = 120
+"""Optimizer steps per case."""
+
+_WARMUP_COSINE = {
+    "schedule": "warmup_cosine",
+    "init_value": 0.0,
+    "peak_value": 0.02,
+    "warmup_steps": 20,
+    "decay_steps": GOLDEN_STEPS,
+    "end_value": 0.001,
+}
+
+
+@dataclass(frozen=True)
+class GoldenCase:
+    """One training description of the suite.
+
+    Attributes:
+        name: the case's name.
+        optimizer_config: the canonical optimizer config.
+        accumulate_grad_batches: gradient accumulation.
+        precision: the canonical precision name.
+        rtol: the largest relative difference allowed per step (and for the final
+            validation loss).
+    """
+
+    name: str
+    optimizer_config: Mapping[str, Any]
+    accumulate_grad_batches: int = 1
+    precision: str = "float32"
+    rtol: float = 1e-3
+
+
+GOLDEN_CASES: tuple[GoldenCase, ...] = (
+    GoldenCase("adam", {"name": "adam", "lr": 0.01}),
+    GoldenCase("adamw", {"name": "adamw", "lr": 0.01, "weight_decay": 0.1}),
+    GoldenCase("adam_weight_decay", {"name": "adam", "lr": 0.01, "weight_decay": 0.1}),
+    GoldenCase(
+        "sgd_momentum_weight_decay",
+        {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.1},
+    ),
+    GoldenCase("sgd_nesterov", {"name": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": True}),
+    GoldenCase("rmsprop", {"name": "rmsprop", "lr": 0.003}),
+    GoldenCase("adagrad", {"name": "adagrad", "lr": 0.05, "weight_decay": 0.01}),
+    GoldenCase("warmup_cosine_clip_norm", {"name": "adam", "lr": _WARMUP_COSINE, "clip_norm": 0.5}),
+    GoldenCase("clip_value", {"name": "sgd", "lr": 0.05, "clip_value": 0.05}),
+    GoldenCase(
+        "schedule_constant", {"name": "adam", "lr": {"schedule": "constant", "value": 0.01}}
+    ),
+    GoldenCase(
+        "schedule_cosine",
+        {
+            "name": "adam",
+            "lr": {"schedule": "cosine", "init_value": 0.02, "decay_steps": 100, "alpha": 0.1},
+        },
+    ),
+    GoldenCase("schedule_warmup_cosine", {"name": "adam", "lr": _WARMUP_COSINE}),
+    GoldenCase(
+        "schedule_exponential",
+        {
+            "name": "adam",
+            "lr": {
+                "schedule": "exponential",
+                "init_value": 0.02,
+                "transition_steps": 10,
+                "decay_rate": 0.8,
+                "staircase": True,
+                "end_value": 0.002,
+            },
+        },
+    ),
+    GoldenCase(
+        "schedule_linear",
+        {
+            "name": "adam",
+            "lr": {
+                "schedule": "linear",
+                "init_value": 0.02,
+                "end_value": 0.001,
+                "transition_steps": 100,
+            },
+        },
+    ),
+    GoldenCase(
+        "accumulate_2",
+        {"name": "adamw", "lr": _WARMUP_COSINE, "weight_decay": 0.05, "clip_norm": 0.5},
+        accumulate_grad_batches=2,
+    ),
+    # bfloat16 keeps ~3 significant digits: the curves agree in shape, not to 1e-3
+    GoldenCase(
+        "bfloat16_mixed", {"name": "adam", "lr": 0.01}, precision="bfloat16-mixed", rtol=0.1
+    ),
+)
+"""The suite's cases: optimizers, decoupled weight decay, clipping, every schedule,
+gradient accumulation and mixed precision."""
+
+
+@dataclass(frozen=True)
+class GoldenBackend:
+    """What the suite needs from a backend.
+
+    Attributes:
+        name: a label for reports (e.g. `"keras-torch"`).
+        model_from_weights: canonical MLP weights → a model operator holding them.
+        adapter: precision name → the backend's adapter for that precision.
+    """
+
+    name: str
+    model_from_weights: Callable[[Sequence[np.ndarray]], Any]
+    adapter: Callable[[str], Any]
+
+
+@dataclass
+class GoldenRun:
+    """One case's result on one backend.
+
+    Attributes:
+        case: the case name.
+        backend: the backend label.
+        losses: the training loss of every step.
+        val_loss: the validation loss after the last step.
+    """
+
+    case: str
+    backend: str
+    losses: list[float] = field(default_factory=list)
+    val_loss: float = math.nan
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON (for runs made in another process)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> GoldenRun:
+        """The inverse of `to_json`."""
+        return cls(**dict(data))
+
+
+def golden_task(
+    n_train: int = 512, n_val: int = 128, in_size: int = 4, out_size: int = 2, seed: int = 0
+) -> tuple[ArrayDataset, ArrayDataset]:
+    """A smooth nonlinear regression task, float32: `(train, validation)`."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1.5, 1.5, (n_train + n_val, in_size))
+    w = rng.standard_normal((in_size, out_size))
+    y = np.sin(x @ w) + 0.3 * x[:, :1] * x[:, 1:2]
+    x, y = x.astype(np.float32), y.astype(np.float32)
+    return ArrayDataset(x=x[:n_train], y=y[:n_train]), ArrayDataset(x=x[n_train:], y=y[n_train:])
+
+
+def golden_weights(sizes: Sequence[int] = (4, 32, 2), seed: int = 0) -> list[np.ndarray]:
+    """Canonical MLP weights `[W0, b0, W1, b1, ...]`, `W` of shape `(fan_in, fan_out)`.
+
+    Uniform in `±1/sqrt(fan_in)` (PyTorch's and Equinox's default family), float32.
+    """
+    rng = np.random.default_rng(seed)
+    out: list[np.ndarray] = []
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
+        bound = 1.0 / math.sqrt(fan_in)
+        out.append(rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32))
+        out.append(rng.uniform(-bound, bound, (fan_out,)).astype(np.float32))
+    return out
+
+
+def run_golden(
+    backend: GoldenBackend,
+    cases: Iterable[GoldenCase] = GOLDEN_CASES,
+    *,
+    steps: int = GOLDEN_STEPS,
+    batch_size: int = 32,
+    sizes: Sequence[int] = (4, 32, 2),
+) -> dict[str, GoldenRun]:
+    """Train every case on `backend` from the canonical weights; return the runs by case."""
+    train, val = golden_task(in_size=sizes[0], out_size=sizes[-1])
+    runs: dict[str, GoldenRun] = {}
+    for case in cases:
+        loop = TrainingLoop(
+            model=backend.model_from_weights(golden_weights(sizes)),
+            data=train,
+            validation=val,
+            loss="mse",
+            optimizer_config=dict(case.optimizer_config),
+            batch_size=batch_size,
+            max_steps=steps,
+            accumulate_grad_batches=case.accumulate_grad_batches,
+            validate_every_n_steps=steps,
+            log_every_n_steps=steps,
+            seed=0,
+            adapter=backend.adapter(case.precision),
+            progress=False,
+        )
+        artifact = loop.run()
+        runs[case.name] = GoldenRun(
+            case=case.name,
+            backend=backend.name,
+            losses=[float(v) for v in artifact.history["loss"]],
+            val_loss=float(artifact.final_metrics["val_loss"]),
+        )
+    return runs
+
+
+def _relative(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def compare_golden(
+    reference: Mapping[str, GoldenRun],
+    other: Mapping[str, GoldenRun],
+    cases: Iterable[GoldenCase] = GOLDEN_CASES,
+) -> list[str]:
+    """Every disagreement beyond a case's `rtol`, as readable lines (empty: they agree)."""
+    problems: list[str] = []
+    for case in cases:
+        ref, got = reference.get(case.name), other.get(case.name)
+        if ref is None or got is None:
+            problems.append(f"{case.name}: missing on {'reference' if ref is None else 'other'}")
+            continue
+        if len(ref.losses) != len(got.losses):
+            problems.append(
+                f"{case.name}: {got.backend} recorded {len(got.losses)} steps, "
+                f"{ref.backend} {len(ref.losses)}"
+            )
+            continue
+        worst = max(
+            (
+                (_relative(g, r), i + 1)
+                for i, (g, r) in enumerate(zip(got.losses, ref.losses, strict=True))
+            ),
+            default=(0.0, 0),
+        )
+        if not worst[0] <= case.rtol:
+            problems.append(
+                f"{case.name}: {got.backend} vs {ref.backend}: step {worst[1]} differs by "
+                f"{worst[0]:.2e} relative (rtol {case.rtol:g})"
+            )
+        val = _relative(got.val_loss, ref.val_loss)
+        if not val <= case.rtol:
+            problems.append(
+                f"{case.name}: {got.backend} vs {ref.backend}: final val_loss differs by "
+                f"{val:.2e} relative (rtol {case.rtol:g})"
+            )
+    return problems
+
+
+def max_differences(
+    reference: Mapping[str, GoldenRun], other: Mapping[str, GoldenRun]
+) -> dict[str, tuple[float, float]]:
+    """Per case: `(largest per-step relative difference, final val_loss difference)`."""
+    out = {}
+    for name, ref in reference.items():
+        got = other.get(name)
+        if got is None or len(got.losses) != len(ref.losses):
+            continue
+        steps = max(_relative(g, r) for g, r in zip(got.losses, ref.losses, strict=True))
+        out[name] = (steps, _relative(got.val_loss, ref.val_loss))
+    return out
+
+
+def dump_runs(runs: Mapping[str, GoldenRun]) -> str:
+    """The JSON text of a backend's runs."""
+    return json.dumps({k: v.to_json() for k, v in runs.items()})
+
+
+def load_runs(text: str) -> dict[str, GoldenRun]:
+    """The inverse of `dump_runs`."""
+    return {k: GoldenRun.from_json(v) for k, v in json.loads(text).items()}
