@@ -75,6 +75,12 @@ def test_factory_must_return_a_module() -> None:
         EquinoxModelOp("pipekit_train.equinox.testing:nope")
 
 
+@pytest.mark.parametrize("seed", [-1, 2.0, True])
+def test_bad_seeds_are_refused(seed: object) -> None:
+    with pytest.raises(ConfigError, match=r"`seed` must be a non-negative int\. Received: seed="):
+        EquinoxModelOp(linear, in_size=2, out_size=1, seed=seed)
+
+
 def test_default_adapter() -> None:
     assert isinstance(EquinoxModelOp(linear, in_size=2, out_size=1).default_adapter(), Equinox)
 

@@ -75,6 +75,19 @@ def _check_json(kwargs: Mapping[str, Any], *, owner: str) -> dict[str, Any]:
     return json.loads(text)
 
 
+def check_seed(seed: Any) -> int:
+    """Return `seed` as an int, or raise the loop's `ConfigError` for a bad one.
+
+    Raises:
+        ConfigError: `seed` is not an int (a bool is not accepted) or is negative.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(
+            f"`seed` must be a non-negative int. Received: seed={seed!r}. Use e.g. seed=0."
+        )
+    return int(seed)
+
+
 class ModelOpBase:
     """Shared machinery of the backend model operators.
 
@@ -91,6 +104,7 @@ class ModelOpBase:
     backend: ClassVar[str] = "abstract"
 
     def __init__(self, factory: str | Callable[..., Any], *, seed: int = 0, **kwargs: Any):
+        seed = check_seed(seed)
         if callable(factory) and not isinstance(factory, str):
             factory_path = object_path(factory)
             factory_fn = factory
@@ -102,8 +116,6 @@ class ModelOpBase:
                     f"`factory` must name a callable. Received: factory={factory_path!r}, "
                     f"which is a {type(factory_fn).__name__}."
                 )
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ConfigError(f"`seed` must be an int. Received: seed={seed!r}.")
         self.factory: str = factory_path
         self.seed: int = int(seed)
         self.kwargs: dict[str, Any] = _check_json(kwargs, owner=type(self).__name__)
