@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from pipekit_train.core import ConfigError, model_op_from_config
+from pipekit_train.core import ConfigError, model_factory, model_op_from_config
 from pipekit_train.equinox import Equinox, EquinoxModelOp
 from pipekit_train.equinox.testing import linear, mlp
 
@@ -94,6 +94,7 @@ class BatchedLinear(eqx.Module):
         return x @ self.inner.weight.T + self.inner.bias
 
 
+@model_factory
 def batched_linear(in_size: int, out_size: int, *, key: jax.Array) -> BatchedLinear:
     return BatchedLinear(eqx.nn.Linear(in_size, out_size, key=key))
 

@@ -30,6 +30,7 @@ from ._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_
 from ._plan import Plan
 from ._runtime import RunContext, RunState
 from ._schedules import check_schedule, learning_rate_at
+from ._trust import UntrustedFactoryError, is_model_factory, model_factory
 from .callbacks import (
     Callback,
     EarlyStopping,
@@ -60,6 +61,7 @@ from .registry import (
     ModelRegistry,
     RegistryError,
     S3ModelRegistry,
+    UnverifiedRecordWarning,
 )
 from .writers import (
     AsyncWriter,
@@ -137,14 +139,18 @@ __all__ = [
     "TornCheckpointWarning",
     "TrainingArtifact",
     "TrainingLoop",
+    "UnverifiedRecordWarning",
+    "UntrustedFactoryError",
     "callbacks",
     "data",
     "losses",
     "make_batches",
     "metrics",
+    "model_factory",
     "check_resume_key",
     "check_schedule",
     "import_string",
+    "is_model_factory",
     "learning_rate_at",
     "model_op_from_config",
     "optional_import",

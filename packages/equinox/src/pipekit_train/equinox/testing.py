@@ -10,6 +10,7 @@ import jax
 from jaxtyping import Array, Float, PRNGKeyArray
 
 import equinox as eqx
+from pipekit_train.core import model_factory
 
 Features = Float[Array, " features"]
 """One input sample."""
@@ -19,11 +20,13 @@ Outputs = Float[Array, " outputs"]
 __all__ = ["BatchNormMLP", "DropoutMLP", "batchnorm_mlp", "dropout_mlp", "linear", "mlp"]
 
 
+@model_factory
 def linear(in_size: int, out_size: int, *, key: PRNGKeyArray) -> eqx.nn.Linear:
     """`eqx.nn.Linear(in_size, out_size)`: one sample `(in,)` → `(out,)`."""
     return eqx.nn.Linear(in_size, out_size, key=key)
 
 
+@model_factory
 def mlp(
     in_size: int, out_size: int, width: int = 32, depth: int = 1, *, key: PRNGKeyArray
 ) -> eqx.nn.MLP:
@@ -49,6 +52,7 @@ class DropoutMLP(eqx.Module):
         return self.out(self.dropout(h, key=key))
 
 
+@model_factory
 def dropout_mlp(
     in_size: int, out_size: int, width: int = 32, p: float = 0.2, *, key: PRNGKeyArray
 ) -> DropoutMLP:
@@ -74,6 +78,7 @@ class BatchNormMLP(eqx.Module):
         return self.out(jax.nn.relu(h)), state
 
 
+@model_factory
 def batchnorm_mlp(
     in_size: int, out_size: int, width: int = 16, *, key: PRNGKeyArray
 ) -> tuple[BatchNormMLP, eqx.nn.State]:

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipekit_train.core import model_factory
+
 from ._backend import configure
 
 __all__ = ["linear", "mlp"]
 
 
+@model_factory
 def linear(in_size: int, out_size: int) -> Any:
     """A `keras.Model` computing `x @ W + b` (one `Dense` layer)."""
     configure()
@@ -24,6 +27,7 @@ def linear(in_size: int, out_size: int) -> Any:
     return keras.Sequential([keras.Input((in_size,)), keras.layers.Dense(out_size)])
 
 
+@model_factory
 def mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2, dropout: float = 0.0) -> Any:
     """A ReLU MLP `in_size → width × depth → out_size`, with optional dropout (uses RNG)."""
     configure()

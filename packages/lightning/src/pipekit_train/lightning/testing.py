@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import torch
 
+from pipekit_train.core import model_factory
+
 __all__ = ["linear", "mlp", "tied"]
 
 
+@model_factory
 def linear(in_size: int, out_size: int) -> torch.nn.Linear:
     """A dense affine map `in_size → out_size` (`torch.nn.Linear`)."""
     return torch.nn.Linear(int(in_size), int(out_size))
 
 
+@model_factory
 def mlp(
     in_size: int, out_size: int, width: int = 32, depth: int = 1, dropout: float = 0.0
 ) -> torch.nn.Sequential:
@@ -42,6 +46,7 @@ class _Tied(torch.nn.Module):
         return self.decode(torch.tanh(self.encode(x)))
 
 
+@model_factory
 def tied(size: int) -> torch.nn.Module:
     """A two-layer model whose layers share one weight matrix (tests tied-weight storage)."""
     return _Tied(int(size))
