@@ -50,6 +50,10 @@ class PlainOp(ModelOpBase):
 """
 
 USER_MODELS = """
+import subprocess
+
+from numpy import zeros as reexported
+
 from pipekit_train.core import model_factory
 from pipekit_train.core.testing import linear as _linear
 
@@ -201,6 +205,14 @@ def test_allow_listed_and_marked_user_factories_load(
         assert loaded.serialize_weights() == plain.serialize_weights()
     with pytest.raises(UntrustedFactoryError):
         registry.load("plain", trusted=[name[:-1]])  # a prefix is a module, not a string prefix
+
+    # A module prefix trusts what is defined there, not what it imported.
+    config = plain.get_config()
+    for reached in ("subprocess.run", "subprocess.Popen"):
+        with pytest.raises(UntrustedFactoryError, match="standard library"):
+            model_op_from_config({**config, "factory": f"{name}:{reached}"}, trusted=[name])
+    with pytest.raises(UntrustedFactoryError, match="not a model factory marked"):
+        model_op_from_config({**config, "factory": f"{name}:reexported"}, trusted=[name])
 
     assert is_model_factory(models.marked) and not is_model_factory(models.unmarked)
     x = np.ones((4, 3), np.float32)

@@ -9,8 +9,11 @@ through `resolve_trusted`, which decides *before* anything is imported or called
 
 1. A path into the Python standard library (`os`, `subprocess`, `builtins`, ...) or
    `__main__` is always refused: no model factory lives there.
-2. A path on the caller's allow-list (`trusted=["mypkg.models"]`, a module prefix, or
-   `trusted=["mypkg.models:mlp"]`, one exact path) is imported and used.
+2. A path on the caller's allow-list is imported and used: `trusted=["mypkg.models"]`
+   (a module prefix) trusts the objects *defined* in those modules (not, say,
+   `mypkg.models:subprocess.run`, reached through an import), and
+   `trusted=["mypkg.models:mlp"]` trusts that exact path. Whatever a path leads to, an
+   object defined in the standard library is refused.
 3. Otherwise the module is imported only if importing it cannot run code this process
    has not already run: it is already imported (in `sys.modules`), or it is part of
    pipekit-train itself (`pipekit_train.*`). Any other module is refused unimported.
@@ -169,6 +172,15 @@ def _is_stdlib(module: str) -> bool:
     return module == "__main__" or top in sys.stdlib_module_names or top in sys.builtin_module_names
 
 
+def _stdlib_error(field: str, path: Any, what: str) -> UntrustedFactoryError:
+    return UntrustedFactoryError(
+        f"The stored model config names {field}={path!r}, which is in the Python standard "
+        f"library (or `__main__`); {what}. Received: {field}={path!r}. No model factory "
+        "lives there, so it is refused even when listed in `trusted=`: the config was "
+        "edited or is not a model config."
+    )
+
+
 def resolve_trusted(
     path: Any,
     *,
@@ -203,12 +215,7 @@ def resolve_trusted(
             "The stored config is malformed or was edited; it was not imported."
         )
     if _is_stdlib(module):
-        raise UntrustedFactoryError(
-            f"The stored model config names {field}={path!r}, which is in the Python standard "
-            f"library (or `__main__`); it was not imported or called. Received: {field}={path!r}. "
-            "No model factory lives there, so it is refused even when listed in `trusted=`: "
-            "the config was edited or is not a model config."
-        )
+        raise _stdlib_error(field, path, "it was not imported or called")
     prefixes, exact, objects = normalize_trusted(trusted)
     listed = _under(module, prefixes) or f"{module}:{attr}" in exact
     importable = (
@@ -224,7 +231,15 @@ def resolve_trusted(
             f"nor called. Received: {field}={path!r}. {_HOW}"
         )
     obj = import_string(path, field=field)
-    if listed or any(obj is o for o in objects):
+    defined_in = getattr(obj, "__module__", None)
+    if isinstance(defined_in, str) and _is_stdlib(defined_in):
+        # e.g. "mypkg.models:subprocess.run", reached through a module's attributes.
+        raise _stdlib_error(field, path, f"it is defined in {defined_in!r} and was not called")
+    if (
+        f"{module}:{attr}" in exact
+        or any(obj is o for o in objects)
+        or (isinstance(defined_in, str) and _under(defined_in, prefixes))
+    ):
         return obj
     ok = accept(obj) if accept is not None else is_model_factory(obj)
     if not ok:
