@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from pipekit_train.core import model_factory
+
 # -- the damped oscillator ------------------------------------------------------------------
 
 
@@ -49,6 +51,7 @@ def trajectory(
 # -- model factories, one per backend --------------------------------------------------------
 
 
+@model_factory
 def equinox_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2, *, key: Any) -> Any:
     """An Equinox MLP on one sample (`(in,) -> (out,)`; the adapter vmaps it over the batch)."""
     import equinox as eqx
@@ -57,6 +60,7 @@ def equinox_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2, *,
     return eqx.nn.MLP(in_size, out_size, width, depth, activation=jax.nn.tanh, key=key)
 
 
+@model_factory
 def torch_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2) -> Any:
     """A torch MLP with tanh activations."""
     import torch
@@ -70,6 +74,7 @@ def torch_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2) -> A
     return torch.nn.Sequential(*layers)
 
 
+@model_factory
 def keras_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2) -> Any:
     """A Keras MLP with tanh activations."""
     import keras

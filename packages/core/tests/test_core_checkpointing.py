@@ -69,8 +69,9 @@ def test_resave_of_same_step_replaces_it(tmp_path: Path) -> None:
 
 
 def test_async_error_surfaces_on_wait(tmp_path: Path) -> None:
-    (tmp_path / "ck").write_text("not a directory")
     store = _store(tmp_path, async_save=True)
+    # A file appearing where the folder should be after construction (which refuses a file).
+    (tmp_path / "ck").write_text("not a directory")
     store.save(1, {"w": 1}, {"step": 1}, {})
     with pytest.raises(OSError):
         store.wait()

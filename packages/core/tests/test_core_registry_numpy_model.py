@@ -71,6 +71,13 @@ def test_key_is_reserved_for_the_seed() -> None:
         NumpyLinearOp(FACTORY, in_size=1, out_size=1, key=3)
 
 
+@pytest.mark.parametrize("seed", [-1, 1.5, "0", True, None])
+def test_bad_seeds_are_refused_like_the_loop_does(seed: object) -> None:
+    with pytest.raises(ConfigError, match=r"`seed` must be a non-negative int\. Received: seed="):
+        NumpyLinearOp(FACTORY, seed=seed, in_size=1, out_size=1)
+    assert NumpyLinearOp(FACTORY, seed=np.int64(5), in_size=1, out_size=1).seed == 5
+
+
 def test_codec_is_byte_stable_and_round_trips() -> None:
     arrays = {
         "b": np.arange(3, dtype=">f8"),  # big-endian input is written little-endian

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from pipekit_train.core import ConfigError, model_op_from_config
+from pipekit_train.core import ConfigError, model_factory, model_op_from_config
 from pipekit_train.equinox import Equinox, EquinoxModelOp
 from pipekit_train.equinox.testing import linear, mlp
 
@@ -75,6 +75,12 @@ def test_factory_must_return_a_module() -> None:
         EquinoxModelOp("pipekit_train.equinox.testing:nope")
 
 
+@pytest.mark.parametrize("seed", [-1, 2.0, True])
+def test_bad_seeds_are_refused(seed: object) -> None:
+    with pytest.raises(ConfigError, match=r"`seed` must be a non-negative int\. Received: seed="):
+        EquinoxModelOp(linear, in_size=2, out_size=1, seed=seed)
+
+
 def test_default_adapter() -> None:
     assert isinstance(EquinoxModelOp(linear, in_size=2, out_size=1).default_adapter(), Equinox)
 
@@ -88,6 +94,7 @@ class BatchedLinear(eqx.Module):
         return x @ self.inner.weight.T + self.inner.bias
 
 
+@model_factory
 def batched_linear(in_size: int, out_size: int, *, key: jax.Array) -> BatchedLinear:
     return BatchedLinear(eqx.nn.Linear(in_size, out_size, key=key))
 

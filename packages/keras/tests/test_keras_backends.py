@@ -131,3 +131,35 @@ def test_import_picks_a_supported_backend(tmp_path: Path) -> None:
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stdout.strip().splitlines()[-1] == expected
+
+
+def test_keras_without_a_usable_backend_names_the_extra(tmp_path: Path) -> None:
+    """KERAS_BACKEND=tensorflow (Keras's default) without tensorflow: a clear ImportError."""
+    pytest.importorskip("jax")
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        pass
+    else:  # pragma: no cover - tensorflow is not a dependency of this workspace
+        pytest.skip("tensorflow is installed, so KERAS_BACKEND=tensorflow imports fine")
+    code = textwrap.dedent(
+        """
+        from pipekit_train.keras import KerasModelOp
+        try:
+            KerasModelOp("pipekit_train.keras.testing:linear", in_size=2, out_size=1)
+        except ImportError as exc:
+            print("IMPORT-ERROR", exc)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_env(HOME=str(tmp_path), KERAS_HOME=str(tmp_path / "kh"), KERAS_BACKEND="tensorflow"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "IMPORT-ERROR" in out, out
+    assert 'pip install "pipekit-train-keras[jax]"' in out
+    assert "KERAS_BACKEND='tensorflow'" in out and "tensorflow" in out

@@ -20,6 +20,7 @@ from ._loop import TrainingLoop
 from ._online import OnlineTrainer
 from ._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
 from ._runtime import RunState
+from ._trust import UntrustedFactoryError, is_model_factory, model_factory
 from .callbacks import (
     Callback,
     EarlyStopping,
@@ -50,6 +51,7 @@ from .registry import (
     ModelRegistry,
     RegistryError,
     S3ModelRegistry,
+    UnverifiedRecordWarning,
 )
 from .writers import (
     AsyncWriter,
@@ -121,11 +123,15 @@ __all__ = [
     "TornCheckpointWarning",
     "TrainingArtifact",
     "TrainingLoop",
+    "UnverifiedRecordWarning",
+    "UntrustedFactoryError",
     "callbacks",
     "data",
     "losses",
     "make_batches",
     "metrics",
+    "is_model_factory",
+    "model_factory",
     "model_op_from_config",
     "registry",
     "split",

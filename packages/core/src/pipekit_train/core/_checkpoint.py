@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,35 @@ from ._errors import ConfigError
 __all__ = ["Checkpoint"]
 
 _RESUME = ("auto", "never", "must")
+
+# `scheme://...` (an RFC 3986 scheme of two or more characters), and `scheme:/...`, which
+# is what `Path("s3://bucket/run")` turns it into. A Windows drive (`C:/runs`) does not match.
+_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")
+
+
+def _check_local_directory(directory: str | os.PathLike[str]) -> None:
+    """Refuse a URI location (never a local path) and a path that is an existing file."""
+    text = os.fspath(directory)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    match = _URI.match(text)
+    if match:
+        scheme = match.group(1)
+        hint = (
+            f" Use the local path {'/' + text[len(scheme) + 1 :].lstrip('/')!r}."
+            if scheme.lower() == "file"
+            else " Use a local directory (e.g. on a mounted disk) and copy it to object storage yourself."
+        )
+        raise ConfigError(
+            "`Checkpoint.directory` must be a local directory: checkpoints to a URI "
+            f"({scheme}://) are not supported yet. Received: directory={text!r}.{hint}"
+        )
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(
+            "`Checkpoint.directory` must be a directory, but that path is an existing file. "
+            f"Received: directory={text!r}. Choose a new or existing folder instead."
+        )
 
 
 def _positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
@@ -35,7 +65,10 @@ class Checkpoint:
     callback/history state, so a resumed run continues exactly.
 
     Args:
-        directory: where checkpoints live (a local path). Created at the first save.
+        directory: where checkpoints live: a local folder, created at the first save. A
+            URI (`s3://...`, `gs://...`, `memory://...`, `file://...`) is refused with a
+            `ConfigError` (cloud checkpoints are not supported yet), and so is a path that
+            is an existing file.
         every_n_steps: save after every `every_n_steps` optimizer steps (and at the end).
         max_to_keep: keep the `max_to_keep` most recent checkpoints (None keeps all).
         keep_best: additionally keep the `keep_best` best checkpoints by `monitor`.
@@ -63,6 +96,7 @@ class Checkpoint:
                 "`Checkpoint.directory` must be a non-empty path. "
                 f"Received: directory={self.directory!r}."
             )
+        _check_local_directory(self.directory)
         _positive_int("every_n_steps", self.every_n_steps)
         _positive_int("max_to_keep", self.max_to_keep, allow_none=True)
         _positive_int("keep_best", self.keep_best, allow_none=True)

@@ -9,18 +9,21 @@ from typing import Any
 
 from ._errors import ConfigError
 
-__all__ = ["import_string", "object_path", "optional_import"]
+__all__ = ["import_string", "object_path", "optional_import", "split_import_path"]
 
 
-def import_string(path: str, *, field: str = "factory") -> Any:
-    """Import `"package.module:attribute"` (or `"package.module.attribute"`) and return it.
+def split_import_path(path: Any, *, field: str = "factory") -> tuple[str, str]:
+    """Split `"package.module:attribute"` (or `"package.module.attribute"`) into its parts.
 
     Args:
         path: the import path; `:` separates the module from the attribute path.
         field: the name of the user-facing field, used in the error message.
 
+    Returns:
+        `(module, attribute_path)`.
+
     Raises:
-        ConfigError: the module or attribute cannot be imported.
+        ConfigError: `path` is not a non-empty string with a module and an attribute.
     """
     if not isinstance(path, str) or not path:
         raise ConfigError(
@@ -36,6 +39,20 @@ def import_string(path: str, *, field: str = "factory") -> Any:
             f"`{field}` must be an import string like 'package.module:function'. "
             f"Received: {field}={path!r}."
         )
+    return module_name, attr_path
+
+
+def import_string(path: str, *, field: str = "factory") -> Any:
+    """Import `"package.module:attribute"` (or `"package.module.attribute"`) and return it.
+
+    Args:
+        path: the import path; `:` separates the module from the attribute path.
+        field: the name of the user-facing field, used in the error message.
+
+    Raises:
+        ConfigError: the module or attribute cannot be imported.
+    """
+    module_name, attr_path = split_import_path(path, field=field)
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:

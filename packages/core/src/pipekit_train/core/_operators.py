@@ -16,6 +16,7 @@ import numpy as np
 
 from ._errors import ConfigError
 from ._imports import import_string, object_path
+from ._trust import TrustedList, resolve_trusted
 
 if TYPE_CHECKING:
     from ._adapter import Adapter
@@ -25,6 +26,7 @@ __all__ = [
     "ModelOpBase",
     "Operator",
     "StatefulOperator",
+    "check_seed",
     "model_op_from_config",
 ]
 
@@ -75,6 +77,19 @@ def _check_json(kwargs: Mapping[str, Any], *, owner: str) -> dict[str, Any]:
     return json.loads(text)
 
 
+def check_seed(seed: Any) -> int:
+    """Return `seed` as an int, or raise the loop's `ConfigError` for a bad one.
+
+    Raises:
+        ConfigError: `seed` is not an int (a bool is not accepted) or is negative.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(
+            f"`seed` must be a non-negative int. Received: seed={seed!r}. Use e.g. seed=0."
+        )
+    return int(seed)
+
+
 class ModelOpBase:
     """Shared machinery of the backend model operators.
 
@@ -91,6 +106,7 @@ class ModelOpBase:
     backend: ClassVar[str] = "abstract"
 
     def __init__(self, factory: str | Callable[..., Any], *, seed: int = 0, **kwargs: Any):
+        seed = check_seed(seed)
         if callable(factory) and not isinstance(factory, str):
             factory_path = object_path(factory)
             factory_fn = factory
@@ -102,8 +118,6 @@ class ModelOpBase:
                     f"`factory` must name a callable. Received: factory={factory_path!r}, "
                     f"which is a {type(factory_fn).__name__}."
                 )
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ConfigError(f"`seed` must be an int. Received: seed={seed!r}.")
         self.factory: str = factory_path
         self.seed: int = int(seed)
         self.kwargs: dict[str, Any] = _check_json(kwargs, owner=type(self).__name__)
@@ -162,20 +176,45 @@ class ModelOpBase:
         return f"{type(self).__name__}({self.factory!r}, seed={self.seed}, **{self.kwargs!r})"
 
 
-def model_op_from_config(config: Mapping[str, Any]) -> Any:
-    """Rebuild a model operator from its config by importing `config["type"]`.
+def model_op_from_config(config: Mapping[str, Any], *, trusted: TrustedList = None) -> Any:
+    """Rebuild a model operator (freshly initialised) from a stored config.
 
-    Only classes that define `from_config` are accepted; nothing is unpickled.
+    The config may come from a file that someone else can edit, so the code it names is
+    checked before anything is imported or called (see `pipekit_train.core._trust`):
+    `config["type"]` must be a `ModelOpBase` subclass (or on `trusted`), and
+    `config["factory"]` a factory marked with `@model_factory` (or on `trusted`). Paths
+    into the standard library (`subprocess:run`, `os:system`, `builtins:eval`, ...) are
+    always refused. Nothing is unpickled.
+
+    To build an operator from your own code, construct it directly
+    (`EquinoxModelOp("mypkg.models:mlp", ...)`); no trust check applies there.
+
+    Args:
+        config: `model_op.get_config()` output (`type`, `factory`, `kwargs`, `seed`, ...).
+        trusted: module prefixes (`"mypkg.models"`), exact `"module:function"` paths,
+            modules or factories whose code you trust, beyond the marked factories.
+
+    Raises:
+        UntrustedFactoryError: `type` or `factory` is not trusted; nothing was called.
+        ConfigError: the config is malformed.
     """
-    if "type" not in config:
+    if not isinstance(config, Mapping) or "type" not in config:
         raise ConfigError(
             "A model config needs a `type` ('module:Class'). "
-            f"Received: config keys={sorted(config)}."
+            f"Received: config keys={sorted(config) if isinstance(config, Mapping) else config!r}."
         )
-    cls = import_string(config["type"], field="type")
+    cls = resolve_trusted(
+        config["type"],
+        trusted=trusted,
+        field="type",
+        accept=lambda c: isinstance(c, type) and issubclass(c, ModelOpBase),
+        what="a model operator class (a `ModelOpBase` subclass)",
+    )
     if not hasattr(cls, "from_config"):
         raise ConfigError(
             f"`type` must name a model operator class with `from_config`. "
             f"Received: type={config['type']!r}."
         )
+    if "factory" in config:
+        resolve_trusted(config["factory"], trusted=trusted, field="factory")
     return cls.from_config(config)

@@ -15,6 +15,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 import equinox as eqx
+from pipekit_train.core import model_factory
 
 if TYPE_CHECKING:
     from pipekit_train.core.testing import GoldenBackend
@@ -39,11 +40,13 @@ __all__ = [
 _ACTIVATIONS = {"tanh": jax.nn.tanh, "relu": jax.nn.relu}
 
 
+@model_factory
 def linear(in_size: int, out_size: int, *, key: PRNGKeyArray) -> eqx.nn.Linear:
     """`eqx.nn.Linear(in_size, out_size)`: one sample `(in,)` → `(out,)`."""
     return eqx.nn.Linear(in_size, out_size, key=key)
 
 
+@model_factory
 def mlp(
     in_size: int,
     out_size: int,
@@ -116,6 +119,7 @@ class DropoutMLP(eqx.Module):
         return self.out(self.dropout(h, key=key))
 
 
+@model_factory
 def dropout_mlp(
     in_size: int, out_size: int, width: int = 32, p: float = 0.2, *, key: PRNGKeyArray
 ) -> DropoutMLP:
@@ -141,6 +145,7 @@ class BatchNormMLP(eqx.Module):
         return self.out(jax.nn.relu(h)), state
 
 
+@model_factory
 def batchnorm_mlp(
     in_size: int, out_size: int, width: int = 16, *, key: PRNGKeyArray
 ) -> tuple[BatchNormMLP, eqx.nn.State]:

@@ -54,16 +54,30 @@ def backend_name() -> str:
     """The Keras backend in use (imports keras).
 
     Raises:
-        ImportError: Keras runs on a backend this package does not support.
+        ImportError: Keras cannot be imported with its configured backend (e.g. the default
+            tensorflow is not installed), or runs on a backend this package does not support;
+            the message names the extra to install and `KERAS_BACKEND`.
     """
     configure()
-    import keras
+    try:
+        import keras
+    except ImportError as exc:
+        # Keras imports its backend when it is imported: with KERAS_BACKEND=tensorflow (its
+        # default) and no tensorflow installed this is a bare "No module named 'tensorflow'".
+        requested = os.environ.get("KERAS_BACKEND") or _configured_backend() or "tensorflow"
+        raise ImportError(
+            f"Keras could not be imported with its backend ({exc}). Received: "
+            f"KERAS_BACKEND={requested!r}. pipekit-train-keras runs Keras on jax or torch: "
+            'install an extra (`pip install "pipekit-train-keras[jax]"` or '
+            '`pip install "pipekit-train-keras[torch]"`) and set KERAS_BACKEND=jax or '
+            "KERAS_BACKEND=torch (or unset it) before keras is imported."
+        ) from exc
 
     name = keras.backend.backend()
     if name not in SUPPORTED:
         raise ImportError(
             f"pipekit-train-keras runs Keras on the jax or torch backend. Received: "
-            f"KERAS_BACKEND={name!r}. Install an extra (`pip install pipekit-train-keras[jax]` "
+            f'KERAS_BACKEND={name!r}. Install an extra (`pip install "pipekit-train-keras[jax]"` '
             "or `[torch]`) and set KERAS_BACKEND=jax or KERAS_BACKEND=torch before importing keras."
         )
     return name

@@ -11,6 +11,7 @@ import numpy as np
 from pipekit_train.core import ConfigError, ModelOpBase
 
 from . import _weights
+from ._backend import backend_name
 
 if TYPE_CHECKING:
     import keras
@@ -114,6 +115,12 @@ class KerasModelOp(ModelOpBase):
     """
 
     backend: ClassVar[str] = "keras"
+
+    def __init__(self, factory: str | Callable[..., Any], *, seed: int = 0, **kwargs: Any):
+        # Fail with the extra to install, before the factory (which may import keras) is
+        # imported, when Keras has no usable backend.
+        backend_name()
+        super().__init__(factory, seed=seed, **kwargs)
 
     def _build(self, factory: Callable[..., Any], kwargs: dict[str, Any], seed: int) -> Any:
         return build_model(factory, kwargs, seed, owner=type(self).__name__)

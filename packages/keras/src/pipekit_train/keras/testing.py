@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from pipekit_train.core import model_factory
+
 from ._backend import configure
 
 __all__ = ["dense", "golden_backend", "linear", "mlp", "mlp_from_weights"]
@@ -37,6 +39,7 @@ def dense(units: int, fan_in: int, activation: str | None = None) -> Any:
     )
 
 
+@model_factory
 def linear(in_size: int, out_size: int) -> Any:
     """A `keras.Model` computing `x @ W + b` (one `Dense` layer)."""
     configure()
@@ -45,6 +48,7 @@ def linear(in_size: int, out_size: int) -> Any:
     return keras.Sequential([keras.Input((in_size,)), dense(out_size, in_size)])
 
 
+@model_factory
 def mlp(
     in_size: int,
     out_size: int,

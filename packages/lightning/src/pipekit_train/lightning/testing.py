@@ -12,16 +12,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipekit_train.core import model_factory
+
 __all__ = ["golden_backend", "linear", "mlp", "mlp_from_weights", "tied"]
 
 _ACTIVATIONS = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}
 
 
+@model_factory
 def linear(in_size: int, out_size: int) -> torch.nn.Linear:
     """A dense affine map `in_size → out_size` (`torch.nn.Linear`)."""
     return torch.nn.Linear(int(in_size), int(out_size))
 
 
+@model_factory
 def mlp(
     in_size: int,
     out_size: int,
@@ -58,6 +62,7 @@ class _Tied(torch.nn.Module):
         return self.decode(torch.tanh(self.encode(x)))
 
 
+@model_factory
 def tied(size: int) -> torch.nn.Module:
     """A two-layer model whose layers share one weight matrix (tests tied-weight storage)."""
     return _Tied(int(size))

@@ -10,6 +10,7 @@ finished trial in a journal so a killed sweep resumes, and ranks the trials in a
 import importlib.metadata as _metadata
 
 from ._grid import ParameterGrid
+from ._lock import TrialDirectoryInUseError
 from ._optuna import OptunaPruningCallback, OptunaSearch
 from ._result import SweepResult, TrialFailedError, TrialResult
 from ._sweep import HyperSweep, load_result
@@ -22,6 +23,7 @@ __all__ = [
     "OptunaSearch",
     "ParameterGrid",
     "SweepResult",
+    "TrialDirectoryInUseError",
     "TrialFailedError",
     "TrialResult",
     "__version__",

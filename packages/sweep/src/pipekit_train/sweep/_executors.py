@@ -8,6 +8,7 @@ summary, error text); only the parent process writes the journal. An executor ha
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import multiprocessing
@@ -24,6 +25,8 @@ from typing import Any
 from pipekit_train.core import ConfigError
 from pipekit_train.core.adapter import import_string, optional_import
 
+from ._lifeline import die_with_parent
+from ._lock import trial_dir_lock
 from ._result import summarize_artifact
 
 __all__ = [
@@ -153,34 +156,18 @@ def execute_trial(task: dict[str, Any]) -> dict[str, Any]:
     outcome says `"failed"`, with the error text and traceback). The loop gets the
     sweep id (`dataclasses.replace(loop.plan, sweep_id=...)`) and, for an Optuna search
     with a pruner, the pruning callback appended to `loop.plan.callbacks`.
+
+    A trial that receives a `trial_dir` owns it while it runs (`trial_dir_lock`): a trial
+    whose directory another live process is writing fails with
+    `TrialDirectoryInUseError` instead of racing it.
     """
     start = time.perf_counter()
-    pruning = None
     try:
         fn = resolve_trial(task["trial"])
-        kwargs: dict[str, Any] = {}
-        if task.get("trial_dir") and _accepts_trial_dir(fn):
-            Path(task["trial_dir"]).mkdir(parents=True, exist_ok=True)
-            kwargs["trial_dir"] = Path(task["trial_dir"])
-        loop = fn(dict(task["params"]), **kwargs)
-        plan = getattr(loop, "plan", None)
-        if (
-            plan is None
-            or not callable(getattr(loop, "run", None))
-            or not dataclasses.is_dataclass(plan)
-        ):
-            raise ConfigError(
-                "`trial(params)` must return a TrainingLoop. "
-                f"Received: {type(loop).__name__} from trial={task['trial']!r}."
-            )
-        callbacks = tuple(plan.callbacks)
-        if task.get("pruning"):
-            from ._optuna import make_pruning_callback
-
-            pruning = make_pruning_callback(task["pruning"])
-            callbacks = (*callbacks, pruning)
-        loop.plan = dataclasses.replace(plan, sweep_id=task["sweep_id"], callbacks=callbacks)
-        artifact = loop.run()
+        owns_dir = bool(task.get("trial_dir")) and _accepts_trial_dir(fn)
+        with trial_dir_lock(task["trial_dir"]) if owns_dir else contextlib.nullcontext():
+            kwargs = {"trial_dir": Path(task["trial_dir"])} if owns_dir else {}
+            artifact, pruning = _run_trial(fn, task, kwargs)
         summary = summarize_artifact(artifact)
     except Exception as exc:
         out = _failure(exc, start)
@@ -198,6 +185,32 @@ def execute_trial(task: dict[str, Any]) -> dict[str, Any]:
     if task.get("keep_artifact"):
         out["artifact"] = artifact
     return out
+
+
+def _run_trial(
+    fn: Callable[..., Any], task: dict[str, Any], kwargs: dict[str, Any]
+) -> tuple[Any, Any]:
+    """Build the trial's loop, stamp it with the sweep id (and pruning), run it."""
+    pruning = None
+    loop = fn(dict(task["params"]), **kwargs)
+    plan = getattr(loop, "plan", None)
+    if (
+        plan is None
+        or not callable(getattr(loop, "run", None))
+        or not dataclasses.is_dataclass(plan)
+    ):
+        raise ConfigError(
+            "`trial(params)` must return a TrainingLoop. "
+            f"Received: {type(loop).__name__} from trial={task['trial']!r}."
+        )
+    callbacks = tuple(plan.callbacks)
+    if task.get("pruning"):
+        from ._optuna import make_pruning_callback
+
+        pruning = make_pruning_callback(task["pruning"])
+        callbacks = (*callbacks, pruning)
+    loop.plan = dataclasses.replace(plan, sweep_id=task["sweep_id"], callbacks=callbacks)
+    return loop.run(), pruning
 
 
 class SerialExecutor:
@@ -236,7 +249,9 @@ class ProcessExecutor:
     `spawn` (not `fork`) gives each worker a fresh interpreter, which is what jax and
     torch need. Workers are reused from trial to trial, so the framework import is paid
     once per worker. A worker that dies (e.g. killed by the OOM killer) fails the trials
-    it was running and the pool is restarted for the rest.
+    it was running and the pool is restarted for the rest. Workers die with the sweep:
+    if the sweep process is killed, each worker ends within about a second
+    (`_lifeline.die_with_parent`), so none keeps training into its trial directory.
     """
 
     kind = "process"
@@ -249,7 +264,10 @@ class ProcessExecutor:
     def _get_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
-                max_workers=self.max_concurrent, mp_context=multiprocessing.get_context("spawn")
+                max_workers=self.max_concurrent,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=die_with_parent,
+                initargs=(os.getpid(),),
             )
         return self._pool
 

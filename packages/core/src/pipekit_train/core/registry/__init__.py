@@ -5,6 +5,8 @@ fsspec-backed `FsspecModelRegistry`; see `_registry.py` for the layout and the
 concurrency design.
 """
 
+from pipekit_train.core._trust import UntrustedFactoryError, model_factory
+
 from ._record import ModelRecord
 from ._registry import (
     FsspecModelRegistry,
@@ -12,6 +14,7 @@ from ._registry import (
     ModelRegistry,
     RegistryError,
     S3ModelRegistry,
+    UnverifiedRecordWarning,
 )
 
 __all__ = [
@@ -21,4 +24,7 @@ __all__ = [
     "ModelRegistry",
     "RegistryError",
     "S3ModelRegistry",
+    "UnverifiedRecordWarning",
+    "UntrustedFactoryError",
+    "model_factory",
 ]

@@ -6,6 +6,7 @@ derived from where the registry lives rather than stored, so a registry can be m
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -16,7 +17,13 @@ import numpy as np
 
 from pipekit_train.core._errors import ConfigError
 
-__all__ = ["MANIFEST_FORMAT", "ModelRecord", "normalizer_to_dict", "to_json_value"]
+__all__ = [
+    "MANIFEST_FORMAT",
+    "ModelRecord",
+    "normalizer_to_dict",
+    "record_digest",
+    "to_json_value",
+]
 
 #: The `format` tag written into every manifest.
 MANIFEST_FORMAT = "pipekit-train/model-manifest/1"
@@ -69,6 +76,20 @@ def to_json_value(value: Any, *, field_name: str) -> Any:
     )
 
 
+def record_digest(manifest: Mapping[str, Any]) -> str:
+    """The SHA-256 (hex) of a manifest's canonical JSON, without its `record_sha256` field.
+
+    Canonical JSON: sorted keys, no whitespace, ASCII only, no NaN. The manifest holds the
+    weights' SHA-256, so the digest covers the whole record: config (type, factory,
+    kwargs, seed), metrics, lineage, normalizer, creation time and weights.
+    """
+    body = {k: v for k, v in manifest.items() if k != "record_sha256"}
+    text = json.dumps(
+        body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
 def normalizer_to_dict(normalizer: Any) -> dict[str, Any] | None:
     """The JSON dict of a normalizer.
 
@@ -119,6 +140,9 @@ class ModelRecord:
         lineage: where the model came from: `plan`, `sweep_id`, `versions`, `backend`, ... (JSON).
         created: registration time, ISO 8601 in UTC.
         normalizer: the normalizer's JSON, if one was registered with the model.
+        record_sha256: `record_digest` of the manifest (every field above but `uri`),
+            checked on `record()`/`load()`; None for a record written before pipekit-train
+            stored it (only its weights are then verified).
     """
 
     name: str
@@ -130,6 +154,7 @@ class ModelRecord:
     lineage: dict[str, Any] = field(default_factory=dict)
     created: str = ""
     normalizer: dict[str, Any] | None = None
+    record_sha256: str | None = None
 
     def load_normalizer(self) -> Any:
         """Rebuild the registered normalizer (`pipekit_train.core.data.Normalizer`), or None.
@@ -161,13 +186,23 @@ class ModelRecord:
             "lineage": self.lineage,
             "created": self.created,
             "normalizer": self.normalizer,
+            "record_sha256": self.record_sha256,
         }
 
     def to_manifest(self) -> dict[str, Any]:
-        """The `manifest.json` content: every field but `uri`, plus the `format` tag."""
+        """The `manifest.json` content: every field but `uri`, plus the `format` tag.
+
+        `record_sha256` is left out while it is None (a record being built, or an old one).
+        """
         manifest = {"format": MANIFEST_FORMAT, **self.to_json()}
         del manifest["uri"]
+        if manifest["record_sha256"] is None:
+            del manifest["record_sha256"]
         return manifest
+
+    def digest(self) -> str:
+        """`record_digest` of this record's manifest (what `record_sha256` must equal)."""
+        return record_digest(self.to_manifest())
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | str, *, uri: str | None = None) -> ModelRecord:
@@ -213,6 +248,11 @@ class ModelRecord:
         if not isinstance(record_uri, str):
             raise ConfigError("A model record needs a `uri`. Received: uri=None. Pass `uri=`.")
         normalizer = data.get("normalizer")
+        digest = data.get("record_sha256")
+        if digest is not None and (not isinstance(digest, str) or len(digest) != 64):
+            raise ConfigError(
+                f"`record_sha256` must be a hex SHA-256. Received: record_sha256={digest!r}."
+            )
         return cls(
             name=str(data["name"]),
             version=version,
@@ -223,4 +263,5 @@ class ModelRecord:
             lineage=dict(data.get("lineage") or {}),
             created=str(data["created"]),
             normalizer=None if normalizer is None else dict(normalizer),
+            record_sha256=digest,
         )

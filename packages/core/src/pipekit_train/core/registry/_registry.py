@@ -17,13 +17,18 @@ writers in different processes or on different machines get distinct versions an
 nothing is lost. A version without a complete manifest — a writer that died mid-way —
 is invisible: it is not listed, not "latest", and its number is not reused.
 
-Nothing on the load path executes stored code: the manifest is JSON, the operator is
-rebuilt by importing its (installed) class and factory by name, and the weight bytes are
+Nothing on the load path executes code the store chose: the manifest is JSON, the
+whole record (manifest and, through its SHA-256, the weights) is checked against the
+`record_sha256` digest written at registration, and the operator is rebuilt only from a
+trusted class and factory (`model_op_from_config(config, trusted=...)`: factories marked
+with `@model_factory` or on the `trusted=` allow-list; see `pipekit_train.core._trust`
+and docs/guides/registry_and_cycle.md for the threat model). The weight bytes are
 checked against the manifest's SHA-256 before they reach the operator.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -31,6 +36,7 @@ import re
 import socket
 import sys
 import uuid
+import warnings
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
@@ -38,6 +44,7 @@ from typing import Any, Protocol, runtime_checkable
 from pipekit_train.core._errors import ConfigError, IntegrityError, PipekitError
 from pipekit_train.core._imports import optional_import
 from pipekit_train.core._operators import model_op_from_config
+from pipekit_train.core._trust import TrustedList
 
 from ._claims import exclusive_create, fresh_ls, is_local, put_atomic, read_or_none
 from ._record import MANIFEST_FORMAT, ModelRecord, normalizer_to_dict, to_json_value
@@ -48,6 +55,7 @@ __all__ = [
     "ModelRegistry",
     "RegistryError",
     "S3ModelRegistry",
+    "UnverifiedRecordWarning",
 ]
 
 MANIFEST = "manifest.json"
@@ -60,6 +68,10 @@ _MAX_CLAIM_ATTEMPTS = 1000
 
 class RegistryError(PipekitError):
     """The registry could not complete an operation (e.g. no version could be claimed)."""
+
+
+class UnverifiedRecordWarning(UserWarning):
+    """A record written before manifests carried `record_sha256`: only its weights are verified."""
 
 
 @runtime_checkable
@@ -78,8 +90,8 @@ class ModelRegistry(Protocol):
         """Store a new version of `name` and return its record."""
         ...
 
-    def load(self, name: str, version: int | str = "latest") -> Any:
-        """Rebuild the model operator of a version, with verified weights."""
+    def load(self, name: str, version: int | str = "latest", *, trusted: TrustedList = None) -> Any:
+        """Rebuild the model operator of a version, with a verified record and weights."""
         ...
 
     def record(self, name: str, version: int | str = "latest") -> ModelRecord:
@@ -227,6 +239,28 @@ class FsspecModelRegistry:
                 found.append(entry)
         return sorted(found)
 
+    def _verify(self, record: ModelRecord) -> ModelRecord:
+        """Check the record digest; an old record without one loads with a warning."""
+        where = f"Model {record.name!r} version {record.version} at {record.uri!r}"
+        if record.record_sha256 is None:
+            warnings.warn(
+                f"{where} was registered by an older pipekit-train: its manifest has no "
+                "`record_sha256`, so its config, metrics and normalizer are not verified "
+                "(its weights still are). Register the model again to cover the whole record.",
+                UnverifiedRecordWarning,
+                stacklevel=3,
+            )
+            return record
+        actual = record.digest()
+        if actual != record.record_sha256:
+            raise IntegrityError(
+                f"{where}: the manifest does not match its digest. Expected "
+                f"record_sha256={record.record_sha256}, actual sha256={actual}. Its config, "
+                "metrics, lineage or normalizer were modified or damaged after registration; "
+                "do not use it."
+            )
+        return record
+
     def _resolve(self, name: str, version: int | str) -> ModelRecord:
         _check_name(name)
         version = _check_version(version)
@@ -237,7 +271,7 @@ class FsspecModelRegistry:
                     f"The registry at {self.uri!r} has no model named {name!r}. "
                     f"Received: name={name!r}. Registered names: {self.names()}."
                 )
-            return records[max(records)]
+            return self._verify(records[max(records)])
         raw = read_or_none(self.fs, self._join(name, version, MANIFEST))
         record = self._parse_manifest(name, version, raw)
         if record is None:
@@ -251,32 +285,46 @@ class FsspecModelRegistry:
                 f"Model {name!r} has no complete version {version}. Received: version={version}. "
                 f"Available versions: {available} (or use version='latest')."
             )
-        return record
+        return self._verify(record)
 
     def record(self, name: str, version: int | str = "latest") -> ModelRecord:
         """The `ModelRecord` of a version (default: the latest complete one).
 
         Raises:
             ConfigError: bad name or version, or no such model/version.
+            IntegrityError: the manifest does not match its `record_sha256`.
         """
         return self._resolve(name, version)
 
     def load_record_and_model(
-        self, name: str, version: int | str = "latest"
+        self, name: str, version: int | str = "latest", *, trusted: TrustedList = None
     ) -> tuple[ModelRecord, Any]:
         """Load one version's record and its model operator together (one resolution of
         `"latest"`, so both describe the same version).
 
-        The weights are checked against the manifest's SHA-256 before the operator is
-        rebuilt (`model_op_from_config(record.config)`) and given the weights
-        (`op.with_weights(blob)`). Nothing is unpickled.
+        In order, before any stored name is imported or called: the manifest is checked
+        against its `record_sha256` (a record from an older pipekit-train without one gives
+        an `UnverifiedRecordWarning`), the weights against the manifest's SHA-256, and the
+        config's `type` and `factory` against the trust rules. Only then is the operator
+        rebuilt (`model_op_from_config(record.config, trusted=trusted)`) and given the
+        weights (`op.with_weights(blob)`). Nothing is unpickled.
+
+        Args:
+            name: the model name.
+            version: a version number or `"latest"`.
+            trusted: code you trust beyond the factories marked with `@model_factory`:
+                module prefixes (`"mypkg.models"`), exact paths (`"mypkg.models:mlp"`),
+                modules or factories. Standard-library paths are refused regardless.
 
         Returns:
             `(record, model_op)`.
 
         Raises:
             ConfigError: bad name or version, or no such model/version.
-            IntegrityError: `weights.bin` is missing or its SHA-256 differs from the manifest's.
+            IntegrityError: the manifest does not match its digest, or `weights.bin` is
+                missing or its SHA-256 differs from the manifest's.
+            UntrustedFactoryError: the config names a class or factory that is not trusted;
+                it was not called (the message says how to trust it).
         """
         record = self._resolve(name, version)
         path = self._join(name, record.version, WEIGHTS)
@@ -294,15 +342,15 @@ class FsspecModelRegistry:
                 f"Expected sha256={record.weights_sha256}, actual sha256={actual}. "
                 "The blob was modified or damaged after registration; do not use it."
             )
-        model_op = model_op_from_config(record.config).with_weights(blob)
+        model_op = model_op_from_config(record.config, trusted=trusted).with_weights(blob)
         return record, model_op
 
-    def load(self, name: str, version: int | str = "latest") -> Any:
+    def load(self, name: str, version: int | str = "latest", *, trusted: TrustedList = None) -> Any:
         """Rebuild the model operator of a version (default: the latest) with verified weights.
 
-        See `load_record_and_model` for the checks made.
+        See `load_record_and_model` for the checks made and for `trusted`.
         """
-        return self.load_record_and_model(name, version)[1]
+        return self.load_record_and_model(name, version, trusted=trusted)[1]
 
     # -- writing -----------------------------------------------------------------------
     def register(
@@ -384,6 +432,7 @@ class FsspecModelRegistry:
                         created=datetime.now(UTC).isoformat(timespec="microseconds"),
                         normalizer=normalizer_json,
                     )
+                    record = dataclasses.replace(record, record_sha256=record.digest())
                     manifest = json.dumps(
                         record.to_manifest(), indent=2, sort_keys=True, allow_nan=False
                     )

@@ -28,6 +28,7 @@ import numpy as np
 
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core._operators import ModelOpBase
+from pipekit_train.core._trust import model_factory
 
 if TYPE_CHECKING:
     from pipekit_train.core.adapter import Adapter
@@ -171,6 +172,7 @@ def _positive_int(value: Any, field: str) -> int:
     return int(value)
 
 
+@model_factory
 def linear(in_size: int, out_size: int, *, key: int | np.random.Generator = 0) -> LinearModel:
     """Build a `LinearModel` with float32 weights drawn from `np.random.default_rng(key)`.
 
