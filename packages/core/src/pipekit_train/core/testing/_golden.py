@@ -137,9 +137,9 @@ GOLDEN_CASES: tuple[GoldenCase, ...] = (
         {"name": "adamw", "lr": _WARMUP_COSINE, "weight_decay": 0.05, "clip_norm": 0.5},
         accumulate_grad_batches=2,
     ),
-    # bfloat16 keeps ~3 significant digits: the curves agree in shape, not to 1e-3
+    # bfloat16 keeps ~3 significant digits: measured within 5e-3 per step, checked at 2e-2
     GoldenCase(
-        "bfloat16_mixed", {"name": "adam", "lr": 0.01}, precision="bfloat16-mixed", rtol=0.1
+        "bfloat16_mixed", {"name": "adam", "lr": 0.01}, precision="bfloat16-mixed", rtol=0.02
     ),
 )
 """The suite's cases: optimizers, decoupled weight decay, clipping, every schedule,
