@@ -1,7 +1,8 @@
 """Run the golden-run suite on one backend and write its runs as JSON.
 
-`python golden_worker.py <equinox|lightning|keras> <out.json>` (Keras's backend comes
-from `KERAS_BACKEND`). One process per backend: Keras's backend is fixed per process.
+`python golden_worker.py <equinox|lightning|keras|plain_torch> <out.json>` (Keras's
+backend comes from `KERAS_BACKEND`). One process per backend: Keras's backend is fixed per
+process. `plain_torch` is the example adapter of `examples/plain_torch_adapter.py`.
 """
 
 from __future__ import annotations
@@ -13,11 +14,21 @@ from pathlib import Path
 
 
 def main(backend: str, out: str) -> None:
-    from pipekit_train.core.testing import dump_runs, run_golden
+    from pipekit_train.core.testing import GOLDEN_CASES, GoldenBackend, dump_runs, run_golden
 
-    testing = importlib.import_module(f"pipekit_train.{backend}.testing")
     start = time.perf_counter()
-    runs = run_golden(testing.golden_backend())
+    if backend == "plain_torch":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+        from plain_torch_adapter import PlainTorch
+
+        from pipekit_train.lightning.testing import mlp_from_weights
+
+        golden = GoldenBackend("plain-torch", mlp_from_weights, lambda precision: PlainTorch())
+        cases = [c for c in GOLDEN_CASES if c.precision == "float32"]
+        runs = run_golden(golden, cases)
+    else:
+        testing = importlib.import_module(f"pipekit_train.{backend}.testing")
+        runs = run_golden(testing.golden_backend())
     Path(out).write_text(dump_runs(runs))
     print(f"{backend}: {len(runs)} cases in {time.perf_counter() - start:.1f} s")
 

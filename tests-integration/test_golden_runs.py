@@ -32,6 +32,8 @@ SETUPS = {
     "lightning": ("lightning", None),
     "keras-jax": ("keras", "jax"),
     "keras-torch": ("keras", "torch"),
+    # the adapter-author walk-through (examples/plain_torch_adapter.py): float32 only
+    "plain-torch": ("plain_torch", None),
 }
 
 
@@ -60,9 +62,10 @@ def golden(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("label", ["lightning", "keras-jax", "keras-torch"])
+@pytest.mark.parametrize("label", ["lightning", "keras-jax", "keras-torch", "plain-torch"])
 def test_every_case_matches_equinox(golden: dict[str, dict], label: str) -> None:
-    problems = compare_golden(golden["equinox"], golden[label])
+    cases = [c for c in GOLDEN_CASES if label != "plain-torch" or c.precision == "float32"]
+    problems = compare_golden(golden["equinox"], golden[label], cases)
     table = "\n".join(
         f"{case:28s} step {a:.1e}  val {b:.1e}"
         for case, (a, b) in max_differences(golden["equinox"], golden[label]).items()
