@@ -29,23 +29,37 @@ from ._optim import build_optimizer, check_optimizer_config, clip_norm_of
 __all__ = ["Lightning"]
 
 
+# Lines Lightning logs at INFO on every run that say nothing about this run: the product
+# tip of `Trainer()`, its "GPU available: … / TPU available: …" device banners, and the
+# "LOCAL_RANK: 0 - CUDA_VISIBLE_DEVICES: […]" line of `fit` on CUDA. Other INFO lines (precision,
+# Tensor Core hints) and every warning stay.
+_BANNERS = ("💡 Tip", "GPU available:", "TPU available:", "HPU available:", "LOCAL_RANK:")
+_BANNER_LOGGERS = (
+    "lightning.pytorch.utilities.rank_zero",
+    "lightning.fabric.utilities.rank_zero",
+    "lightning.pytorch.accelerators.cuda",
+)
+
+
 class _DropAdvert(logging.Filter):
-    """Drops the "💡 Tip: ... litlogger" line `Trainer()` logs on every construction."""
+    """Drops Lightning's per-run tip and device banners (`_BANNERS`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip")
+        return not str(record.msg).startswith(_BANNERS)
 
 
 @contextmanager
 def _without_advert() -> Iterator[None]:
-    """While the adapter builds its `Trainer`, hide Lightning's product tip (not its info)."""
-    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    """While the adapter builds and fits its `Trainer`, hide Lightning's tip and banners."""
+    loggers = [logging.getLogger(name) for name in _BANNER_LOGGERS]
     advert = _DropAdvert()
-    logger.addFilter(advert)
+    for logger in loggers:
+        logger.addFilter(advert)
     try:
         yield
     finally:
-        logger.removeFilter(advert)
+        for logger in loggers:
+            logger.removeFilter(advert)
 
 
 # `lightning.Trainer` keyword arguments, minus the ones TrainingLoop owns.
@@ -184,7 +198,8 @@ class Lightning:
     `precision`, `accumulate_grad_batches`, `gradient_clip_val`, `callbacks` with
     Lightning callbacks, `logger`). The adapter sets quiet defaults — no Lightning
     logger, checkpointing, progress bar or model summary (core's writers, `Checkpoint`
-    and `ProgressBar` do those jobs) — which explicit arguments override. The run length
+    and `ProgressBar` do those jobs) — which explicit arguments override. Lightning's
+    "GPU available: … / TPU available: …" device banners are not printed. The run length
     belongs to `TrainingLoop` (`max_steps`, `max_epochs`), so Lightning's own stopping
     arguments are refused.
 
@@ -401,7 +416,7 @@ class Lightning:
                 f"this process. Received: strategy={trainer.strategy!r}. Use strategy='ddp'."
             )
         try:
-            with _rng_guard(), _without_nvml_check(), warnings.catch_warnings():
+            with _rng_guard(), _without_nvml_check(), _without_advert(), warnings.catch_warnings():
                 # Lightning 2.6's pytree helper uses an API torch 2.15 deprecates (once per fit)
                 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
                 if plan.validation is not None:  # validated by the bridge, not Lightning's loop
