@@ -1,4 +1,4 @@
-"""A Lightning run prints no device banners ("GPU available: …", "TPU available: …")."""
+"""A Lightning run prints no banners ("GPU available: …", "TPU available: …", "stopped: max_steps")."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pipekit_train.lightning import Lightning, LightningModelOp
 
 pytestmark = pytest.mark.usefixtures("lightning_module")
 
-BANNERS = ("GPU available", "TPU available", "LOCAL_RANK:", "💡 Tip")
+BANNERS = ("GPU available", "TPU available", "LOCAL_RANK:", "💡 Tip", "`Trainer.fit` stopped")
 
 
 class _Collect(logging.Handler):

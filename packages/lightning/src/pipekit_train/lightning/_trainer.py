@@ -30,10 +30,18 @@ __all__ = ["Lightning"]
 
 
 # Lines Lightning logs at INFO on every run that say nothing about this run: the product
-# tip of `Trainer()`, its "GPU available: … / TPU available: …" device banners, and the
-# "LOCAL_RANK: 0 - CUDA_VISIBLE_DEVICES: […]" line of `fit` on CUDA. Other INFO lines (precision,
-# Tensor Core hints) and every warning stay.
-_BANNERS = ("💡 Tip", "GPU available:", "TPU available:", "HPU available:", "LOCAL_RANK:")
+# tip of `Trainer()`, its "GPU available: … / TPU available: …" device banners, the
+# "LOCAL_RANK: 0 - CUDA_VISIBLE_DEVICES: […]" line of `fit` on CUDA, and "`Trainer.fit`
+# stopped: `max_steps=N` reached." (the adapter sets max_steps: every run ends that way).
+# Other INFO lines (precision, Tensor Core hints) and every warning stay.
+_BANNERS = (
+    "💡 Tip",
+    "GPU available:",
+    "TPU available:",
+    "HPU available:",
+    "LOCAL_RANK:",
+    "`Trainer.fit` stopped: `max_steps=",
+)
 _BANNER_LOGGERS = (
     "lightning.pytorch.utilities.rank_zero",
     "lightning.fabric.utilities.rank_zero",
