@@ -225,9 +225,14 @@ class Lightning:
         ConfigError: an unknown Trainer argument, or one that `TrainingLoop` owns.
 
     Examples:
+        >>> from pipekit_train.core import TrainingLoop
+        >>> from pipekit_train.core.testing import regression_task
+        >>> from pipekit_train.lightning import Lightning, LightningModelOp
+        >>> train, val = regression_task(in_size=2)
         >>> loop = TrainingLoop(model=LightningModelOp("pipekit_train.lightning.testing:mlp",
         ...                     in_size=2, out_size=1), data=train, batch_size=64, max_steps=500,
         ...                     adapter=Lightning(precision="bf16-mixed"))
+        >>> artifact = loop.run()  # doctest: +SKIP
     """
 
     name = "lightning"
