@@ -16,8 +16,9 @@ def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("PIPEKIT_NOTEBOOK_STEPS", "400")
     monkeypatch.setenv("KERAS_BACKEND", "jax")
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    # Run it where a downloaded notebook would run: a folder outside the repository.
     client = nbclient.NotebookClient(
-        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
     client.execute()
     errors = [
@@ -29,6 +30,17 @@ def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.Monkey
     ]
     assert not errors
     assert not [p.name for p in NOTEBOOKS.iterdir() if p.suffix != ".ipynb"], "files left behind"
+    assert not list(tmp_path.iterdir()), "files left behind in the working directory"
+
+
+@pytest.mark.parametrize("name", ["quickstart.ipynb", "cycle_handoff.ipynb"])
+def test_notebook_is_self_contained(name: str) -> None:
+    """A notebook downloaded from the site runs: it imports nothing from the repository."""
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    for needle in ("sys.path", "examples", "toymodels", "../"):
+        assert needle not in code, f"{name} uses {needle!r}: define what it needs inline"
 
 
 @pytest.mark.parametrize("name", ["quickstart.ipynb", "cycle_handoff.ipynb"])

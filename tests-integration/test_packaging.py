@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -163,6 +164,83 @@ def _pyproject(name: str) -> dict[str, Any]:
         return tomllib.load(fh)
 
 
+LICENSE_TEXT = (ROOT / "LICENSE").read_text()
+# Markdown links `[text](target)`, `<target>` autolinks and `src="target"` / `href="target"`.
+_LINK = re.compile(
+    r"\]\(\s*<?([^)\s>]+)|<((?:[a-z]+:)?[^<>\s]*[/.][^<>\s]*)>|(?:src|href)=\"([^\"]+)\""
+)
+# Releases PyPI marks as yanked that a floor must exclude: zarr 3.0.0-3.0.7 ("zarr.load()
+# deletes data", zarr-developers/zarr-python#3061).
+YANKED = {"zarr": [f"3.0.{i}" for i in range(8)]}
+
+
+def _metadata_headers(metadata: str) -> dict[str, list[str]]:
+    headers: dict[str, list[str]] = {}
+    for line in metadata.split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(": ")
+        headers.setdefault(key, []).append(value.strip())
+    return headers
+
+
+def _relative_links(markdown: str) -> list[str]:
+    """Link targets that do not resolve on PyPI (anything but an absolute URL or mailto)."""
+    found = [next(g for g in m.groups() if g) for m in _LINK.finditer(markdown)]
+    return [t for t in found if not t.startswith(("https://", "http://", "mailto:"))]
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text))
+
+
+@pytest.mark.parametrize("name", DISTS)
+def test_license_readme_and_metadata_sources(name: str) -> None:
+    """Fast checks on the sources (no build): what the wheel checks below see built."""
+    assert "Apache License" in LICENSE_TEXT and "Version 2.0, January 2004" in LICENSE_TEXT
+    member = ROOT / "packages" / name
+    assert (member / "LICENSE").read_text() == LICENSE_TEXT, f"packages/{name}/LICENSE differs"
+    project = _pyproject(name)["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    assert project.get("authors"), f"{name}: no authors"
+    classifiers = project.get("classifiers", [])
+    assert classifiers and not [c for c in classifiers if c.startswith("License ::")], (
+        f"{name}: classifiers missing, or a License :: classifier next to a PEP 639 license"
+    )
+    urls = project.get("urls", {})
+    assert {"Homepage", "Documentation", "Repository", "Issues"} <= set(urls), urls
+    readme = (member / project["readme"]).read_text()
+    assert len(readme.strip().splitlines()) > 2, f"packages/{name}/README.md is too short"
+    assert not _relative_links(readme), f"{name} README: relative links {_relative_links(readme)}"
+
+
+def test_relative_link_detector() -> None:
+    text = "[a](../../README.md) [b](https://x.org/y) <https://x.org> <docs/x.md> [c](#anchor)"
+    assert _relative_links(text) == ["../../README.md", "docs/x.md", "#anchor"]
+
+
+def test_dependency_floors_exclude_yanked_releases() -> None:
+    for name in DISTS:
+        project = _pyproject(name)["project"]
+        deps = list(project["dependencies"])
+        deps += [d for extra in project.get("optional-dependencies", {}).values() for d in extra]
+        for dep in deps:
+            match = re.match(r"([A-Za-z0-9_.-]+)(?:\[[^]]*\])?\s*(.*)", dep)
+            assert match is not None, dep
+            dist, spec = match.group(1).lower(), match.group(2)
+            floors = re.findall(r">=\s*([0-9][0-9.]*)", spec)
+            for yanked in YANKED.get(dist, []):
+                assert floors and _version(floors[0]) > _version(yanked), (
+                    f"{name}: {dep!r} admits the yanked {dist} {yanked}"
+                )
+    # The floor still admits what the lock resolved.
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    locked = [p["version"] for p in lock["package"] if p["name"] == "zarr"]
+    core_zarr = next(
+        d for d in _pyproject("core")["project"]["dependencies"] if d.startswith("zarr")
+    )
+    floor = _version(re.findall(r">=\s*([0-9.]+)", core_zarr)[0])
+    assert locked and all(_version(v) >= floor for v in locked), (core_zarr, locked)
+
+
 @pytest.mark.parametrize("name", DISTS)
 def test_wheel_and_sdist_built(dist_root: Path, name: str) -> None:
     project = _pyproject(name)["project"]
@@ -176,6 +254,9 @@ def test_wheel_and_sdist_built(dist_root: Path, name: str) -> None:
 
     with zipfile.ZipFile(folder / f"{stem}-py3-none-any.whl") as whl:
         metadata = whl.read(f"{stem}.dist-info/METADATA").decode()
+        names = set(whl.namelist())
+        license_path = f"{stem}.dist-info/licenses/LICENSE"
+        wheel_license = whl.read(license_path).decode() if license_path in names else None
     requires = [
         line.split(":", 1)[1].strip()
         for line in metadata.splitlines()
@@ -190,9 +271,32 @@ def test_wheel_and_sdist_built(dist_root: Path, name: str) -> None:
 
     with tarfile.open(folder / f"{stem}.tar.gz") as sdist:
         members = set(sdist.getnames())
-    for needed in ("pyproject.toml", "README.md", f"src/pipekit_train/{name}/__init__.py"):
+        assert f"{stem}/LICENSE" in members, f"LICENSE missing from the {dist} sdist"
+        sdist_license = sdist.extractfile(f"{stem}/LICENSE")
+        assert sdist_license is not None and sdist_license.read().decode() == LICENSE_TEXT
+    for needed in (
+        "pyproject.toml",
+        "README.md",
+        "LICENSE",
+        f"src/pipekit_train/{name}/__init__.py",
+    ):
         assert f"{stem}/{needed}" in members, f"{needed} missing from the {dist} sdist"
     assert f"{stem}/src/pipekit_train/__init__.py" not in members
+
+    # The license travels in the wheel (PEP 639) and the metadata says what PyPI shows.
+    assert wheel_license == LICENSE_TEXT, f"{dist} wheel lacks dist-info/licenses/LICENSE"
+    headers = _metadata_headers(metadata)
+    assert headers.get("License-Expression") == ["Apache-2.0"], headers.get("License-Expression")
+    assert headers.get("License-File") == ["LICENSE"], headers.get("License-File")
+    assert headers.get("Author"), f"{dist} has no Author"
+    urls = dict(u.split(", ", 1) for u in headers.get("Project-URL", []))
+    assert {"Homepage", "Documentation", "Repository", "Issues"} <= set(urls), urls
+    assert all(u.startswith("https://") for u in urls.values()), urls
+    classifiers = headers.get("Classifier", [])
+    assert "Programming Language :: Python :: 3" in classifiers, classifiers
+    assert any(c.startswith("Development Status ::") for c in classifiers), classifiers
+    description = metadata.split("\n\n", 1)[1]  # the README, as PyPI renders it
+    assert description.strip() and not _relative_links(description), _relative_links(description)
 
 
 def test_dependency_ranges_on_core() -> None:

@@ -91,8 +91,8 @@ class EquinoxModelOp(ModelOpBase):
     """An Equinox model operator.
 
     ```python
-    op = EquinoxModelOp("examples.models:mlp", in_size=2, out_size=1, width=64, seed=0)
-    y = op(np.zeros((8, 2), np.float32))     # jitted, inference mode
+    op = EquinoxModelOp("pipekit_train.equinox.testing:mlp", in_size=2, out_size=1, width=64, seed=0)
+    y = op(np.zeros((8, 2), np.float32))  # jitted, inference mode; y.shape == (8, 1)
     ```
 
     Args:

@@ -109,6 +109,8 @@ class KerasModelOp(ModelOpBase):
         **kwargs: JSON keyword arguments forwarded to the factory.
 
     Examples:
+        >>> import numpy as np
+        >>> from pipekit_train.keras import KerasModelOp
         >>> op = KerasModelOp("pipekit_train.keras.testing:linear", in_size=4, out_size=1)
         >>> op(np.zeros((2, 4), np.float32)).shape
         (2, 1)

@@ -49,12 +49,18 @@ class Keras(Adapter):
     `sharding="data_parallel"` for all local devices) to `TrainingLoop` (jax backend).
 
     Examples:
+        >>> from pipekit_train.core import TrainingLoop
+        >>> from pipekit_train.core.testing import regression_task
+        >>> from pipekit_train.keras import Keras, KerasModelOp
+        >>> train, val = regression_task()
         >>> loop = TrainingLoop(
         ...     model=KerasModelOp("pipekit_train.keras.testing:linear", in_size=4, out_size=1),
         ...     data=train, loss="mse", optimizer_config={"name": "adam", "lr": 1e-2},
         ...     batch_size=32, max_steps=100, adapter=Keras(steps_per_execution=10),
         ... )
         >>> artifact = loop.run()
+        >>> artifact.steps
+        100
     """
 
     name = "keras"

@@ -106,6 +106,8 @@ class LightningModelOp(ModelOpBase):
         **kwargs: JSON keyword arguments for the factory.
 
     Examples:
+        >>> import numpy as np
+        >>> from pipekit_train.lightning import LightningModelOp
         >>> op = LightningModelOp("pipekit_train.lightning.testing:mlp", in_size=2, out_size=1, seed=0)
         >>> op(np.zeros((4, 2), np.float32)).shape
         (4, 1)

@@ -29,23 +29,45 @@ from ._optim import build_optimizer, check_optimizer_config, gradient_clip
 __all__ = ["Lightning"]
 
 
+# Lines Lightning logs at INFO on every run that say nothing about this run: the product
+# tip of `Trainer()`, its "GPU available: … / TPU available: …" device banners, the
+# "LOCAL_RANK: 0 - CUDA_VISIBLE_DEVICES: […]" line of `fit` on CUDA, and "`Trainer.fit`
+# stopped: `max_steps=N` reached." (the adapter sets max_steps: every run ends that way).
+# Other INFO lines (precision, Tensor Core hints) and every warning stay.
+_BANNERS = (
+    "💡 Tip",
+    "GPU available:",
+    "TPU available:",
+    "HPU available:",
+    "LOCAL_RANK:",
+    "`Trainer.fit` stopped: `max_steps=",
+)
+_BANNER_LOGGERS = (
+    "lightning.pytorch.utilities.rank_zero",
+    "lightning.fabric.utilities.rank_zero",
+    "lightning.pytorch.accelerators.cuda",
+)
+
+
 class _DropAdvert(logging.Filter):
-    """Drops the "💡 Tip: ... litlogger" line `Trainer()` logs on every construction."""
+    """Drops Lightning's per-run tip and device banners (`_BANNERS`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip")
+        return not str(record.msg).startswith(_BANNERS)
 
 
 @contextmanager
 def _without_advert() -> Iterator[None]:
-    """While the adapter builds its `Trainer`, hide Lightning's product tip (not its info)."""
-    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    """While the adapter builds and fits its `Trainer`, hide Lightning's tip and banners."""
+    loggers = [logging.getLogger(name) for name in _BANNER_LOGGERS]
     advert = _DropAdvert()
-    logger.addFilter(advert)
+    for logger in loggers:
+        logger.addFilter(advert)
     try:
         yield
     finally:
-        logger.removeFilter(advert)
+        for logger in loggers:
+            logger.removeFilter(advert)
 
 
 # `lightning.Trainer` keyword arguments, minus the ones TrainingLoop owns.
@@ -190,7 +212,8 @@ class Lightning(Adapter):
     `precision`, `callbacks` with
     Lightning callbacks, `logger`). The adapter sets quiet defaults — no Lightning
     logger, checkpointing, progress bar or model summary (core's writers, `Checkpoint`
-    and `ProgressBar` do those jobs) — which explicit arguments override. The run length
+    and `ProgressBar` do those jobs) — which explicit arguments override. Lightning's
+    "GPU available: … / TPU available: …" device banners are not printed. The run length
     belongs to `TrainingLoop` (`max_steps`, `max_epochs`), so Lightning's own stopping
     arguments are refused. `precision` takes core's names (`"float32"`,
     `"bfloat16-mixed"`, `"float16-mixed"`, the same on every backend) or Lightning's own.
@@ -209,9 +232,14 @@ class Lightning(Adapter):
         ConfigError: an unknown Trainer argument, or one that `TrainingLoop` owns.
 
     Examples:
+        >>> from pipekit_train.core import TrainingLoop
+        >>> from pipekit_train.core.testing import regression_task
+        >>> from pipekit_train.lightning import Lightning, LightningModelOp
+        >>> train, val = regression_task(in_size=2)
         >>> loop = TrainingLoop(model=LightningModelOp("pipekit_train.lightning.testing:mlp",
         ...                     in_size=2, out_size=1), data=train, batch_size=64, max_steps=500,
         ...                     adapter=Lightning(precision="bfloat16-mixed"))
+        >>> artifact = loop.run()  # doctest: +SKIP
     """
 
     name = "lightning"
@@ -396,7 +424,7 @@ class Lightning(Adapter):
                 f"this process. Received: strategy={trainer.strategy!r}. Use strategy='ddp'."
             )
         try:
-            with _rng_guard(), _without_nvml_check(), warnings.catch_warnings():
+            with _rng_guard(), _without_nvml_check(), _without_advert(), warnings.catch_warnings():
                 # Lightning 2.6's pytree helper uses an API torch 2.15 deprecates (once per fit)
                 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
                 if plan.validation is not None:  # validated by the bridge, not Lightning's loop

@@ -103,6 +103,7 @@ class ParameterGrid:
             (numbers, strings, bools, None, lists, dicts) so every trial can be journaled.
 
     Examples:
+        >>> from pipekit_train.sweep import ParameterGrid
         >>> grid = ParameterGrid({"lr": [1e-3, 1e-2], "batch_size": [16, 32]})
         >>> len(grid)
         4

@@ -26,6 +26,7 @@ class LambdaCallback:
         on_train_end: `fn(state, artifact)`.
 
     Examples:
+        >>> from pipekit_train.core.callbacks import LambdaCallback
         >>> cb = LambdaCallback(on_step_end=lambda state: print(state.step))
     """
 

@@ -96,11 +96,19 @@ def make_batches(
             a shard while `drop_remainder=True`.
 
     Examples:
+        >>> import numpy as np
+        >>> from pipekit_train.core.data import ArrayDataset, make_batches
+        >>> x, y = np.zeros((1000, 8), np.float32), np.zeros((1000, 1), np.float32)
         >>> it = make_batches(ArrayDataset(x=x, y=y), 256, seed=0)
         >>> batch = next(it)
+        >>> batch["x"].shape, it.steps_per_epoch
+        ((256, 8), 3)
         >>> state = it.get_state()                  # JSON, goes into a checkpoint
+        >>> val_ds = ArrayDataset(x=x[:300], y=y[:300])
         >>> val = make_batches(val_ds, 256, shuffle=False, drop_remainder=False,
         ...                    num_epochs=1)        # one pass, last batch partial
+        >>> [b["x"].shape[0] for b in val]
+        [256, 44]
     """
     batch_size = _check_int("batch_size", batch_size, 1, "Use e.g. batch_size=32.")
     seed = _check_int("seed", seed, 0, "Use e.g. seed=0.")

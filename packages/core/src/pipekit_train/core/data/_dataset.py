@@ -194,6 +194,8 @@ class ArrayDataset:
         ConfigError: no arrays, a 0-d array, a non-numeric dtype, or unequal lengths.
 
     Examples:
+        >>> import numpy as np
+        >>> from pipekit_train.core.data import ArrayDataset
         >>> ds = ArrayDataset(x=np.zeros((100, 8), np.float32), y=np.zeros((100, 1)))
         >>> ds.get_batch(np.array([3, 1]))["x"].shape
         (2, 8)
@@ -291,6 +293,8 @@ class IterableDataset:
             instead of the generator function).
 
     Examples:
+        >>> import numpy as np
+        >>> from pipekit_train.core.data import IterableDataset
         >>> def samples():
         ...     for i in range(10):
         ...         yield {"x": np.full(3, i, np.float32), "y": np.float32(i)}

@@ -227,7 +227,13 @@ class Normalizer:
         """Undo `apply`: `x * std + mean` for a dict (fitted keys) or one array of `key`.
 
         Examples:
-            >>> y_pred = normalizer.invert(model(x_norm), key="y")
+            >>> import numpy as np
+            >>> from pipekit_train.core.data import ArrayDataset, Normalizer
+            >>> ds = ArrayDataset(x=np.arange(8.0).reshape(4, 2), y=np.arange(4.0).reshape(4, 1))
+            >>> normalizer = Normalizer.fit(ds, keys=("x", "y"))
+            >>> y_norm = normalizer.apply(ds.get_batch(np.arange(4)))["y"]  # e.g. a prediction
+            >>> normalizer.invert(y_norm, key="y").ravel()  # back in original units
+            array([0., 1., 2., 3.])
         """
         return self._map(data, key, False)
 

@@ -119,7 +119,12 @@ def split(dataset: Any, fractions: Sequence[float], seed: int = 0) -> tuple[Subs
             would be empty.
 
     Examples:
+        >>> import numpy as np
+        >>> from pipekit_train.core.data import ArrayDataset, split
+        >>> ds = ArrayDataset(x=np.zeros((100, 8), np.float32), y=np.zeros((100, 1), np.float32))
         >>> train, val = split(ds, (0.9, 0.1), seed=0)
+        >>> len(train), len(val)
+        (90, 10)
     """
     if isinstance(fractions, (int, float)) or not isinstance(fractions, Sequence) or not fractions:
         raise ConfigError(
