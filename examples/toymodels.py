@@ -76,14 +76,21 @@ def torch_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2) -> A
 
 @model_factory
 def keras_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2) -> Any:
-    """A Keras MLP with tanh activations."""
+    """A Keras MLP with tanh activations, initialised like the torch and Equinox ones.
+
+    Keras's `Dense` defaults to a Glorot-uniform kernel and a zero bias; torch and Equinox
+    draw both uniform in `±1/sqrt(fan_in)`. `dense` picks the latter, so the three
+    backends start from the same family (the emulator's rollout error then matches).
+    """
     import keras
 
+    from pipekit_train.keras.testing import dense
+
     inputs = keras.Input((in_size,))
-    h = inputs
+    h, fan_in = inputs, in_size
     for _ in range(depth):
-        h = keras.layers.Dense(width, activation="tanh")(h)
-    return keras.Model(inputs, keras.layers.Dense(out_size)(h))
+        h, fan_in = dense(width, fan_in, "tanh")(h), width
+    return keras.Model(inputs, dense(out_size, fan_in)(h))
 
 
 def model_op(

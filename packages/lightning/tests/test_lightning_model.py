@@ -232,3 +232,8 @@ def test_import_does_not_import_lightning() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
     assert random.random() is not None
+
+
+def test_wrap_refuses_a_negative_seed() -> None:
+    with pytest.raises(ConfigError, match=r"Received: seed=-1"):
+        LightningModelOp.wrap(torch.nn.Linear(2, 1), seed=-1)

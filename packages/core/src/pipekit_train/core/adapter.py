@@ -18,7 +18,7 @@ classes here and uses the shared machinery, and imports nothing private from cor
   `learning_rate_at`, `peak_learning_rate` (learning-rate curves in plain Python),
   `PRECISIONS`/`resolve_precision`.
 - **Helpers**: `is_core_dataset`, `describe_callable`, `import_string`, `object_path`,
-  `optional_import`, `default_fetch`.
+  `optional_import`, `default_fetch`, `check_seed`.
 
 See the "Writing an adapter" page of the docs for a walk-through.
 """
@@ -33,6 +33,7 @@ from ._checkpointing import (
 )
 from ._driver import abort_run, check_resume_key, restore_or_start, run_step_loop, stack_batches
 from ._imports import import_string, object_path, optional_import
+from ._operators import check_seed
 from ._plan import Plan, describe_callable, is_core_dataset, steps_per_epoch
 from ._runtime import RunContext, RunState, default_fetch
 from ._schedules import SCHEDULES, check_schedule, learning_rate_at, peak_learning_rate
@@ -65,6 +66,7 @@ __all__ = [
     "abort_run",
     "check_resume_key",
     "check_schedule",
+    "check_seed",
     "default_fetch",
     "describe_callable",
     "import_string",

@@ -134,8 +134,9 @@ class LightningModelOp(ModelOpBase):
         keyword arguments, so `from_config` can rebuild it when the class is importable
         and takes those arguments.
         """
-        from pipekit_train.core.adapter import object_path
+        from pipekit_train.core.adapter import check_seed, object_path
 
+        seed = check_seed(seed)
         try:
             factory = object_path(type(module))
         except ConfigError:

@@ -18,6 +18,7 @@ import numpy as np
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.adapter import (
     DirectoryCheckpointer,
+    NotSupportedError,
     Plan,
     StepAdapter,
     StepBackend,
@@ -96,6 +97,13 @@ class NumpyAdapter(StepAdapter):
             raise ConfigError(
                 f"`optimizer_config['name']` must be one of {list(_OPTIMIZERS)} for NumpyAdapter. "
                 f"Received: name={cfg['name']!r}."
+            )
+        unsupported = {k: cfg[k] for k in ("weight_decay", "clip_norm", "clip_value") if cfg.get(k)}
+        if unsupported:
+            raise NotSupportedError(
+                f"NumpyAdapter does not implement {sorted(unsupported)}. Received: "
+                f"{', '.join(f'{k}={v!r}' for k, v in unsupported.items())}. Drop them, or use "
+                "a framework backend."
             )
         if not isinstance(cfg["learning_rate"], (int, float)):
             raise ConfigError(
