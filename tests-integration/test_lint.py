@@ -45,3 +45,17 @@ def test_ruff_rejects_a_backend_import_in_core() -> None:
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "TID251" in proc.stdout and "never imports a backend" in proc.stdout
+
+
+def test_adapters_import_only_public_core_modules() -> None:
+    """Backends use the contract (`pipekit_train.core.adapter`), never `core._private`."""
+    import re
+
+    private = re.compile(r"pipekit_train\.core\._\w+|from pipekit_train\.core import _")
+    offenders = []
+    for package in ("equinox", "lightning", "keras", "sweep"):
+        for path in sorted((ROOT / "packages" / package / "src").rglob("*.py")):
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if private.search(line):
+                    offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)

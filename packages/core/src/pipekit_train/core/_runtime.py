@@ -223,7 +223,10 @@ class RunContext:
         )
         if shard[1] > 1:
             # each process sees 1/count of the data: epochs are per-shard
-            self.steps_per_epoch = max(1, it.steps_per_epoch // self.plan.accumulate_grad_batches)
+            batches = it.steps_per_epoch
+            self.steps_per_epoch = (
+                None if batches is None else max(1, batches // self.plan.accumulate_grad_batches)
+            )
             if self.plan.max_epochs is not None and self.steps_per_epoch:
                 by_epochs = self.plan.max_epochs * self.steps_per_epoch
                 self.total_steps = (
@@ -236,9 +239,7 @@ class RunContext:
             saved = data_state.get("shard")
             if isinstance(saved, (list, tuple)) and len(saved) == 2 and int(saved[1]) == shard[1]:
                 # the chief wrote the state; shards advance in lockstep, so take our own index
-                data_state["shard"] = (
-                    type(saved)(shard) if isinstance(saved, tuple) else list(shard)
-                )
+                data_state["shard"] = tuple(shard) if isinstance(saved, tuple) else list(shard)
             it.set_state(data_state)
         self._train_iter = it
         if self.plan.normalizer is not None:
