@@ -87,6 +87,13 @@ def test_killed_run_resumes_exactly(make_loop, regression, tmp_path: Path, kind:
     assert resumed.history["loss"] == reference.history["loss"]
 
 
+def test_an_already_repeated_map_dataset(regression) -> None:
+    once = GrainBatches(_map_ds(regression))
+    repeated = GrainBatches(_map_ds(regression).repeat())
+    for _ in range(20):
+        np.testing.assert_array_equal(next(once)["x"], next(repeated)["x"])
+
+
 def test_fused_steps_with_a_grain_loader(make_loop, regression) -> None:
     one = make_loop(data=_map_ds(regression), validation=None, max_steps=12).run()
     fused = make_loop(
@@ -123,3 +130,5 @@ def test_bad_native_data_is_refused_before_any_work(make_loop, regression) -> No
         make_loop(data=unbatched)
     with pytest.raises(ConfigError, match="max_epochs"):
         make_loop(data=_map_ds(regression), max_steps=None, max_epochs=2)
+    with pytest.raises(ConfigError, match="validation MapDataset must be finite"):
+        make_loop(data=_map_ds(regression), validation=_map_ds(regression, 1).repeat())

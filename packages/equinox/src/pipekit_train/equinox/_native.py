@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -40,6 +41,11 @@ def check_first_batch(data: Any, name: str) -> None:
     if isinstance(data, grain.MapDataset):
         if len(data) == 0:
             raise ConfigError(f"`{name}` is an empty grain MapDataset. Received: len({name})=0.")
+        if name == "validation" and len(data) >= sys.maxsize:
+            raise ConfigError(
+                "A validation MapDataset must be finite. Received: validation=a repeated "
+                "MapDataset. Drop its .repeat()."
+            )
         _as_batch(data[0], name)
 
 
@@ -110,7 +116,8 @@ class GrainBatches:
         self.data = data
         self._make: Callable[[], Iterator[Any]]
         if isinstance(data, grain.MapDataset):
-            repeated = data.repeat().to_iter_dataset()
+            infinite = len(data) >= sys.maxsize  # already repeated by the user
+            repeated = (data if infinite else data.repeat()).to_iter_dataset()
             self._make = lambda: iter(repeated)
         else:
             self._make = lambda: iter(data)
@@ -156,7 +163,12 @@ class GrainBatches:
 
 
 def eval_batches(data: Any) -> Iterator[dict[str, np.ndarray]]:
-    """One pass over a grain validation loader (it must be finite)."""
-    source = data.to_iter_dataset() if isinstance(data, grain.MapDataset) else data
-    for element in source:
+    """One pass over a grain validation loader (it must be finite), in order."""
+    if isinstance(data, grain.MapDataset):
+        for i in range(len(data)):
+            element = data[i]
+            if element is not None:  # a filtered-out element
+                yield _as_batch(element, "validation")
+        return
+    for element in data:
         yield _as_batch(element, "validation")
