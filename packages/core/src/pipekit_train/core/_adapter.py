@@ -23,7 +23,7 @@ methods raise `NotSupportedError` naming the backend.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -50,7 +50,8 @@ class Capabilities:
     """What an adapter offers beyond the required members.
 
     Attributes:
-        native_data: accepts its framework's own loaders (`Adapter.accepts_data`).
+        native_data: accepts its framework's own loaders (`Adapter.accepts_data`); a
+            step-based backend then supplies their batches (`StepBackend.native_batches`).
         online: has a step backend for `OnlineTrainer` (`Adapter.step_backend`).
         fused_steps: can fuse several optimizer steps into one call.
         sharding: accepts a `sharding=` spec on the loop.
@@ -216,3 +217,27 @@ class StepBackend(abc.ABC, Generic[StateT]):
     def learning_rate(self, state: StateT) -> float | None:
         """The learning rate of the next step, if known."""
         return None
+
+    def native_batches(
+        self, data: Any, data_state: Mapping[str, Any] | None
+    ) -> Iterator[Mapping[str, np.ndarray]]:
+        """The training batches of a native loader (one the adapter's `accepts_data` took).
+
+        `run_step_loop` calls this instead of core's batching when `plan.data` is not a
+        core dataset. The iterator yields numpy batch dicts (`{"x": ..., "y": ...}`,
+        already batched) without end (repeat epochs), positioned by `data_state` (a
+        resume; None: the start). If it has `get_state() -> dict` (JSON-able) and
+        `set_state`, its state goes into every checkpoint and a resume is exact;
+        otherwise a resume restarts the loader from its beginning (with a warning).
+        """
+        raise NotSupportedError(
+            f"{type(self).__name__} has no native data loaders. Received: "
+            f"data={type(data).__name__}. Use a pipekit dataset (e.g. ArrayDataset)."
+        )
+
+    def native_eval_batches(self, data: Any) -> Iterator[Mapping[str, np.ndarray]]:
+        """One pass over a native validation loader, as numpy batch dicts."""
+        raise NotSupportedError(
+            f"{type(self).__name__} has no native data loaders. Received: "
+            f"validation={type(data).__name__}. Use a pipekit dataset (e.g. ArrayDataset)."
+        )

@@ -18,7 +18,7 @@ from ._adapter import StepBackend
 from ._artifact import TrainingArtifact
 from ._checkpointing import Checkpointer, Restored
 from ._errors import CheckpointError
-from ._plan import Plan
+from ._plan import Plan, is_core_dataset
 from ._runtime import RunContext
 
 __all__ = [
@@ -105,12 +105,19 @@ def run_step_loop(plan: Plan, backend: StepBackend[Any]) -> TrainingArtifact:
         state = backend.init_state()
         state, data_state = restore_or_start(plan, ckpt, state, ctx)
         holder["state"] = state
-        batches = ctx.train_batches(data_state, shard=backend.data_shard)
+        if is_core_dataset(plan.data):
+            batches = ctx.train_batches(data_state, shard=backend.data_shard)
+        else:  # a native loader the adapter accepted
+            batches = ctx.use_train_iterator(backend.native_batches(plan.data, data_state))
+        native_val = plan.validation is not None and not is_core_dataset(plan.validation)
         ctx.begin()
 
         def validate() -> None:
             current = holder["state"]
-            ctx.validate(lambda batch: backend.eval_batch(current, batch))
+            ctx.validate(
+                lambda batch: backend.eval_batch(current, batch),
+                batches=backend.native_eval_batches(plan.validation) if native_val else None,
+            )
 
         def save() -> None:
             assert ckpt is not None

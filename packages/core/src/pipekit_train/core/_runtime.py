@@ -13,7 +13,8 @@ import importlib.metadata
 import math
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -246,6 +247,27 @@ class RunContext:
             return _Normalized(it, self.plan.normalizer)
         return it
 
+    def use_train_iterator(self, it: Any) -> Any:
+        """Adopt a backend's own training batch iterator (a native loader's batches).
+
+        Its `get_state()` (a JSON-able dict), when it has one, goes into every checkpoint
+        (`checkpoint_meta`), so a resume is exact if the backend positions a new iterator
+        with it. Without `get_state` a resumed run restarts the loader from its beginning
+        (warned here). Returns the iterator to pull batches from (through the plan's
+        normalizer, if any).
+        """
+        self._train_iter = it
+        if self.resumed_from_step and not callable(getattr(it, "get_state", None)):
+            warnings.warn(
+                f"Resuming at step {self.resumed_from_step}, but the training loader "
+                f"({type(it).__name__}) has no checkpointable state: it restarts from its "
+                "beginning, so the resumed run sees different batches than an uninterrupted one.",
+                stacklevel=2,
+            )
+        if self.plan.normalizer is not None:
+            return _Normalized(it, self.plan.normalizer)
+        return it
+
     def _sync_epoch(self) -> None:
         spe = self.steps_per_epoch
         if spe:
@@ -453,23 +475,34 @@ class RunContext:
         return self.done
 
     def validate(
-        self, eval_batch: Callable[[dict[str, np.ndarray]], tuple[Any, Any]]
+        self,
+        eval_batch: Callable[[dict[str, np.ndarray]], tuple[Any, Any]],
+        *,
+        batches: Iterable[Mapping[str, np.ndarray]] | None = None,
     ) -> dict[str, float]:
         """Run validation with `eval_batch(batch) -> (pred, mean_loss)` and record it.
 
         Predictions come back to the host; the loss is averaged weighted by batch size and
         every metric is computed once on the concatenated predictions (numpy).
-        """
-        from .data import make_batches
 
-        it = make_batches(
-            self.plan.validation,
-            self.plan.batch_size,
-            seed=self.plan.seed,
-            shuffle=False,
-            drop_remainder=False,
-            num_epochs=1,
-        )
+        Args:
+            eval_batch: evaluates one numpy batch with the current weights.
+            batches: one pass over the validation batches (a native loader's); None:
+                core batches `plan.validation`.
+        """
+        if batches is None:
+            from .data import make_batches
+
+            it: Iterable[Any] = make_batches(
+                self.plan.validation,
+                self.plan.batch_size,
+                seed=self.plan.seed,
+                shuffle=False,
+                drop_remainder=False,
+                num_epochs=1,
+            )
+        else:
+            it = batches
         preds, targets, total, count = [], [], 0.0, 0
         norm = self.plan.normalizer
         for batch in it:
@@ -513,8 +546,9 @@ class RunContext:
     def checkpoint_meta(self, data_state: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The JSON saved with every checkpoint: step, data iterator state, run state, plan."""
         self.flush_metrics()
-        if data_state is None and self._train_iter is not None:
-            data_state = self._train_iter.get_state()
+        get_state = getattr(self._train_iter, "get_state", None)
+        if data_state is None and callable(get_state):
+            data_state = get_state()
         return {
             "step": self.step,
             "epoch": self.epoch,

@@ -9,7 +9,8 @@ steps, evaluate, checkpoint.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import jax
@@ -18,7 +19,13 @@ import numpy as np
 
 import equinox as eqx
 from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import Capabilities, Plan, StepAdapter, StepBackend
+from pipekit_train.core.adapter import (
+    Capabilities,
+    Plan,
+    StepAdapter,
+    StepBackend,
+    is_core_dataset,
+)
 
 from ._checkpoint import OrbaxCheckpointer, abstract_of
 from ._model import EquinoxModelOp, _host_array, has_stochastic_layers, takes_key
@@ -67,6 +74,7 @@ class Equinox(StepAdapter):
 
     name = "equinox"
     capabilities = Capabilities(
+        native_data=True,
         online=True,
         fused_steps=True,
         sharding=True,
@@ -136,6 +144,21 @@ class Equinox(StepAdapter):
             )
         return DynamicLossScale.create()
 
+    # -- data --------------------------------------------------------------------------
+    def accepts_data(self, data: Any) -> bool:
+        """Whether `data` is a grain `MapDataset`, `IterDataset` or `DataLoader`.
+
+        Their elements must be batches: dicts of numpy arrays with `"x"` and `"y"` (e.g.
+        `grain.MapDataset.source(samples).shuffle(seed=0).batch(32, drop_remainder=True)`).
+        A `MapDataset` is repeated over epochs; the grain iterator's state goes into every
+        checkpoint, so a resume is exact.
+        """
+        if "grain" not in sys.modules:  # a grain object means grain was imported
+            return False
+        from ._native import is_grain_loader
+
+        return is_grain_loader(data)
+
     # -- validation --------------------------------------------------------------------
     def validate_online(self, plan: Plan) -> None:
         """Checks shared by `TrainingLoop` and `OnlineTrainer`: the model and optimizer."""
@@ -164,6 +187,25 @@ class Equinox(StepAdapter):
                 f"A multi-process run ({jax.process_count()} processes) needs `sharding=ShardingSpec(mesh)`. "
                 "Received: sharding=None."
             )
+        for name in ("data", "validation"):
+            data = getattr(plan, name)
+            if data is None or is_core_dataset(data):
+                continue
+            if not self.accepts_data(data):  # TrainingLoop checks this too
+                raise ConfigError(
+                    f"`{name}` must be a pipekit dataset or a grain MapDataset, IterDataset or "
+                    f"DataLoader. Received: {name}={type(data).__name__}."
+                )
+            if jax.process_count() > 1:
+                raise ConfigError(
+                    f"A grain `{name}` is not supported in a multi-process run: each process "
+                    "would read the whole loader. Received: "
+                    f"{name}={type(data).__name__}, processes={jax.process_count()}. "
+                    "Use a pipekit dataset (core shards it per process)."
+                )
+            from ._native import check_first_batch
+
+            check_first_batch(data, name)
 
     # -- running -----------------------------------------------------------------------
     def step_backend(self, plan: Plan) -> EquinoxBackend:
@@ -267,7 +309,7 @@ class EquinoxBackend(StepBackend[FlatState]):
     # -- data --------------------------------------------------------------------------
     @staticmethod
     def _sample_rank(data: Any) -> int | None:
-        if data is None:
+        if data is None or not is_core_dataset(data):
             return None
         try:
             spec = getattr(data, "element_spec", None)
@@ -276,6 +318,24 @@ class EquinoxBackend(StepBackend[FlatState]):
             return int(np.ndim(data[0]["x"]))
         except Exception:
             return None
+
+    def native_batches(
+        self, data: Any, data_state: Mapping[str, Any] | None
+    ) -> Iterator[Mapping[str, np.ndarray]]:
+        """Endless numpy batches from a grain loader, positioned by `data_state`.
+
+        Its `get_state()` (grain's iterator state and the epoch, as JSON) goes into every
+        checkpoint, so a resumed run continues with the same batches.
+        """
+        from ._native import GrainBatches
+
+        return GrainBatches(data, data_state)
+
+    def native_eval_batches(self, data: Any) -> Iterator[Mapping[str, np.ndarray]]:
+        """One pass over a grain validation loader."""
+        from ._native import eval_batches
+
+        return eval_batches(data)
 
     def put(self, batch: Mapping[str, np.ndarray]) -> Any:
         """A batch (or K stacked batches) ready for the step, moved to the device(s) once.

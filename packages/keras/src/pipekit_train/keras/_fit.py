@@ -26,10 +26,16 @@ import numpy as np
 
 import keras
 from pipekit_train.core import TrainingArtifact
-from pipekit_train.core.adapter import Plan, RunContext, abort_run, restore_or_start
+from pipekit_train.core.adapter import (
+    Plan,
+    RunContext,
+    abort_run,
+    is_core_dataset,
+    restore_or_start,
+)
 
 from . import _weights
-from ._data import FitFeed
+from ._data import FitFeed, native_batches, native_eval_batches
 from ._model import model_weights
 from ._optimizers import build_optimizer
 from ._state import TrainHandle, checkpointer
@@ -218,7 +224,9 @@ class FitSession:
         """Run core's validation with the current weights."""
         if self.handle.sync is not None:
             self.handle.sync()
-        self.ctx.validate(self.eval_batch)
+        val = self.plan.validation
+        native = native_eval_batches(val) if not is_core_dataset(val) else None
+        self.ctx.validate(self.eval_batch, batches=native)
 
     def save(self, consumed: int) -> None:
         """Checkpoint now: model, optimizer, RNG, data position, run state."""
@@ -234,9 +242,11 @@ class FitSession:
         ctx, ckpt, model = self.ctx, self.ckpt, self.handle.model
         try:
             _, data_state = restore_or_start(self.plan, ckpt, self.handle, ctx)
-            self.feed = FitFeed(
-                ctx.train_batches(data_state), self.k_max * self.plan.accumulate_grad_batches
-            )
+            if is_core_dataset(self.plan.data):
+                batches = ctx.train_batches(data_state)
+            else:  # a PyDataset (or tf.data): iterated here, one process
+                batches = ctx.use_train_iterator(native_batches(self.plan.data, data_state))
+            self.feed = FitFeed(batches, self.k_max * self.plan.accumulate_grad_batches)
             ctx.begin()
             if not ctx.done:
                 with self._scope():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import Adapter, Capabilities
+from pipekit_train.core.adapter import Adapter, Capabilities, is_core_dataset
 
 from ._backend import backend_name
 
@@ -65,6 +65,7 @@ class Keras(Adapter):
 
     name = "keras"
     capabilities = Capabilities(
+        native_data=True,
         online=True,
         fused_steps=True,
         sharding=True,
@@ -118,6 +119,19 @@ class Keras(Adapter):
         kwargs = ", ".join(f"{k}={v!r}" for k, v in self.get_config()["kwargs"].items())
         return f"Keras({kwargs})"
 
+    # -- data ----------------------------------------------------------------------------
+    def accepts_data(self, data: Any) -> bool:
+        """Whether `data` is a `keras.utils.PyDataset` (or a `tf.data.Dataset`, with TensorFlow).
+
+        A PyDataset's `__getitem__(i)` returns `(x, y)` batches; it is iterated in this
+        process (its workers are not used) and its position `(epoch, index)` goes into
+        every checkpoint (exact on resume when its batches depend only on the index and the
+        number of finished epochs). A `tf.data.Dataset` is repeated; a resume restarts it.
+        """
+        from ._data import is_native_loader
+
+        return is_native_loader(data)
+
     # -- validation ----------------------------------------------------------------------
     def validate_online(self, plan: Plan) -> None:
         """Checks shared by `TrainingLoop` and `OnlineTrainer` (model, backend, optimizer)."""
@@ -143,6 +157,18 @@ class Keras(Adapter):
         """Raise `ConfigError` for anything this adapter cannot run, before any work."""
         super().validate(plan)
         self.validate_online(plan)
+        for name in ("data", "validation"):
+            data = getattr(plan, name)
+            if data is None or is_core_dataset(data):
+                continue
+            if not self.accepts_data(data):  # TrainingLoop checks this too
+                raise ConfigError(
+                    f"`{name}` must be a pipekit dataset or a keras.utils.PyDataset. "
+                    f"Received: {name}={type(data).__name__}."
+                )
+            from ._data import check_native
+
+            check_native(data, name)
         self.distribution(plan)
 
     def distribution(self, plan: Plan) -> Any:
