@@ -147,13 +147,14 @@ class DirectoryCheckpointer:
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".tmp-{step}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
-        manifest = {"step": step, "files": {}, "score": score}
+        files: dict[str, dict[str, Any]] = {}
+        manifest = {"step": step, "files": files, "score": score}
         for name, data in blobs.items():
             with open(tmp / name, "wb") as fh:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
-            manifest["files"][name] = {"sha256": _sha256(data), "size": len(data)}
+            files[name] = {"sha256": _sha256(data), "size": len(data)}
         with open(tmp / MANIFEST, "w") as fh:
             json.dump(manifest, fh, sort_keys=True)
             fh.flush()

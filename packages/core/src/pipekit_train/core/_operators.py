@@ -111,7 +111,7 @@ class ModelOpBase:
             factory_path = object_path(factory)
             factory_fn = factory
         else:
-            factory_path = factory  # type: ignore[assignment]
+            factory_path = factory
             factory_fn = import_string(factory_path, field="factory")
             if not callable(factory_fn):
                 raise ConfigError(

@@ -123,7 +123,7 @@ def normalize_trusted(
     """
     if trusted is None:
         return frozenset(), frozenset(), ()
-    entries = (
+    entries: object = (
         [trusted] if isinstance(trusted, (str, types.ModuleType)) or callable(trusted) else trusted
     )
     if not isinstance(entries, Iterable):

@@ -41,7 +41,7 @@ class EarlyStopping:
         patience: int = 5,
         mode: str = "min",
         min_delta: float = 0.0,
-    ):
+    ) -> None:
         if not isinstance(monitor, str) or not monitor:
             raise ConfigError(
                 f"`monitor` must be a metric name. Received: monitor={monitor!r}. "
@@ -67,13 +67,13 @@ class EarlyStopping:
                 f"`min_delta` must be a finite number >= 0. Received: min_delta={min_delta!r}. "
                 "Pass e.g. min_delta=0.0."
             )
-        self.monitor = monitor
-        self.patience = int(patience)
-        self.mode = mode
-        self.min_delta = float(min_delta)
+        self.monitor: str = monitor
+        self.patience: int = int(patience)
+        self.mode: str = mode
+        self.min_delta: float = float(min_delta)
         self.best: float | None = None
         self.best_step: int | None = None
-        self.wait = 0
+        self.wait: int = 0
         self.stopped_step: int | None = None
 
     def _improved(self, value: float) -> bool:

@@ -20,7 +20,7 @@ class LearningRateLogger:
         name: the metric name.
     """
 
-    def __init__(self, every_n_steps: int = 1, *, name: str = "lr"):
+    def __init__(self, every_n_steps: int = 1, *, name: str = "lr") -> None:
         if (
             isinstance(every_n_steps, bool)
             or not isinstance(every_n_steps, numbers.Integral)
@@ -32,8 +32,8 @@ class LearningRateLogger:
             )
         if not isinstance(name, str) or not name:
             raise ConfigError(f"`name` must be a non-empty string. Received: name={name!r}.")
-        self.every_n_steps = int(every_n_steps)
-        self.name = name
+        self.every_n_steps: int = int(every_n_steps)
+        self.name: str = name
 
     def on_step_end(self, state: Any) -> None:
         """Log the learning rate on every `every_n_steps`-th step."""

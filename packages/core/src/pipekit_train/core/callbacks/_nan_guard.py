@@ -56,7 +56,7 @@ class NaNGuard:
         NonFiniteLossError: the monitored value is not finite.
     """
 
-    def __init__(self, monitor: str = "loss", check_every_n_steps: int = 1):
+    def __init__(self, monitor: str = "loss", check_every_n_steps: int = 1) -> None:
         if not isinstance(monitor, str) or not monitor:
             raise ConfigError(
                 f"`monitor` must be a metric name. Received: monitor={monitor!r}. "
@@ -68,8 +68,8 @@ class NaNGuard:
                 f"`check_every_n_steps` must be an integer >= 1. Received: check_every_n_steps={n!r}. "
                 "Pass e.g. check_every_n_steps=1."
             )
-        self.monitor = monitor
-        self.check_every_n_steps = int(n)
+        self.monitor: str = monitor
+        self.check_every_n_steps: int = int(n)
 
     def on_step_end(self, state: Any) -> None:
         """Check the monitored metric on every `check_every_n_steps`-th step."""

@@ -49,7 +49,7 @@ class ProgressBar:
         enabled: bool | None = None,
         file: IO[str] | None = None,
         description: str = "train",
-    ):
+    ) -> None:
         if backend not in _BACKENDS:
             raise ConfigError(
                 f"`backend` must be one of {list(_BACKENDS)}. Received: backend={backend!r}. "
@@ -72,19 +72,19 @@ class ProgressBar:
             )
         if backend == "rich":
             optional_import("rich", extra="progress", package="pipekit-train-core")
-        self.backend = backend
-        self.refresh_seconds = float(refresh_seconds)
-        self.enabled = enabled
-        self.file = file
-        self.description = description
-        self._active = False
+        self.backend: str = backend
+        self.refresh_seconds: float = float(refresh_seconds)
+        self.enabled: bool | None = enabled
+        self.file: IO[str] | None = file
+        self.description: str = description
+        self._active: bool = False
         self._bar: Any = None
         self._task: Any = None
-        self._kind = ""
+        self._kind: str = ""
         self._val_loss: float | None = None
-        self._last_time = 0.0
-        self._last_step = 0
-        self._rate = 0.0
+        self._last_time: float = 0.0
+        self._last_step: int = 0
+        self._rate: float = 0.0
 
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, state: Any) -> None:

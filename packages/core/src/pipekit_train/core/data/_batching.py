@@ -18,7 +18,7 @@ different ones each shuffled epoch, are left out).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -30,6 +30,16 @@ from ._map_iterator import MapBatchIterator
 from ._order import chunked_permutation, epoch_order
 
 __all__ = ["chunked_permutation", "epoch_order", "make_batches"]
+
+
+class _IteratorOptions(TypedDict):
+    """The keyword arguments `make_batches` passes to both batch iterators."""
+
+    seed: int
+    shuffle: bool
+    drop_remainder: bool
+    shard: tuple[int, int]
+    num_epochs: int | None
 
 
 def _check_int(name: str, value: Any, minimum: int, hint: str) -> int:
@@ -132,7 +142,7 @@ def make_batches(
             "num_epochs", num_epochs, 1, "Use a positive number of epochs or None for endless."
         )
     prefetch = _check_int("prefetch", prefetch, 0, "Use e.g. prefetch=2 (0 disables it).")
-    options = dict(
+    options = _IteratorOptions(
         seed=seed,
         shuffle=bool(shuffle),
         drop_remainder=bool(drop_remainder),

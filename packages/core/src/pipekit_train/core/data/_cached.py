@@ -243,7 +243,7 @@ class CachedDataset:
                 return chunk
             loading = self._loading.get(cid)
             owner = loading is None
-            if owner:
+            if loading is None:
                 loading = self._loading[cid] = _Pending()
         if not owner:
             return loading.result()

@@ -36,7 +36,7 @@ class Hasher:
         """Hash an array's dtype, shape and bytes (C order)."""
         array = np.ascontiguousarray(array)
         self.update_json({"dtype": array.dtype.str, "shape": list(array.shape)})
-        self._h.update(memoryview(array).cast("B"))
+        self._h.update(array.data.cast("B"))  # `array.data` is `memoryview(array)`
 
     def update_sample(self, sample: Mapping[str, np.ndarray]) -> None:
         """Hash a sample or batch dict key by key in sorted order."""

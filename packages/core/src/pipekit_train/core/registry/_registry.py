@@ -264,7 +264,7 @@ class FsspecModelRegistry:
     def _resolve(self, name: str, version: int | str) -> ModelRecord:
         _check_name(name)
         version = _check_version(version)
-        if version == "latest":
+        if isinstance(version, str):  # "latest": `_check_version` returns no other string
             records = self._complete_records(name)
             if not records:
                 raise ConfigError(

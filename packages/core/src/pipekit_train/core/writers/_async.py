@@ -42,7 +42,7 @@ class AsyncWriter:
         ConfigError: `writer` is not a writer or `max_queue` is not a positive integer.
     """
 
-    def __init__(self, writer: Any, max_queue: int = 1000):
+    def __init__(self, writer: Any, max_queue: int = 1000) -> None:
         check_writer(writer, field="writer")
         if (
             isinstance(max_queue, bool)
@@ -53,13 +53,13 @@ class AsyncWriter:
                 f"`max_queue` must be an integer >= 1. Received: max_queue={max_queue!r}. "
                 "Pass e.g. max_queue=1000."
             )
-        self.writer = writer
-        self.max_queue = int(max_queue)
+        self.writer: Any = writer
+        self.max_queue: int = int(max_queue)
         self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=self.max_queue)
         self._error: BaseException | None = None
-        self._error_lock = threading.Lock()
-        self._closed = False
-        self._thread = threading.Thread(
+        self._error_lock: threading.Lock = threading.Lock()
+        self._closed: bool = False
+        self._thread: threading.Thread = threading.Thread(
             target=self._run, name=f"AsyncWriter({type(writer).__name__})", daemon=True
         )
         self._thread.start()

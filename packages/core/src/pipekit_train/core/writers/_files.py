@@ -40,7 +40,7 @@ def _check_uri(uri: Any) -> str:
 class _BufferedFileWriter:
     """Buffer records; append them to one file on flush."""
 
-    def __init__(self, uri: str | os.PathLike[str], *, flush_every: int = 100):
+    def __init__(self, uri: str | os.PathLike[str], *, flush_every: int = 100) -> None:
         import fsspec
 
         if (
@@ -52,12 +52,14 @@ class _BufferedFileWriter:
                 f"`flush_every` must be an integer >= 1. Received: flush_every={flush_every!r}. "
                 "Pass e.g. flush_every=100."
             )
-        self.uri = _check_uri(uri)
-        self.flush_every = int(flush_every)
-        self._fs, self._path = fsspec.core.url_to_fs(self.uri)
+        self.uri: str = _check_uri(uri)
+        self.flush_every: int = int(flush_every)
+        fs, path = fsspec.core.url_to_fs(self.uri)
+        self._fs: Any = fs
+        self._path: str = path
         self._buffer: list[tuple[int, dict[str, float]]] = []
-        self._closed = False
-        self._dir_made = False
+        self._closed: bool = False
+        self._dir_made: bool = False
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         """Buffer one record; flush when `flush_every` records are pending.
@@ -135,7 +137,7 @@ class CsvWriter(_BufferedFileWriter):
         flush_every: append to the file after this many pending rows.
     """
 
-    def __init__(self, uri: str | os.PathLike[str], *, flush_every: int = 100):
+    def __init__(self, uri: str | os.PathLike[str], *, flush_every: int = 100) -> None:
         super().__init__(uri, flush_every=flush_every)
         self._columns: list[str] | None = None  # metric columns in the file, once known
 

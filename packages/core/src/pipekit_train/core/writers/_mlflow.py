@@ -70,9 +70,11 @@ class MlflowWriter:
                 raise ConfigError(
                     f"`{field}` must be a non-empty string or None. Received: {field}={value!r}."
                 )
-        for field, value in (("params", params), ("tags", tags)):
-            if value is not None and not isinstance(value, Mapping):
-                raise ConfigError(f"`{field}` must be a dict or None. Received: {field}={value!r}.")
+        for field, mapping in (("params", params), ("tags", tags)):
+            if mapping is not None and not isinstance(mapping, Mapping):
+                raise ConfigError(
+                    f"`{field}` must be a dict or None. Received: {field}={mapping!r}."
+                )
         optional_import("mlflow", extra="mlflow", package="pipekit-train-core")
         from mlflow.entities import Metric, Param
         from mlflow.tracking import MlflowClient
