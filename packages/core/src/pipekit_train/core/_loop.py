@@ -19,6 +19,8 @@ from ._spec import resolve_optimizer_config
 
 __all__ = ["TrainingLoop"]
 
+_NONFINITE = ("stop", "ignore")
+
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
@@ -158,6 +160,10 @@ class TrainingLoop:
             gradients of this many consecutive batches of `batch_size`. Steps (`max_steps`,
             logging, validation and checkpoint cadence, schedules) count updates, and a
             step's `loss` is the mean over its batches, the same on every backend.
+        on_nonfinite: what a non-finite training loss does. `"stop"` (the default) ends
+            the run with `NonFiniteLossError` naming the first such step; no checkpoint is
+            ever written from a state whose loss history contains it, so the last good
+            checkpoint survives rotation and resumes exactly. `"ignore"` trains on.
         shuffle: shuffle the training data each epoch.
         drop_remainder: drop the last partial batch of each epoch.
         sweep_id: set by sweeps; recorded on the artifact.
@@ -189,6 +195,7 @@ class TrainingLoop:
         validate_every_n_steps: int | None = None,
         log_every_n_steps: int = 50,
         accumulate_grad_batches: int = 1,
+        on_nonfinite: str = "stop",
         shuffle: bool = True,
         drop_remainder: bool = True,
         sweep_id: str | None = None,
@@ -208,6 +215,11 @@ class TrainingLoop:
         )
         log_every_n_steps = _positive_int("log_every_n_steps", log_every_n_steps)  # type: ignore[assignment]
         accumulate_grad_batches = _positive_int("accumulate_grad_batches", accumulate_grad_batches)  # type: ignore[assignment]
+        if on_nonfinite not in _NONFINITE:
+            raise ConfigError(
+                f"`on_nonfinite` must be one of {list(_NONFINITE)}. Received: "
+                f"on_nonfinite={on_nonfinite!r}."
+            )
         if not _is_int(seed) or seed < 0:
             raise ConfigError(f"`seed` must be a non-negative int. Received: seed={seed!r}.")
         for flag, value in (("shuffle", shuffle), ("drop_remainder", drop_remainder)):
@@ -310,6 +322,7 @@ class TrainingLoop:
             validate_every_n_steps=validate_every_n_steps,
             log_every_n_steps=log_every_n_steps,
             accumulate_grad_batches=accumulate_grad_batches,
+            on_nonfinite=on_nonfinite,
             shuffle=shuffle,
             drop_remainder=drop_remainder,
             sweep_id=sweep_id,

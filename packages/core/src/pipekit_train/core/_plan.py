@@ -96,6 +96,7 @@ class Plan:
     sharding: Any = None
     validate_every_n_steps: int | None = None
     accumulate_grad_batches: int = 1
+    on_nonfinite: str = "stop"
     log_every_n_steps: int = 50
     shuffle: bool = True
     drop_remainder: bool = True
@@ -154,6 +155,7 @@ class Plan:
             "sharding": None if self.sharding is None else repr(self.sharding),
             "validate_every_n_steps": self.validate_every_n_steps,
             "accumulate_grad_batches": self.accumulate_grad_batches,
+            "on_nonfinite": self.on_nonfinite,
             "shuffle": self.shuffle,
             "drop_remainder": self.drop_remainder,
             "sweep_id": self.sweep_id,

@@ -411,9 +411,18 @@ class RunContext:
             return
         groups, self._pending, self._pending_steps = self._pending, [], 0
         self._fetch_rows(groups)
+        stop = self.plan.on_nonfinite == "stop"
         for group in groups:
             for offset, row in enumerate(group.rows or ()):
-                self._write(group.first_step + offset, row)
+                step = group.first_step + offset
+                self._write(step, row)
+                loss = row.get("loss")
+                if stop and loss is not None and not math.isfinite(loss):
+                    # every flush comes before a validation or a checkpoint is recorded, so
+                    # nothing is ever saved from a state whose history holds this step
+                    from .callbacks import NonFiniteLossError
+
+                    raise NonFiniteLossError(step, "loss", loss)
 
     def _fetch_rows(self, groups: Sequence[_PendingGroup]) -> None:
         """Fill `group.rows` for every group that lacks them, with one fetch call."""
