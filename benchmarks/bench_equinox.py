@@ -76,6 +76,7 @@ def make_op(in_size: int, width: int, depth: int) -> EquinoxModelOp:
         out_size=1,
         width=width,
         depth=depth,
+        activation="relu",
         seed=SEED,
     )
 

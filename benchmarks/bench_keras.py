@@ -66,8 +66,18 @@ FACTORY = "pipekit_train.keras.testing:mlp"  # ReLU MLP in → width × depth �
 
 CASES = [
     # name, factory kwargs, steps per epoch, batch
-    ("MLP 8-256-256-1 b256", {"in_size": 8, "out_size": 1, "width": 256, "depth": 2}, 100, 256),
-    ("MLP 2-32-1 b32", {"in_size": 2, "out_size": 1, "width": 32, "depth": 1}, 300, 32),
+    (
+        "MLP 8-256-256-1 b256",
+        {"in_size": 8, "out_size": 1, "width": 256, "depth": 2, "activation": "relu"},
+        100,
+        256,
+    ),
+    (
+        "MLP 2-32-1 b32",
+        {"in_size": 2, "out_size": 1, "width": 32, "depth": 1, "activation": "relu"},
+        300,
+        32,
+    ),
 ]
 
 
