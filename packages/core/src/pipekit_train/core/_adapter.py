@@ -82,6 +82,8 @@ class Adapter(abc.ABC):
 
     name: ClassVar[str] = "adapter"
     capabilities: ClassVar[Capabilities] = Capabilities()
+    native_loaders: ClassVar[str] = ""
+    """What `accepts_data` takes, for error messages (e.g. "a grain MapDataset")."""
 
     def _unsupported(self, what: str, received: str, fix: str) -> NotSupportedError:
         return NotSupportedError(
@@ -107,6 +109,27 @@ class Adapter(abc.ABC):
                 f"accumulate_grad_batches={plan.accumulate_grad_batches}",
                 "Use a larger batch_size instead.",
             )
+        from ._plan import is_core_dataset
+
+        for field in ("data", "validation"):
+            data = getattr(plan, field)
+            if data is None or is_core_dataset(data):
+                continue
+            if not (caps.native_data and self.accepts_data(data)):
+                accepted = f", or {self.native_loaders}" if self.native_loaders else ""
+                raise ConfigError(
+                    f"`{field}` must be a pipekit dataset (ArrayDataset, SimulationDataset, "
+                    f"CachedDataset, IterableDataset, a split){accepted} on the {self.name!r} "
+                    f"backend. Received: {field}={type(data).__name__}."
+                )
+            self.check_native_data(field, data, plan)
+
+    def check_native_data(self, field: str, data: Any, plan: Plan) -> None:
+        """Backend checks of a native loader `accepts_data` took (`field`: data/validation).
+
+        The default accepts it as is.
+        """
+        return None
 
     def validate_online(self, plan: Plan) -> None:
         """Checks for `OnlineTrainer` (the default refuses when `online` is not declared)."""

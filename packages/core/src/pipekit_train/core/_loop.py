@@ -73,12 +73,7 @@ def _check_dataset(
             raise ConfigError("`data` is required. Received: data=None.")
         return
     if not is_core_dataset(data):
-        if adapter.capabilities.native_data and adapter.accepts_data(data):
-            return
-        raise ConfigError(
-            f"`{name}` must be a pipekit dataset (ArrayDataset, SimulationDataset, CachedDataset, "
-            f"IterableDataset, a split) or a loader the backend accepts. Received: {name}={type(data).__name__}."
-        )
+        return  # a native loader: `Adapter.validate` checks it
     if not hasattr(data, "__len__"):
         return  # a stream
     n = len(data)

@@ -73,6 +73,7 @@ class Equinox(StepAdapter):
     """
 
     name = "equinox"
+    native_loaders = "a grain MapDataset, IterDataset or DataLoader"
     capabilities = Capabilities(
         native_data=True,
         online=True,
@@ -187,25 +188,19 @@ class Equinox(StepAdapter):
                 f"A multi-process run ({jax.process_count()} processes) needs `sharding=ShardingSpec(mesh)`. "
                 "Received: sharding=None."
             )
-        for name in ("data", "validation"):
-            data = getattr(plan, name)
-            if data is None or is_core_dataset(data):
-                continue
-            if not self.accepts_data(data):  # TrainingLoop checks this too
-                raise ConfigError(
-                    f"`{name}` must be a pipekit dataset or a grain MapDataset, IterDataset or "
-                    f"DataLoader. Received: {name}={type(data).__name__}."
-                )
-            if jax.process_count() > 1:
-                raise ConfigError(
-                    f"A grain `{name}` is not supported in a multi-process run: each process "
-                    "would read the whole loader. Received: "
-                    f"{name}={type(data).__name__}, processes={jax.process_count()}. "
-                    "Use a pipekit dataset (core shards it per process)."
-                )
-            from ._native import check_first_batch
 
-            check_first_batch(data, name)
+    def check_native_data(self, field: str, data: Any, plan: Plan) -> None:
+        """A grain loader: single-process only, batches with `x` and `y`."""
+        if jax.process_count() > 1:
+            raise ConfigError(
+                f"A grain `{field}` is not supported in a multi-process run: each process "
+                "would read the whole loader. Received: "
+                f"{field}={type(data).__name__}, processes={jax.process_count()}. "
+                "Use a pipekit dataset (core shards it per process)."
+            )
+        from ._native import check_first_batch
+
+        check_first_batch(data, field)
 
     # -- running -----------------------------------------------------------------------
     def step_backend(self, plan: Plan) -> EquinoxBackend:

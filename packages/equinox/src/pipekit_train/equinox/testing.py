@@ -69,16 +69,11 @@ def mlp_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") ->
 
     `W` has shape `(fan_in, fan_out)` (see `pipekit_train.core.testing.golden_weights`).
     """
+    from pipekit_train.core.testing import mlp_sizes
     from pipekit_train.equinox import EquinoxModelOp
 
-    sizes = [w.shape[0] for w in weights[::2]] + [weights[-1].shape[0]]
     op = EquinoxModelOp(
-        "pipekit_train.equinox.testing:mlp",
-        in_size=sizes[0],
-        out_size=sizes[-1],
-        width=sizes[1],
-        depth=len(sizes) - 2,
-        activation=activation,
+        "pipekit_train.equinox.testing:mlp", activation=activation, **mlp_sizes(weights)
     )
     model = op.model
     for i in range(len(model.layers)):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import Adapter, Capabilities, is_core_dataset
+from pipekit_train.core.adapter import Adapter, Capabilities
 
 from ._backend import backend_name
 
@@ -64,6 +64,7 @@ class Keras(Adapter):
     """
 
     name = "keras"
+    native_loaders = "a keras.utils.PyDataset"
     capabilities = Capabilities(
         native_data=True,
         online=True,
@@ -157,19 +158,13 @@ class Keras(Adapter):
         """Raise `ConfigError` for anything this adapter cannot run, before any work."""
         super().validate(plan)
         self.validate_online(plan)
-        for name in ("data", "validation"):
-            data = getattr(plan, name)
-            if data is None or is_core_dataset(data):
-                continue
-            if not self.accepts_data(data):  # TrainingLoop checks this too
-                raise ConfigError(
-                    f"`{name}` must be a pipekit dataset or a keras.utils.PyDataset. "
-                    f"Received: {name}={type(data).__name__}."
-                )
-            from ._data import check_native
-
-            check_native(data, name)
         self.distribution(plan)
+
+    def check_native_data(self, field: str, data: Any, plan: Plan) -> None:
+        """A PyDataset: non-empty, `(x, y)` batches (and a length for validation)."""
+        from ._data import check_native
+
+        check_native(data, field)
 
     def distribution(self, plan: Plan) -> Any:
         """The `keras.distribution.Distribution` for `plan.sharding` (None: one device)."""

@@ -82,16 +82,11 @@ def mlp_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") ->
     `W` has shape `(fan_in, fan_out)`, Keras's own kernel layout.
     """
     import keras
+    from pipekit_train.core.testing import mlp_sizes
     from pipekit_train.keras import KerasModelOp
 
-    sizes = [w.shape[0] for w in weights[::2]] + [weights[-1].shape[0]]
     op = KerasModelOp(
-        "pipekit_train.keras.testing:mlp",
-        in_size=sizes[0],
-        out_size=sizes[-1],
-        width=sizes[1],
-        depth=len(sizes) - 2,
-        activation=activation,
+        "pipekit_train.keras.testing:mlp", activation=activation, **mlp_sizes(weights)
     )
     layers = [la for la in op.model.layers if isinstance(la, keras.layers.Dense)]
     for i, layer in enumerate(layers):

@@ -243,6 +243,7 @@ class Lightning(Adapter):
     """
 
     name = "lightning"
+    native_loaders = "a torch DataLoader or a LightningDataModule"
     capabilities = Capabilities(
         native_data=True,
         online=True,

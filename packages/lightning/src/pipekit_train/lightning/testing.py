@@ -73,16 +73,11 @@ def mlp_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") ->
 
     `W` has shape `(fan_in, fan_out)` (see `pipekit_train.core.testing.golden_weights`).
     """
+    from pipekit_train.core.testing import mlp_sizes
     from pipekit_train.lightning import LightningModelOp
 
-    sizes = [w.shape[0] for w in weights[::2]] + [weights[-1].shape[0]]
     op = LightningModelOp(
-        "pipekit_train.lightning.testing:mlp",
-        in_size=sizes[0],
-        out_size=sizes[-1],
-        width=sizes[1],
-        depth=len(sizes) - 2,
-        activation=activation,
+        "pipekit_train.lightning.testing:mlp", activation=activation, **mlp_sizes(weights)
     )
     linears = [m for m in op.model.modules() if isinstance(m, torch.nn.Linear)]
     with torch.no_grad():

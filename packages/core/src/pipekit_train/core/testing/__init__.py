@@ -22,6 +22,7 @@ from ._golden import (
     golden_weights,
     load_runs,
     max_differences,
+    mlp_sizes,
     run_golden,
 )
 from ._numpy_adapter import NumpyAdapter
@@ -43,6 +44,7 @@ __all__ = [
     "golden_weights",
     "load_runs",
     "max_differences",
+    "mlp_sizes",
     "run_golden",
     "LinearModel",
     "NumpyAdapter",

@@ -46,6 +46,7 @@ __all__ = [
     "golden_weights",
     "load_runs",
     "max_differences",
+    "mlp_sizes",
     "run_golden",
 ]
 
@@ -211,6 +212,17 @@ def golden_weights(sizes: Sequence[int] = (4, 32, 2), seed: int = 0) -> list[np.
         out.append(rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32))
         out.append(rng.uniform(-bound, bound, (fan_out,)).astype(np.float32))
     return out
+
+
+def mlp_sizes(weights: Sequence[np.ndarray]) -> dict[str, int]:
+    """`in_size`, `out_size`, `width`, `depth` of canonical MLP weights (factory kwargs)."""
+    sizes = [w.shape[0] for w in weights[::2]] + [weights[-1].shape[0]]
+    return {
+        "in_size": int(sizes[0]),
+        "out_size": int(sizes[-1]),
+        "width": int(sizes[1]),
+        "depth": len(sizes) - 2,
+    }
 
 
 def run_golden(
