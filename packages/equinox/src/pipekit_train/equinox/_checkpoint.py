@@ -6,14 +6,24 @@ hands over (run state, data-iterator state, plan), `pipekit` this package's reco
 (monitored score, leaf names). An interrupted save leaves only
 `<step>.orbax-checkpoint-tmp-*`, which restore ignores and the next save cleans up.
 
+Sealing: once Orbax has committed a step, a background thread of ours (on the primary
+process only) hashes every file of `<step>/` and writes `<step>/pipekit-digest.json`
+atomically (`_digest.seal`). The training thread only waits for it at the next save, at
+`wait()` and at `close()`, as it already waited for Orbax's own commit.
+
 Retention is core's `Checkpoint.retained` (the `max_to_keep` latest plus the `keep_best`
 best by `monitor`), applied by deleting steps after each save has committed (never
 before: a crash mid-save keeps the previous checkpoints).
 
 Restore walks the committed steps newest first with a fresh manager per attempt (a
-manager that failed a restore is unusable); a step whose files cannot be read is torn:
-it is skipped with a `TornCheckpointWarning`. A step whose arrays do not match the
-model (other shapes, dtypes or leaves) is not torn: that raises `CheckpointError`.
+manager that failed a restore is unusable). A step is torn, and skipped with a
+`TornCheckpointWarning` naming the step and the file, when it has no digest (the run
+stopped before it was sealed), when a file does not match its digest (or is missing, or
+was added), or when its files cannot be read. Nothing is read from a step before its
+digest is checked. Every process checks the steps itself (they read the same files, so
+they agree); a barrier first makes sure the primary has finished sealing. A step whose
+arrays do not match the model (other shapes, dtypes or leaves) is not torn: that raises
+`CheckpointError`.
 """
 
 from __future__ import annotations
@@ -22,13 +32,17 @@ import json
 import logging
 import warnings
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from pipekit_train.core import Checkpoint, CheckpointError, TornCheckpointWarning
 from pipekit_train.core.adapter import Restored
+
+from . import _digest
 
 __all__ = ["OrbaxCheckpointer", "abstract_of"]
 
@@ -86,6 +100,8 @@ class OrbaxCheckpointer:
         self._fix_meta = fix_meta or (lambda meta: meta)
         self._manager: ocp.CheckpointManager | None = None
         self._scores: dict[int, float | None] = {}
+        self._sealer: ThreadPoolExecutor | None = None
+        self._sealing: Future[None] | None = None
 
     # -- managers ----------------------------------------------------------------------
     def _options(self, *, create: bool) -> ocp.CheckpointManagerOptions:
@@ -114,6 +130,7 @@ class OrbaxCheckpointer:
     ) -> str:
         """Start saving `state` + `meta` for `step` (in the background when `async_save`)."""
         manager = self._writer()
+        self._wait_sealed()
         manager.wait_until_finished()
         self._prune(manager)
         for stale in [s for s in manager.all_steps() if s >= step]:
@@ -136,7 +153,24 @@ class OrbaxCheckpointer:
         self._scores[int(step)] = score
         if not self.policy.async_save:
             self._prune(manager)
+        if jax.process_index() == 0:
+            if self._sealer is None:
+                self._sealer = ThreadPoolExecutor(1, thread_name_prefix="pipekit-orbax-seal")
+            self._sealing = self._sealer.submit(self._seal, manager, int(step))
         return str(self.root / str(int(step)))
+
+    def _seal(self, manager: ocp.CheckpointManager, step: int) -> None:
+        """Background: wait for Orbax to commit `step`, then write its digest."""
+        manager.wait_until_finished()  # joins Orbax's finalize thread; safe from any thread
+        folder = self.root / str(step)
+        if folder.is_dir():  # else retention already removed it
+            _digest.seal(folder, step)
+
+    def _wait_sealed(self) -> None:
+        """Block until the pending digest is written; re-raise a failed save's error."""
+        pending, self._sealing = self._sealing, None
+        if pending is not None:
+            pending.result()
 
     def _score_of(self, step: int) -> float | None:
         if step not in self._scores:
@@ -160,18 +194,22 @@ class OrbaxCheckpointer:
 
     def wait(self) -> None:
         """Block until the pending save is committed, then apply retention."""
+        self._wait_sealed()
         if self._manager is not None:
             self._manager.wait_until_finished()
             self._prune(self._manager)
 
     def close(self) -> None:
         """Wait for pending saves and release the manager."""
-        if self._manager is not None:
-            try:
-                self.wait()
-            finally:
+        try:
+            self.wait()
+        finally:
+            if self._manager is not None:
                 self._manager.close()
                 self._manager = None
+            if self._sealer is not None:
+                self._sealer.shutdown(wait=True)
+                self._sealer = None
 
     # -- restoring ---------------------------------------------------------------------
     def steps(self) -> list[int]:
@@ -207,8 +245,20 @@ class OrbaxCheckpointer:
     def restore_latest(self, template: Any) -> Restored | None:
         """Restore the newest readable step into `template`'s structure and shardings."""
         self.wait()
+        if jax.process_count() > 1:
+            # The primary seals in the background: let it finish before anyone checks.
+            multihost_utils.sync_global_devices("pipekit_train.equinox:restore")
         abstract = self._template_tree(template)
         for step in reversed(self.steps()):
+            problem = _digest.check(self.root / str(step))
+            if problem is not None:
+                warnings.warn(
+                    f"Skipping torn checkpoint at {self.root / str(step)} (step {step}): "
+                    f"{problem}. Falling back to the previous checkpoint.",
+                    TornCheckpointWarning,
+                    stacklevel=2,
+                )
+                continue
             manager = self._fresh()
             try:
                 with _Quiet():
