@@ -118,10 +118,14 @@ def _probe_loop(adapter: _Probe, loss: Any = "mse", **kw: Any) -> TrainingLoop:
     return TrainingLoop(**args)
 
 
-def test_probe_gets_batch_shape_and_dtype_of_both_datasets() -> None:
+def test_probe_gets_batch_shape_and_dtype_once_per_distinct_input() -> None:
     adapter = _Probe(out=(3,))
     _probe_loop(adapter, validation=_data(4, 4, 3))
-    assert adapter.calls == [((8, 4), np.dtype("float32"))] * 2
+    assert adapter.calls == [((8, 4), np.dtype("float32"))]  # same shapes: probed once
+    adapter = _Probe(out=(3,))
+    val = ArrayDataset(x=np.zeros((4, 4)), y=np.zeros((4, 3)))
+    _probe_loop(adapter, validation=val)
+    assert adapter.calls == [((8, 4), np.dtype("float32")), ((8, 4), np.dtype("float64"))]
 
 
 def test_no_probe_means_no_check() -> None:

@@ -365,6 +365,7 @@ def check_shapes(adapter: Adapter, plan: Plan) -> None:
 
     model = plan.model
     same_shape = _same_shape_loss(plan.loss)
+    probed: dict[tuple[tuple[int, ...], np.dtype], tuple[int, ...] | None] = {}
     for name in ("data", "validation"):
         data = getattr(plan, name)
         if data is None or not is_core_dataset(data) or not hasattr(data, "__len__"):
@@ -376,10 +377,15 @@ def check_shapes(adapter: Adapter, plan: Plan) -> None:
         x_shape = tuple(int(d) for d in x.shape)
         y_shape = tuple(int(d) for d in y.shape)
         batch = (plan.batch_size, *x_shape)
-        try:
-            out = adapter.output_shape(model, batch, np.dtype(x.dtype))
-        except Exception as exc:
-            raise _input_error(adapter, model, name, x_shape, np.dtype(x.dtype), exc) from exc
+        key = (batch, np.dtype(x.dtype))
+        if key in probed:  # validation usually has the training data's shapes
+            out = probed[key]
+        else:
+            try:
+                out = adapter.output_shape(model, batch, np.dtype(x.dtype))
+            except Exception as exc:
+                raise _input_error(adapter, model, name, x_shape, np.dtype(x.dtype), exc) from exc
+            probed[key] = out
         if out is None or not same_shape:
             continue
         out = tuple(int(d) for d in out)
