@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ._adapter import Adapter
+from ._adapter import Adapter, check_shapes
 from ._artifact import TrainingArtifact
 from ._checkpoint import Checkpoint
 from ._checkpointing import has_checkpoints
@@ -325,6 +325,7 @@ class TrainingLoop:
             progress=progress,
         )
         adapter.validate(self.plan)
+        check_shapes(adapter, self.plan)  # probe the model with the data's shapes
 
     @property
     def adapter(self) -> Any:

@@ -28,7 +28,7 @@ from pipekit_train.core.adapter import (
 )
 
 from ._checkpoint import OrbaxCheckpointer, abstract_of
-from ._model import EquinoxModelOp, _host_array, has_stochastic_layers, takes_key
+from ._model import EquinoxModelOp, _host_array, apply_model, has_stochastic_layers, takes_key
 from ._optim import build_optimizer
 from ._precision import DynamicLossScale, Policy, parse_policy
 from ._sharding import Placement, ShardingSpec
@@ -201,6 +201,39 @@ class Equinox(StepAdapter):
         from ._native import check_first_batch
 
         check_first_batch(data, field)
+
+    # -- shape probe -------------------------------------------------------------------
+    def output_shape(
+        self, model: Any, input_shape: tuple[int, ...], dtype: Any = np.float32
+    ) -> tuple[int, ...] | None:
+        """The prediction's shape, from `eqx.filter_eval_shape` (abstract: no FLOPs, no weights).
+
+        The model runs as in evaluation (`apply_model` in inference mode: vmapped per
+        sample unless `batched`); a model that cannot take such inputs raises JAX's error.
+        """
+        if not isinstance(model, EquinoxModelOp):
+            return None
+        x = jax.ShapeDtypeStruct(tuple(input_shape), jax.dtypes.canonicalize_dtype(dtype))
+        batched = model.batched
+
+        def forward(net: Any, state: Any, x: Any) -> Any:
+            return apply_model(eqx.nn.inference_mode(net), x, state, None, batched=batched)[0]
+
+        out = eqx.filter_eval_shape(forward, model.model, model.model_state, x)
+        shape = getattr(out, "shape", None)
+        return None if shape is None else tuple(int(d) for d in shape)
+
+    def expected_input_shape(self, model: Any) -> tuple[int, ...] | None:
+        """`(in,)` of a per-sample `eqx.nn.MLP` or `eqx.nn.Linear` (None for other modules)."""
+        if not isinstance(model, EquinoxModelOp) or model.batched:
+            return None
+        net = model.model
+        size = getattr(net, "in_size", None) if isinstance(net, eqx.nn.MLP) else None
+        if isinstance(net, eqx.nn.Linear):
+            size = net.in_features
+        if isinstance(size, int):
+            return (size,)
+        return () if size == "scalar" else None
 
     # -- running -----------------------------------------------------------------------
     def step_backend(self, plan: Plan) -> EquinoxBackend:

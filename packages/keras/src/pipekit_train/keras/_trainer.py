@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
+import numpy as np
+
 from pipekit_train.core import ConfigError
 from pipekit_train.core.adapter import Adapter, Capabilities
 
@@ -199,6 +201,52 @@ class Keras(Adapter):
                     f"Use a multiple of {devices}."
                 )
         return sharding
+
+    # -- shape probe ---------------------------------------------------------------------
+    def output_shape(
+        self, model: Any, input_shape: tuple[int, ...], dtype: Any = "float32"
+    ) -> tuple[int, ...] | None:
+        """The prediction's shape, from `model.compute_output_spec` (symbolic: no FLOPs).
+
+        Keras runs it stateless (jax: `jax.eval_shape`; torch: meta tensors), so no
+        weight, RNG state or training mode changes. None for a model with several
+        outputs, and for one with layers not built yet (a subclassed model whose layers
+        take their input width at the first call: the probe would build them); Keras's
+        error when the model cannot take such inputs.
+        """
+        import keras
+
+        from ._model import KerasModelOp
+
+        if not isinstance(model, KerasModelOp):
+            return None
+        layers = getattr(model.model, "_flatten_layers", None)
+        if layers is None or not all(layer.built for layer in layers(include_self=True)):
+            return None
+        kind = np.dtype(dtype)
+        name = "float32" if np.issubdtype(kind, np.floating) else kind.name
+        spec = model.model.compute_output_spec(keras.KerasTensor(tuple(input_shape), dtype=name))
+        shape = getattr(spec, "shape", None)
+        if shape is None or any(d is None for d in shape):
+            return None
+        return tuple(int(d) for d in shape)
+
+    def expected_input_shape(self, model: Any) -> tuple[int, ...] | None:
+        """The per-sample shape of the model's single `keras.Input`, when it has one."""
+        from ._model import KerasModelOp
+
+        if not isinstance(model, KerasModelOp):
+            return None
+        try:
+            inputs = model.model.inputs
+        except (AttributeError, ValueError):
+            return None
+        if not inputs or len(inputs) != 1:
+            return None
+        shape = tuple(inputs[0].shape)[1:]
+        if any(d is None for d in shape):
+            return None
+        return tuple(int(d) for d in shape)
 
     # -- running -------------------------------------------------------------------------
     def run(self, plan: Plan) -> TrainingArtifact:

@@ -6,6 +6,7 @@ Importing this module does not import lightning (≈14 s cold); `run()` does.
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from pipekit_train.core.adapter import Adapter, Capabilities, Plan, is_core_data
 
 from ._data import BatchFeed, is_datamodule, is_native_loader
 from ._losses import torch_loss
-from ._model import LightningModelOp, module_dtype
+from ._model import LightningModelOp, as_input, module_dtype
 from ._optim import build_optimizer, check_optimizer_config, gradient_clip
 
 __all__ = ["Lightning"]
@@ -353,6 +354,44 @@ class Lightning(Adapter):
 
         return TorchStepBackend(plan)
 
+    # -- shape probe -------------------------------------------------------------------------
+    def output_shape(
+        self, model: Any, input_shape: tuple[int, ...], dtype: Any = np.float32
+    ) -> tuple[int, ...] | None:
+        """The prediction's shape, from a forward pass of one zero row.
+
+        Run in eval mode under `torch.no_grad()` and a forked torch RNG; the module's
+        training mode is restored. Only plain `forward(x)` networks are probed: a user
+        `LightningModule` (its `training_step` decides what reaches the model), a module
+        with uninitialised lazy layers (the probe would initialise them) or another
+        `forward` signature gives None.
+        """
+        net = _probe_target(model)
+        if net is None:
+            return None
+        param_dtype, device = module_dtype(net)
+        x = as_input(np.zeros((1, *input_shape[1:]), dtype), param_dtype, device)
+        was_training = net.training
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            net.eval()
+            try:
+                with torch.no_grad():
+                    out = net(x)
+            finally:
+                net.train(was_training)
+        if not isinstance(out, torch.Tensor) or out.ndim == 0:
+            return None
+        return (input_shape[0], *(int(d) for d in out.shape[1:]))
+
+    def expected_input_shape(self, model: Any) -> tuple[int, ...] | None:
+        """`(in_features,)` of a `torch.nn.Sequential` that starts with a `Linear` layer."""
+        net = _probe_target(model)
+        if isinstance(net, torch.nn.Sequential) and len(net) > 0:
+            first = net[0]
+            if isinstance(first, torch.nn.Linear):
+                return (int(first.in_features),)
+        return None
+
     # -- running -----------------------------------------------------------------------------
     def _trainer_kwargs(self, plan: Plan, native: bool, callbacks: list[Any]) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -464,6 +503,32 @@ class Lightning(Adapter):
                 del module.configure_optimizers
         bridge.close()
         return artifact
+
+
+def _probe_target(model: Any) -> torch.nn.Module | None:
+    """The network a shape probe may call as `net(x)`, or None when in doubt."""
+    net = model.model if isinstance(model, LightningModelOp) else model
+    if not isinstance(net, torch.nn.Module) or is_lightning_module(net):
+        return None
+    if any(
+        isinstance(m, torch.nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params()
+        for m in net.modules()
+    ):
+        return None
+    try:
+        params = list(inspect.signature(net.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p for p in params if p.default is inspect.Parameter.empty]
+    if (
+        not params
+        or params[0].kind not in positional
+        or any(p.kind is inspect.Parameter.KEYWORD_ONLY for p in required)
+        or len([p for p in required if p.kind in positional]) > 1
+    ):
+        return None
+    return net
 
 
 def _as_lightning_optimizers(built: tuple[Any, Any]) -> Any:

@@ -110,6 +110,19 @@ class NumpyAdapter(StepAdapter):
                 f"NumpyAdapter supports a constant learning rate only. Received: learning_rate={cfg['learning_rate']!r}."
             )
 
+    def output_shape(
+        self, model: Any, input_shape: tuple[int, ...], dtype: Any = np.float32
+    ) -> tuple[int, ...] | None:
+        """The prediction's shape: the train step's forward (`x @ W + b`) on one zero row."""
+        params = model.model.parameters()
+        row = np.zeros((1, *input_shape[1:]), np.float32)
+        out = row @ params["W"] + params["b"]  # numpy's ValueError when the widths differ
+        return (input_shape[0], *out.shape[1:])
+
+    def expected_input_shape(self, model: Any) -> tuple[int, ...] | None:
+        """`(in_size,)`: the rows of `W`."""
+        return (int(model.model.parameters()["W"].shape[0]),)
+
     def step_backend(self, plan: Plan) -> _NumpyBackend:
         """The step backend for `run_step_loop` and `OnlineTrainer`."""
         return _NumpyBackend(plan, self.gradient_noise)
