@@ -8,13 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from ._adapter import Adapter, check_shapes
+from ._adapter import Adapter
 from ._artifact import TrainingArtifact
 from ._checkpoint import Checkpoint
 from ._checkpointing import has_checkpoints
 from ._errors import ConfigError
 from ._plan import Plan, is_core_dataset, steps_per_epoch
 from ._runtime import HOOKS
+from ._shapes import check_shapes
 from ._spec import resolve_optimizer_config
 
 __all__ = ["TrainingLoop"]

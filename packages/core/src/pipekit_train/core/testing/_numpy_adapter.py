@@ -80,6 +80,7 @@ class NumpyAdapter(StepAdapter):
         self.validate_online(plan)
         if plan.sharding is not None:
             raise ConfigError(f"NumpyAdapter does not shard. Received: sharding={plan.sharding!r}.")
+        super().validate(plan)
 
     def validate_online(self, plan: Plan) -> None:
         """Checks shared by `TrainingLoop` and `OnlineTrainer`."""
