@@ -188,6 +188,7 @@ class Equinox(StepAdapter):
                 f"A multi-process run ({jax.process_count()} processes) needs `sharding=ShardingSpec(mesh)`. "
                 "Received: sharding=None."
             )
+        super().validate(plan)
 
     def check_native_data(self, field: str, data: Any, plan: Plan) -> None:
         """A grain loader: single-process only, batches with `x` and `y`."""
