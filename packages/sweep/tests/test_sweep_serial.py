@@ -183,9 +183,23 @@ def test_best_raises_when_nothing_succeeded(tmp_path: Path) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_non_finite_metric_is_not_ranked(tmp_path: Path) -> None:
+def test_a_diverging_trial_fails_naming_the_step_and_is_not_ranked(tmp_path: Path) -> None:
+    """The loop's default `on_nonfinite="stop"` ends a diverging trial early."""
     result = HyperSweep(
         numpy_trial, [{"lr": 1e6, "optimizer": "sgd"}, {"lr": 0.1}], "val_loss"
+    ).run()
+    diverged = result[0]
+    assert diverged.status == "failed" and "NonFiniteLossError" in (diverged.error or "")
+    assert "Non-finite `loss` at step" in (diverged.error or "")
+    assert result.best.index == 1 and [t.index for t in result.ranked()] == [1]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_non_finite_metric_is_not_ranked(tmp_path: Path) -> None:
+    result = HyperSweep(
+        numpy_trial,
+        [{"lr": 1e6, "optimizer": "sgd", "on_nonfinite": "ignore"}, {"lr": 0.1}],
+        "val_loss",
     ).run()
     diverged = result[0]
     assert diverged.status == "ok" and (diverged.value is None or not math.isfinite(diverged.value))

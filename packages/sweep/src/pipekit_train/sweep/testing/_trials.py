@@ -23,6 +23,7 @@ _COMMON = {
     "crash": False,
     "sleep": 0.0,
     "n_train": 256,
+    "on_nonfinite": "stop",
 }
 
 
@@ -66,6 +67,7 @@ def _loop(
         checkpoint=checkpoint,
         seed=int(opts["seed"]),
         adapter=adapter,
+        on_nonfinite=opts["on_nonfinite"],
         progress=False,
     )
 
@@ -78,7 +80,7 @@ def numpy_trial(params: dict[str, Any], *, trial_dir: Path | None = None) -> Tra
     `checkpoint_every` (None: no checkpoints; else every n steps under `trial_dir`),
     `fail` (raise `RuntimeError` before training), `crash` (exit the process — for
     process-executor tests only), `sleep` (seconds, before training),
-    `n_train` (256). Metrics: `loss`, `val_loss`, `val_mae`.
+    `n_train` (256), `on_nonfinite` ("stop"). Metrics: `loss`, `val_loss`, `val_mae`.
     """
     from pipekit_train.core.testing import NumpyAdapter, NumpyLinearOp
 
