@@ -72,30 +72,6 @@ def test_matching_shapes_pass(tmp_path: Path, model: Any) -> None:
     assert not (tmp_path / "ck").exists()
 
 
-@pytest.mark.parametrize("which", ["data", "validation"])
-def test_input_width_mismatch(tmp_path: Path, which: str) -> None:
-    with pytest.raises(ConfigError) as info:
-        _loop(tmp_path, **{which: _data(16, 5, 1)})
-    msg = str(info.value)
-    assert f"Received: {which}['x'] with samples of shape (5,)" in msg
-    assert "the model expects inputs of shape (4,)" in msg
-    assert f"EquinoxModelOp '{MLP}' with in_size=4" in msg
-    assert "build the model with in_size=5" in msg
-    assert isinstance(info.value.__cause__, TypeError)  # JAX's own error is kept
-    assert not (tmp_path / "ck").exists()
-
-
-@pytest.mark.parametrize("which", ["data", "validation"])
-def test_output_width_mismatch(tmp_path: Path, which: str) -> None:
-    with pytest.raises(ConfigError) as info:
-        _loop(tmp_path, **{which: _data(16, 4, 2)})
-    msg = str(info.value)
-    assert f"Received: {which}['y'] with samples of shape (2,)" in msg
-    assert "the model predicts samples of shape (1,)" in msg
-    assert "out_size=1" in msg and "'mse'" in msg
-    assert not (tmp_path / "ck").exists()
-
-
 def test_batched_model_mismatch(tmp_path: Path) -> None:
     model = EquinoxModelOp(batched_dense, in_size=3, out_size=1, batched=True)
     with pytest.raises(ConfigError, match=r"data\['x'\] with samples of shape \(4,\).*in_size=3"):

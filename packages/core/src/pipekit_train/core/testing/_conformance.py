@@ -388,6 +388,38 @@ class AdapterConformance:
             registry.load("conformance-model")
 
     # -- bad input ----------------------------------------------------------------------
+    @staticmethod
+    def _mismatched(n: int, in_size: int, out_size: int) -> Any:
+        from pipekit_train.core.data import ArrayDataset
+
+        rng = np.random.default_rng(0)
+        return ArrayDataset(
+            x=rng.standard_normal((n, in_size)).astype(np.float32),
+            y=rng.standard_normal((n, out_size)).astype(np.float32),
+        )
+
+    @pytest.mark.parametrize("which", ["data", "validation"])
+    def test_input_width_mismatch_is_refused_before_work(self, tmp_path: Path, which: str) -> None:
+        """The adapter's shape probe: a clear `ConfigError` at construction, nothing on disk."""
+        with pytest.raises(ConfigError) as info:
+            self.loop(checkpoint=Checkpoint(tmp_path / "ck"), **{which: self._mismatched(32, 5, 1)})
+        msg = str(info.value)
+        assert f"Received: {which}['x'] with samples of shape (5,)" in msg, msg
+        assert "the model expects inputs of shape (4,)" in msg, msg
+        assert "in_size=5" in msg, msg
+        assert info.value.__cause__ is not None  # the backend's own error is kept
+        assert not (tmp_path / "ck").exists()
+
+    @pytest.mark.parametrize("which", ["data", "validation"])
+    def test_output_width_mismatch_is_refused_before_work(self, tmp_path: Path, which: str) -> None:
+        with pytest.raises(ConfigError) as info:
+            self.loop(checkpoint=Checkpoint(tmp_path / "ck"), **{which: self._mismatched(32, 4, 2)})
+        msg = str(info.value)
+        assert f"Received: {which}['y'] with samples of shape (2,)" in msg, msg
+        assert "the model predicts samples of shape (1,)" in msg, msg
+        assert "'mse'" in msg, msg
+        assert not (tmp_path / "ck").exists()
+
     def test_dataset_smaller_than_batch(self) -> None:
         from pipekit_train.core.data import ArrayDataset
 
