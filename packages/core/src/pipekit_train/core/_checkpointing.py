@@ -25,7 +25,13 @@ from typing import Any, Protocol
 from ._checkpoint import Checkpoint
 from ._errors import CheckpointError
 
-__all__ = ["Checkpointer", "DirectoryCheckpointer", "Restored", "TornCheckpointWarning"]
+__all__ = [
+    "Checkpointer",
+    "DirectoryCheckpointer",
+    "Restored",
+    "TornCheckpointWarning",
+    "fsync_dir",
+]
 
 MANIFEST = "MANIFEST.json"
 META = "meta.json"
@@ -71,7 +77,8 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Flush a directory's entries to disk (after a rename into it); best effort."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -159,14 +166,14 @@ class DirectoryCheckpointer:
             json.dump(manifest, fh, sort_keys=True)
             fh.flush()
             os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         final = self.root / str(step)
         if final.exists():  # a re-save of the same step after a resume
             trash = self.root / f".trash-{step}-{uuid.uuid4().hex[:8]}"
             os.replace(final, trash)
             shutil.rmtree(trash, ignore_errors=True)
         os.replace(tmp, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         with self._lock:
             self._scores[step] = score
         self._prune()

@@ -12,7 +12,7 @@ classes here and uses the shared machinery, and imports nothing private from cor
   `abort_run`, `check_resume_key`, `stack_batches`.
 - **Checkpoints**: `Checkpointer` (the engine interface), `DirectoryCheckpointer` (the
   atomic SHA-256-verified store for backends without an engine), `Restored`,
-  `TornCheckpointWarning`, `step_dirs`.
+  `TornCheckpointWarning`, `step_dirs`, `fsync_dir`.
 - **The canonical spec**: `OptimizerSpec`/`optimizer_spec` and `OPTIMIZERS` (names and
   hyperparameters every backend runs the same way), `SCHEDULES`, `check_schedule`,
   `learning_rate_at`, `peak_learning_rate` (learning-rate curves in plain Python),
@@ -29,6 +29,7 @@ from ._checkpointing import (
     DirectoryCheckpointer,
     Restored,
     TornCheckpointWarning,
+    fsync_dir,
     step_dirs,
 )
 from ._driver import abort_run, check_resume_key, restore_or_start, run_step_loop, stack_batches
@@ -69,6 +70,7 @@ __all__ = [
     "check_seed",
     "default_fetch",
     "describe_callable",
+    "fsync_dir",
     "import_string",
     "is_core_dataset",
     "learning_rate_at",

@@ -16,6 +16,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pipekit_train.core.adapter import fsync_dir
+
 __all__ = ["DIGEST", "check", "seal"]
 
 DIGEST = "pipekit-digest.json"
@@ -42,19 +44,6 @@ def _files(folder: Path) -> dict[str, Path]:
     return out
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def seal(folder: Path, step: int) -> None:
     """Hash every file of the committed step `folder` and write its digest atomically."""
     files = {
@@ -71,7 +60,7 @@ def seal(folder: Path, step: int) -> None:
         os.replace(tmp, folder / DIGEST)
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(folder)
+    fsync_dir(folder)
 
 
 def check(folder: Path) -> str | None:
