@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from pipekit_train.core import Checkpoint, ConfigError, TrainingLoop
-from pipekit_train.core.data import ArrayDataset
 from pipekit_train.core.testing import regression_task
 from pipekit_train.equinox import Equinox, EquinoxModelOp
 
@@ -29,14 +28,6 @@ class BatchedDense(eqx.Module):
 
 def batched_dense(in_size: int, out_size: int, *, key: Any) -> BatchedDense:
     return BatchedDense(jax.random.normal(key, (in_size, out_size)))
-
-
-def _data(n: int, in_size: int, out_size: int) -> ArrayDataset:
-    rng = np.random.default_rng(0)
-    return ArrayDataset(
-        x=rng.standard_normal((n, in_size)).astype(np.float32),
-        y=rng.standard_normal((n, out_size)).astype(np.float32),
-    )
 
 
 def _loop(tmp_path: Path, model: Any = None, **kw: Any) -> TrainingLoop:

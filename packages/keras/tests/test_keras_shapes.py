@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from pipekit_train.core import Checkpoint, TrainingLoop
-from pipekit_train.core.data import ArrayDataset
 from pipekit_train.core.testing import regression_task
 from pipekit_train.keras import Keras, KerasModelOp
 
@@ -39,14 +38,6 @@ def subclassed(in_size: int, out_size: int) -> Sub:
 def functional(in_size: int, out_size: int) -> keras.Model:
     inputs = keras.Input((in_size,))
     return keras.Model(inputs, keras.layers.Dense(out_size)(keras.layers.Dense(8)(inputs)))
-
-
-def _data(n: int, in_size: int, out_size: int) -> ArrayDataset:
-    rng = np.random.default_rng(0)
-    return ArrayDataset(
-        x=rng.standard_normal((n, in_size)).astype(np.float32),
-        y=rng.standard_normal((n, out_size)).astype(np.float32),
-    )
 
 
 def _loop(tmp_path: Path, model: Any = None, **kw: Any) -> TrainingLoop:

@@ -19,6 +19,7 @@ import numpy as np
 
 import equinox as eqx
 from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import PRECISIONS as SPEC_PRECISIONS
 from pipekit_train.core.adapter import (
     Capabilities,
     Plan,
@@ -80,7 +81,7 @@ class Equinox(StepAdapter):
         fused_steps=True,
         sharding=True,
         accumulation=True,
-        precisions=("float32", "bfloat16-mixed", "float16-mixed"),
+        precisions=SPEC_PRECISIONS,
     )
 
     def __init__(

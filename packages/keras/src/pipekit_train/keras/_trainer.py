@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import PRECISIONS as SPEC_PRECISIONS
 from pipekit_train.core.adapter import Adapter, Capabilities
 
 from ._backend import backend_name
@@ -73,7 +74,7 @@ class Keras(Adapter):
         fused_steps=True,
         sharding=True,
         accumulation=True,
-        precisions=("float32", "bfloat16-mixed", "float16-mixed"),
+        precisions=SPEC_PRECISIONS,
     )
 
     def __init__(

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from pipekit_train.core import ConfigError, TrainingArtifact
+from pipekit_train.core.adapter import PRECISIONS as SPEC_PRECISIONS
 from pipekit_train.core.adapter import Adapter, Capabilities, Plan, is_core_dataset
 
 from ._data import BatchFeed, is_datamodule, is_native_loader
@@ -249,7 +250,7 @@ class Lightning(Adapter):
         native_data=True,
         online=True,
         accumulation=True,
-        precisions=("float32", "bfloat16-mixed", "float16-mixed"),
+        precisions=SPEC_PRECISIONS,
     )
 
     def __init__(self, **trainer_kwargs: Any):

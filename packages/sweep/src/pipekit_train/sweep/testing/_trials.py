@@ -86,7 +86,7 @@ def numpy_trial(params: dict[str, Any], *, trial_dir: Path | None = None) -> Tra
 
     opts = _options(params, {"model_seed": 0})
     model = NumpyLinearOp(
-        "pipekit_train.core.testing._numpy_model:linear",
+        "pipekit_train.core.testing:linear",
         in_size=4,
         out_size=1,
         seed=int(opts["model_seed"]),
