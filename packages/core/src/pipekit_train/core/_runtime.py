@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ._artifact import TrainingArtifact
-from ._history import History
+from ._history import History, loss_label
 from ._plan import Plan
 
 __all__ = ["RunContext", "RunState", "default_fetch"]
@@ -178,6 +178,7 @@ class RunContext:
         self.stop_reason: str | None = None
         self.resumed_from_step: int | None = None
         self.history = History()
+        self._annotate_history()
         self.best_metric: float | None = None
         self.best_step: int | None = None
         self.monitor = plan.checkpoint.monitor if plan.checkpoint else "val_loss"
@@ -281,6 +282,7 @@ class RunContext:
         self.resumed_from_step = self.step
         self._sync_epoch()
         self.history = History.from_json(run.get("history", {}))
+        self._annotate_history()
         self.best_metric = run.get("best_metric")
         self.best_step = run.get("best_step")
         self._latest = {k: float(v) for k, v in run.get("latest", {}).items()}
@@ -288,6 +290,23 @@ class RunContext:
         for key, obj in self._stateful():
             if key in states and callable(getattr(obj, "load_state_dict", None)):
                 obj.load_state_dict(states[key])
+
+    def _annotate_history(self) -> None:
+        """Tell the history what its series mean (loss name, units, backend, run)."""
+        plan = self.plan
+        if plan.checkpoint is not None:
+            run = "/".join(str(plan.checkpoint.path).rstrip("/").split("/")[-3:])
+        else:
+            model = self.plan_json.get("model") or {}
+            run = str(model.get("factory") or model.get("type") or "")
+        if plan.sweep_id:
+            run = f"{run} (sweep {plan.sweep_id})" if run else f"sweep {plan.sweep_id}"
+        self.history.annotate(
+            backend=self.backend,
+            loss=loss_label(self.plan_json.get("loss")),
+            normalized=plan.normalizer is not None,
+            run=run or None,
+        )
 
     def _stateful(self) -> list[tuple[str, Any]]:
         out = []
