@@ -18,6 +18,7 @@ from typing import Any
 from pipekit_train.core import ConfigError
 from pipekit_train.core.adapter import optional_import
 
+from ._axes import describe_axes
 from ._executors import EXECUTORS, make_executor, trial_name
 from ._grid import ParameterGrid, check_params
 from ._journal import DirectoryLock, Journal, params_key
@@ -85,7 +86,14 @@ def load_result(directory: str | os.PathLike[str]) -> SweepResult:
     for record in Journal(directory / "journal.jsonl").read():
         latest[record["index"] if meta.get("adaptive") else record["key"]] = record
     trials = sorted((TrialResult.from_json(r) for r in latest.values()), key=lambda t: t.index)
-    return SweepResult(meta["sweep_id"], meta["metric"], meta["mode"], trials, str(directory))
+    return SweepResult(
+        meta["sweep_id"],
+        meta["metric"],
+        meta["mode"],
+        trials,
+        str(directory),
+        axes=dict(meta.get("axes") or {}),
+    )
 
 
 class HyperSweep:
@@ -232,6 +240,10 @@ class HyperSweep:
             "sweep_id": self._sweep_id,
         }
 
+    def _axes(self) -> dict[str, dict[str, Any]]:
+        """How each parameter is plotted (log/linear/categorical), from the search space."""
+        return describe_axes(self.search_space)
+
     # -- run ------------------------------------------------------------------------------
     def run(self) -> SweepResult:
         """Run the trials the journal does not hold yet and return the ranked result.
@@ -268,7 +280,9 @@ class HyperSweep:
                     trials = state.run_static(records)
             finally:
                 executor.close()
-        result = SweepResult(sweep_id, self.metric, self.mode, trials, str(directory))
+        result = SweepResult(
+            sweep_id, self.metric, self.mode, trials, str(directory), axes=self._axes()
+        )
         result.wall_time_s = time.perf_counter() - start
         self.result = result
         return result
@@ -302,6 +316,7 @@ class HyperSweep:
                 "mode": self.mode,
                 "adaptive": self.adaptive,
                 "search_space": self.get_config()["search_space"],
+                "axes": self._axes(),
                 "created": (meta or {}).get("created", time.strftime("%Y-%m-%dT%H:%M:%S%z")),
             },
         )
