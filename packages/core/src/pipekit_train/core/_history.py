@@ -221,7 +221,8 @@ class History:
         ax.set_ylabel(self._ylabel(chosen))
         ax.set_title(title if title is not None else self._title(), fontsize=10)
         ax.legend(fontsize=8)
-        ax.grid(True, alpha=0.3, which="both")
+        ax.grid(True, alpha=0.3)
+        ax.grid(True, which="minor", alpha=0.1)
         fig.tight_layout()
         return fig
 
