@@ -99,9 +99,7 @@ def _recording_data() -> Any:
     return data
 
 
-def _elastic_run(
-    directory: Path, max_steps: int, ckpt: str | None, mesh: Any
-) -> dict[str, Any]:
+def _elastic_run(directory: Path, max_steps: int, ckpt: str | None, mesh: Any) -> dict[str, Any]:
     """One recorded run: its steps, resume step, weights and per-step sample indices."""
     import equinox as eqx
     import jax

@@ -60,9 +60,9 @@ def test_multihost_smoke_and_elastic_resume() -> None:
     """Two `jax.distributed` processes on loopback train, checkpoint and resume in step;
     a 1-process checkpoint resumes on 2 processes and a 2-process one on 1 (elastic).
 
-    One launch (the launcher trains the 1-process runs itself). Takes about 20 s on an
-    idle 2-core machine; the 300 s limit leaves room for a busy one, and running past it
-    fails the test (a hang in `jax.distributed` is a bug, not a skip).
+    One launch (the launcher trains the 1-process runs itself): about 40 s of CPU time
+    in all processes together; the 300 s limit leaves room for a busy machine, and
+    running past it fails the test (a hang in `jax.distributed` is a bug, not a skip).
     """
     script = ROOT / "scripts" / "multihost_equinox_smoke.py"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

@@ -141,9 +141,7 @@ class MapBatchIterator(BatchIterator):
         if count == 1:
             return [rows]
         local = self.local_batch_size
-        return [
-            {k: v[i * local : (i + 1) * local] for k, v in rows.items()} for i in range(count)
-        ]
+        return [{k: v[i * local : (i + 1) * local] for k, v in rows.items()} for i in range(count)]
 
     def _read_block(self) -> None:
         if self._iter is not None:
