@@ -212,7 +212,13 @@ class RunContext:
     def train_batches(
         self, data_state: Mapping[str, Any] | None = None, *, shard: tuple[int, int] = (0, 1)
     ) -> Any:
-        """The core batch iterator over the training data, positioned by `data_state`."""
+        """The core batch iterator over the training data, positioned by `data_state`.
+
+        `shard=(index, count)`: this process's part of every global batch of
+        `plan.batch_size`. The state is global (the same on every process and for every
+        process count), so the chief's saved state positions every process, and a run
+        checkpointed with one process count resumes with another (elastic resume).
+        """
         from .data import make_batches
 
         it = make_batches(
@@ -223,25 +229,7 @@ class RunContext:
             drop_remainder=self.plan.drop_remainder,
             shard=shard,
         )
-        if shard[1] > 1:
-            # each process sees 1/count of the data: epochs are per-shard
-            batches = it.steps_per_epoch
-            self.steps_per_epoch = (
-                None if batches is None else max(1, batches // self.plan.accumulate_grad_batches)
-            )
-            if self.plan.max_epochs is not None and self.steps_per_epoch:
-                by_epochs = self.plan.max_epochs * self.steps_per_epoch
-                self.total_steps = (
-                    by_epochs
-                    if self.plan.max_steps is None
-                    else min(self.plan.max_steps, by_epochs)
-                )
         if data_state:
-            data_state = dict(data_state)
-            saved = data_state.get("shard")
-            if isinstance(saved, (list, tuple)) and len(saved) == 2 and int(saved[1]) == shard[1]:
-                # the chief wrote the state; shards advance in lockstep, so take our own index
-                data_state["shard"] = tuple(shard) if isinstance(saved, tuple) else list(shard)
             it.set_state(data_state)
         self._train_iter = it
         if self.plan.normalizer is not None:
