@@ -206,7 +206,13 @@ def build_loop(
     # -- the work: data, normaliser, model, then the loop's own validation -------------
     data = _call_dataset(config.data, data_fn)
     validation = None
-    if isinstance(data, tuple) and len(data) == 2:
+    if isinstance(data, (tuple, list)) and len(data) != 2:
+        raise ConfigError(
+            f"`data.factory` {config.data.factory!r} returned a {type(data).__name__} of "
+            f"{len(data)}. Received: {len(data)} parts. Return one dataset (with data.split "
+            "or [validation] for the validation data) or a (train, validation) pair."
+        )
+    if isinstance(data, (tuple, list)):
         data, validation = data
         if config.split is not None or val_fn is not None:
             raise ConfigError(
@@ -256,7 +262,10 @@ def build_loop(
 
     writers = []
     for spec, cls in zip(config.writers if build_writers else (), writer_classes, strict=False):
-        writer = check_writer(cls(**spec.kwargs), field=spec.where)
+        kwargs = dict(spec.kwargs)
+        if spec.type == "wandb" and "config" not in kwargs:
+            kwargs["config"] = config.raw  # the run's hyperparameters, as W&B's run config
+        writer = check_writer(cls(**kwargs), field=spec.where)
         writers.append(AsyncWriter(writer) if spec.wrap_async else writer)
     if writers:
         loop.plan = dataclasses.replace(loop.plan, writers=tuple(writers))

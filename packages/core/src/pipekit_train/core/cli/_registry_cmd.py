@@ -19,18 +19,22 @@ __all__ = ["open_registry", "registry_list", "registry_show"]
 _CHUNK = 1 << 20
 
 
-def open_registry(uri: str) -> Any:
-    """The registry at `uri` (a local folder, `file://`, `s3://`, ...), which must exist.
+def open_registry(uri: str, *, create: bool = False) -> Any:
+    """The registry at `uri` (a local folder, `file://`, `s3://`, ...).
+
+    Args:
+        uri: where the registry lives.
+        create: create a local folder that does not exist (else it is an error).
 
     Raises:
-        ConfigError: a local folder that does not exist.
+        ConfigError: a local folder that does not exist (without `create`).
     """
     from pipekit_train.core.registry import FsspecModelRegistry, LocalModelRegistry
 
     local = "://" not in uri or uri.startswith("file://")
     if local:
         folder = uri[len("file://") :] if uri.startswith("file://") else uri
-        if not os.path.isdir(os.path.expanduser(folder)):
+        if not create and not os.path.isdir(os.path.expanduser(folder)):
             raise ConfigError(
                 f"There is no model registry at {uri!r}: the folder does not exist. "
                 f"Received: uri={uri!r}. Pass the folder given as registry.uri when training."

@@ -12,21 +12,14 @@ from pipekit_train.core._trust import is_model_factory
 from ._build import build_loop, python_path
 from ._config import RunConfig, load_run_config
 from ._progress import ProgressLines
+from ._registry_cmd import open_registry
 
 __all__ = ["run_command"]
 
 
-def _open_registry(uri: str) -> Any:
-    from pipekit_train.core.registry import FsspecModelRegistry, LocalModelRegistry
-
-    if "://" not in uri or uri.startswith("file://"):
-        return LocalModelRegistry(uri)
-    return FsspecModelRegistry(uri)
-
-
 def _register(config: RunConfig, artifact: Any, out: IO[str]) -> None:
     assert config.registry is not None
-    registry = _open_registry(config.registry["uri"])
+    registry = open_registry(config.registry["uri"], create=True)
     name = config.registry["name"]
     if registry.versions(name):
         latest = registry.record(name)
