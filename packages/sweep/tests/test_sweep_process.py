@@ -67,10 +67,11 @@ def test_devices_pin_each_worker_and_run_at_most_n_trials_per_device(
     for name in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE"):
         monkeypatch.delenv(name, raising=False)
     records = tmp_path / "placements"
-    # Each trial waits (up to 10 s) until two trials run on its device, so two can be seen;
-    # 8 trials on 4 slots: the second four wait for free slots.
+    # 8 trials on 4 slots: the last four wait for free slots. The first four (two per
+    # device) wait until two trials run on their device, so two at once can be seen; the
+    # last four have no partner to wait for and run straight through.
     space = [
-        {"record_dir": str(records), "peers": 2, "wait_s": 10.0, "hold_s": 0.5, "seed": i}
+        {"record_dir": str(records), "peers": 2 if i < 4 else 1, "wait_s": 60.0, "seed": i}
         for i in range(8)
     ]
     executor = ProcessExecutor(devices=["cuda:0", "cuda:3"], trials_per_device=2)

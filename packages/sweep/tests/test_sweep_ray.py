@@ -86,7 +86,13 @@ def test_ray_sweep_matches_serial_and_records_failures(
 ) -> None:
     space = [*GRID, {"fail": True}]
     result = HyperSweep(
-        numpy_trial, space, "val_loss", executor="ray", directory=tmp_path / "ray", sweep_id="r"
+        numpy_trial,
+        space,
+        "val_loss",
+        executor="ray",
+        max_concurrent=2,  # two worker processes are enough here (and cheap on 2 cores)
+        directory=tmp_path / "ray",
+        sweep_id="r",
     ).run()
     serial = HyperSweep(numpy_trial, space, "val_loss", directory=tmp_path / "serial").run()
     assert _outcomes(result) == _outcomes(serial)
@@ -123,18 +129,19 @@ def test_half_gpu_trials_run_two_per_gpu_on_every_gpu_node(
     assert ray.is_initialized()
 
     records = tmp_path / "placements"
-    # 8 trials, all handed to Ray at once: Ray itself must hold back the 4 that do not fit.
-    # Each waits (up to 10 s) until two trials run on its GPU, so two at once can be seen.
+    # 6 trials, all handed to Ray at once: Ray itself must hold back the 2 that do not fit.
+    # The first four wait until two trials run on their GPU, so two at once can be seen;
+    # the last two (queued, with no partner to wait for) run straight through.
     space = [
-        {"record_dir": str(records), "peers": 2, "wait_s": 10.0, "hold_s": 0.5, "seed": i}
-        for i in range(8)
+        {"record_dir": str(records), "peers": 2 if i < 4 else 1, "wait_s": 60.0, "seed": i}
+        for i in range(6)
     ]
     result = HyperSweep(
-        placement_trial, space, "val_loss", executor=executor, max_concurrent=8, directory=tmp_path
+        placement_trial, space, "val_loss", executor=executor, max_concurrent=6, directory=tmp_path
     ).run()
-    assert [t.status for t in result] == ["ok"] * 8
+    assert [t.status for t in result] == ["ok"] * 6
     placements = read_placements(records)
-    assert len(placements) == 8
+    assert len(placements) == 6
     by_node = _by_node(placements)
     assert sorted(by_node) == sorted([cluster.head, cluster.second])  # spread over both nodes
     for recs in by_node.values():
@@ -145,22 +152,22 @@ def test_half_gpu_trials_run_two_per_gpu_on_every_gpu_node(
         assert rec["env"]["CUDA_VISIBLE_DEVICES"] == "0"
         assert rec["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.375"  # half of JAX's 0.75
         assert rec["env"]["OMP_NUM_THREADS"] == "1"  # Ray: the CPUs asked for, at least 1
-    assert len({r["pid"] for r in placements}) == 8  # Ray starts a fresh worker per GPU task
+    assert len({r["pid"] for r in placements}) == 6  # Ray starts a fresh worker per GPU task
 
 
 def test_custom_resources_place_trials_on_the_nodes_that_have_them(
     cluster: SimulatedCluster, tmp_path: Path
 ) -> None:
     records = tmp_path / "placements"
-    space = [
-        {"record_dir": str(records), "peers": 2, "wait_s": 10.0, "hold_s": 0.5, "seed": i}
-        for i in range(4)
-    ]
+    space = [{"record_dir": str(records), "peers": 2, "wait_s": 60.0, "seed": i} for i in range(2)]
     executor = RayExecutor({"num_cpus": 0.25, "resources": {"bigmem": 1}})
+    executor.start()
+    assert executor.max_concurrent == 2  # the second node's bigmem=2
+    executor.close()
     result = HyperSweep(
-        placement_trial, space, "val_loss", executor=executor, max_concurrent=4, directory=tmp_path
+        placement_trial, space, "val_loss", executor=executor, directory=tmp_path
     ).run()
-    assert [t.status for t in result] == ["ok"] * 4
+    assert [t.status for t in result] == ["ok"] * 2
     placements = read_placements(records)
     assert {r["node_id"] for r in placements} == {cluster.second}  # the only `bigmem` node
     assert max(r["max_running"] for r in placements) == 2 == most_at_once(placements)
@@ -191,9 +198,9 @@ if __name__ == "__main__":
     directory, records, address = sys.argv[1:4]
     HyperSweep(
         "pipekit_train.sweep.testing:placement_trial",
-        [{"record_dir": records, "peers": 99, "wait_s": 300.0, "seed": i} for i in range(4)],
+        [{"record_dir": records, "peers": 99, "wait_s": 300.0, "seed": i} for i in range(2)],
         "val_loss",
-        executor=RayExecutor({"num_cpus": 0.25, "num_gpus": 0.5}, address=address),
+        executor=RayExecutor({"num_cpus": 0.25, "num_gpus": 1}, address=address),
         directory=directory,
     ).run()
 """
@@ -223,7 +230,7 @@ def test_killing_a_driver_ends_its_trials_on_every_node(
     """The lifeline with resources: a killed sweep driver leaves no trial running.
 
     The driver connects to the cluster (as a sweep on a real cluster does) and starts
-    four half-GPU trials, two on each node, which wait for peers that never come.
+    two one-GPU trials, one on each node, which wait for peers that never come.
     """
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
@@ -241,9 +248,9 @@ def test_killing_a_driver_ends_its_trials_on_every_node(
             import json
 
             pids = [json.loads(p.read_text())["pid"] for p in records.glob("running/*/*")]
-            return pids if len(pids) == 4 else []
+            return pids if len(pids) == 2 else []
 
-        workers = _wait_for(running, 120, "four running trials")
+        workers = _wait_for(running, 120, "two running trials")
         assert len(list(records.glob("running/*"))) == 2  # two groups: one GPU on each node
         assert all(_alive(pid) for pid in workers)
         os.kill(proc.pid, signal.SIGKILL)
