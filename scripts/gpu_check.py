@@ -294,7 +294,7 @@ def _framework_devices(backend: str, device: str) -> str:
 
         try:
             devices = jax.devices()
-        except RuntimeError as exc:  # JAX_PLATFORMS=cuda without a CUDA plugin or GPU
+        except RuntimeError as exc:  # e.g. a broken CUDA plugin
             raise _NoGpu(
                 f"jax cannot start its CUDA backend ({exc}). Install it: {INSTALL}"
             ) from exc
@@ -326,8 +326,7 @@ def _child_env(backend: str, device: str) -> dict[str, str]:
     if device == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
         env["CUDA_VISIBLE_DEVICES"] = ""
-    else:
-        env["JAX_PLATFORMS"] = "cuda"  # fail, do not fall back to the CPU
+    else:  # jax picks the GPU by default; the child checks that it did
         flags = env.get("XLA_FLAGS", "")
         if "xla_gpu_deterministic_ops" not in flags:
             env["XLA_FLAGS"] = f"{flags} --xla_gpu_deterministic_ops=true".strip()
@@ -368,7 +367,7 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
 # -- the benchmarks ----------------------------------------------------------------------------
 def bench_commands(device: str) -> list[tuple[str, list[str], dict[str, str]]]:
     """The benchmark scripts to run on `device`, with their flags and environment."""
-    jax_env = {"JAX_PLATFORMS": "cpu" if device == "cpu" else "cuda"}
+    jax_env = {"JAX_PLATFORMS": "cpu"} if device == "cpu" else {}  # else jax's default: the GPU
     accelerator = "cpu" if device == "cpu" else "gpu"
     return [
         ("bench_equinox", ["--quick", "--skip-rss"], jax_env),
@@ -520,8 +519,8 @@ def report(
             f"### Benchmarks on the {title}",
             "",
             "`benchmarks/bench_equinox.py --quick --skip-rss`, `bench_lightning.py --quick "
-            "--accelerator gpu`, `bench_keras.py --quick` (ratio: the case's steps/s ÷ its "
-            "reference loop, see each script).",
+            f"--accelerator {'gpu' if args.device == 'cuda' else 'cpu'}`, `bench_keras.py --quick` "
+            "(ratio: the case's steps/s ÷ its reference loop, see each script).",
             "",
             *bench_table(bench),
             "",
