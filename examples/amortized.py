@@ -68,15 +68,20 @@ def plot(path: Path, truth: np.ndarray, dist: Gaussian, backend: str) -> None:
     import matplotlib.pyplot as plt
 
     n = len(truth)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8), dpi=100)
-
-    ax = axes[0]
-    band = 2 * np.sqrt(LEVELS * (1 - LEVELS) / n)  # ±2 standard errors of a coverage
-    ax.fill_between(LEVELS, LEVELS - band, LEVELS + band, color="0.85", label="±2 s.e. (n test)")
-    ax.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated")
-    for i, name in enumerate(NAMES):
-        ax.plot(LEVELS, coverage(dist, truth, LEVELS)[:, i], lw=1.8, label=name)
+    fig, axes = plt.subplots(2, 2, figsize=(12, 10.5), dpi=100)
+    curves = coverage(dist, truth, LEVELS)
     pooled = coverage(dist, truth, np.array([0.68, 0.95])).mean(axis=1)
+    band = 2 * np.sqrt(LEVELS * (1 - LEVELS) / n)  # ±2 standard errors of one coverage
+    fig.suptitle(
+        f"{backend}: amortized posterior of the damped oscillator, {n} test simulations",
+        fontsize=13,
+    )
+
+    ax = axes[0, 0]
+    ax.fill_between(LEVELS, LEVELS - band, LEVELS + band, color="0.8", label="±2 s.e.")
+    ax.plot([0, 1], [0, 1], "k--", lw=1, label="calibrated (diagonal)")
+    for i, name in enumerate(NAMES):
+        ax.plot(LEVELS, curves[:, i], lw=1.8, label=name)
     ax.plot([0.68, 0.95], pooled, "ko", ms=4, label="both parameters, 68% and 95%")
     for level, cover in zip((0.68, 0.95), pooled, strict=True):
         ax.annotate(f"{cover:.3f}", (level, cover), xytext=(6, -14), textcoords="offset points")
@@ -84,22 +89,40 @@ def plot(path: Path, truth: np.ndarray, dist: Gaussian, backend: str) -> None:
         xlim=(0, 1),
         ylim=(0, 1),
         xlabel="nominal coverage of the central interval",
-        ylabel="empirical coverage on the test set",
-        title=f"{backend}: calibration ({n} test simulations)",
+        ylabel="empirical coverage (fraction of true values inside)",
+        title="calibration curve",
     )
     ax.set_aspect("equal")
     ax.legend(loc="upper left", fontsize=8)
 
+    ax = axes[0, 1]
+    limit = max(0.06, 1.15 * float(np.abs(curves - LEVELS[:, None]).max()))
+    ax.fill_between(LEVELS, -band, band, color="0.8", label="±2 s.e.")
+    ax.axhline(0, color="k", ls="--", lw=1)
+    for bound in (-0.02, 0.02):
+        ax.axhline(bound, color="0.4", ls=":", lw=1, label="±0.02" if bound > 0 else None)
+    for i, name in enumerate(NAMES):
+        ax.plot(LEVELS, curves[:, i] - LEVELS, lw=1.8, label=name)
+    ax.plot([0.68, 0.95], pooled - [0.68, 0.95], "ko", ms=4, label="both, 68% and 95%")
+    ax.set(
+        xlim=(0, 1),
+        ylim=(-limit, limit),
+        xlabel="nominal coverage of the central interval",
+        ylabel="empirical − nominal coverage (< 0: overconfident)",
+        title="coverage error",
+    )
+    ax.legend(loc="lower left", fontsize=8)
+
     shown = np.random.default_rng(0).choice(n, size=min(n, 60), replace=False)
     low, high = dist.interval(0.95)
-    for i, ax in enumerate(axes[1:]):
+    for i, ax in enumerate(axes[1]):
         t, m = truth[shown, i], dist.mean[shown, i]
-        inside = (truth[shown, i] >= low[shown, i]) & (truth[shown, i] <= high[shown, i])
+        inside = (t >= low[shown, i]) & (t <= high[shown, i])
         err = np.stack([m - low[shown, i], high[shown, i] - m])
         for mask, colour, label in ((inside, "C0", "inside"), (~inside, "C3", "outside")):
             ax.errorbar(
                 t[mask], m[mask], yerr=err[:, mask], fmt="o", ms=3.5, color=colour,
-                elinewidth=1, capsize=2, label=f"true value {label} ({mask.sum()})",
+                elinewidth=1, capsize=2, label=f"true value {label} the interval ({mask.sum()})",
             )  # fmt: skip
         lo, hi = truth[:, i].min(), truth[:, i].max()
         ax.plot([lo, hi], [lo, hi], "k--", lw=1)

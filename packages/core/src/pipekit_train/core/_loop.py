@@ -157,7 +157,8 @@ class TrainingLoop:
     Args:
         model: a model operator (`EquinoxModelOp`, `LightningModelOp`, `KerasModelOp`)
             or a backend-native model the chosen adapter accepts.
-        data: the training dataset (samples `{"x": ..., "y": ...}`) or a native loader.
+        data: the training dataset (samples `{"x": ..., "y": ...}`; rename other keys
+            with `as_supervised(data, input=..., target=...)`) or a native loader.
         validation: an optional validation dataset.
         loss: a loss name (`"mse"`), a `Loss`, or a callable `loss(pred, target)`.
         metrics: validation metric names or callables.
