@@ -141,7 +141,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="equinox", choices=["equinox", "lightning", "keras"])
     parser.add_argument("--steps", type=int, default=4000)
-    parser.add_argument("--samples", type=int, default=65536)
+    parser.add_argument("--samples", type=int, default=131072)
+    parser.add_argument(
+        "--workers", type=int, default=0, help="processes simulating in parallel (0: this one)"
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "out" / "amortized"))
     args = parser.parse_args(argv)
     out = Path(args.out) / args.backend
@@ -151,7 +154,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # Simulations with the default keys {"theta": parameters, "x": trajectory}, cached;
     # inference reads the trajectory and predicts the parameters.
     sims = SimulationDataset(observe, sample_parameters, n=args.samples, seed=1)
-    cache = CachedDataset.build(sims, out / "simulations.zarr", chunk_size=4096)
+    cache = CachedDataset.build(
+        sims, out / "simulations.zarr", chunk_size=4096, workers=args.workers
+    )
     data = as_supervised(cache, input="x", target="theta")
     train, val, test = split(data, (0.8, 0.1, 0.1), seed=0)
     norm = Normalizer.fit(train, keys=("x", "y"))
