@@ -8,7 +8,7 @@ for `n_steps` and returns the trajectory, optionally calling a hook after every 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -190,19 +190,15 @@ class NeuralForward:
         return batch + pred
 
     def _gaussian(self, batch: np.ndarray) -> Gaussian:
-        out = self._model(batch)
-        if isinstance(out, Mapping) and "mean" in out and "log_var" in out:
-            mean_n, log_var = np.asarray(out["mean"]), np.asarray(out["log_var"])
-        else:
-            out = np.asarray(out)
-            if out.ndim < 1 or out.shape[-1] % 2:
-                raise ConfigError(
-                    "With `head='gaussian'` the model must output a mean and a log-variance "
-                    "per target value (an even-sized last axis). Received: output shape "
-                    f"{out.shape[1:]}. Use head='point', or a model with 2*k outputs."
-                )
-            k = out.shape[-1] // 2
-            mean_n, log_var = out[..., :k], out[..., k:]
+        out = np.asarray(self._model(batch))
+        if out.ndim < 2 or out.shape[-1] % 2:
+            raise ConfigError(
+                "With `head='gaussian'` the model must output a mean and a log-variance "
+                "per target value (an even-sized last axis). Received: output shape "
+                f"{out.shape[1:]}. Use head='point', or a model with 2*k outputs."
+            )
+        k = out.shape[-1] // 2
+        mean_n, log_var = out[..., :k], out[..., k:]
         mean = self._invert(mean_n)
         std = np.exp(0.5 * log_var.astype(np.float64))
         if self.normalizer is not None:

@@ -31,7 +31,7 @@ HEADS = ("point", "gaussian")
 
 def check_head(head: Any, *, field: str = "head") -> str:
     """Return `head` if it is a known head name, else raise `ConfigError`."""
-    if head not in HEADS or not isinstance(head, str):
+    if not isinstance(head, str) or head not in HEADS:
         raise ConfigError(
             f"`{field}` must be one of {list(HEADS)}. Received: {field}={head!r}. Use "
             "'gaussian' for a model trained with `gaussian_nll` (mean and log-variance "
@@ -51,7 +51,7 @@ def head_for_loss(loss: Any) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Gaussian:
     """Independent normal distributions, one per element: `N(mean, std**2)`.
 
