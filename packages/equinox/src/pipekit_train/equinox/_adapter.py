@@ -417,6 +417,9 @@ class EquinoxBackend(StepBackend[FlatState]):
     def _to_tree(self, state: FlatState) -> dict[str, Any]:
         return dict(zip(self._names, self._copy(state.leaves), strict=True))
 
+    def _live_tree(self, state: FlatState) -> dict[str, Any]:
+        return dict(zip(self._names, state.leaves, strict=True))
+
     def _template_tree(self, template: FlatState) -> dict[str, Any]:
         return abstract_of(dict(zip(self._names, template.leaves, strict=True)))
 
@@ -435,6 +438,7 @@ class EquinoxBackend(StepBackend[FlatState]):
             template_tree=self._template_tree,
             from_tree=self._from_tree,
             fix_meta=self._fix_meta,
+            live_tree=self._live_tree,
         )
 
     def _fix_meta(self, meta: dict[str, Any]) -> dict[str, Any]:
