@@ -205,12 +205,18 @@ class OrbaxCheckpointer:
             job()
         return self._step_location(int(step))
 
-    def _snapshot(self, tree: Mapping[str, Any]) -> dict[str, tuple[np.ndarray, Any]]:
-        """Training thread: copy each array into its reused host buffer (shard by shard)."""
-        out: dict[str, tuple[np.ndarray, Any]] = {}
+    def _snapshot(self, tree: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+        """Training thread: copy each array into its reused host buffer (shard by shard).
+
+        A leaf numpy cannot hold (a typed PRNG key) gets a fresh device copy instead.
+        """
+        out: dict[str, tuple[Any, Any]] = {}
         for name, leaf in tree.items():
             if not isinstance(leaf, jax.Array):
                 out[name] = (self._buffers.copy(name, leaf), None)
+                continue
+            if jax.numpy.issubdtype(leaf.dtype, jax.dtypes.extended):
+                out[name] = (leaf.copy(), leaf.sharding)
                 continue
             buf = self._buffers.buffer(name, leaf.shape, leaf.dtype)
             if len(leaf.sharding.device_set) == 1:
@@ -225,7 +231,7 @@ class OrbaxCheckpointer:
     def _commit(
         self,
         step: int,
-        snapshot: Mapping[str, tuple[np.ndarray, Any]],
+        snapshot: Mapping[str, tuple[Any, Any]],
         meta: dict[str, Any],
         record: dict[str, Any],
     ) -> None:
