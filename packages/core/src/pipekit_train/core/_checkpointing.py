@@ -103,9 +103,11 @@ def step_dirs(root: str | os.PathLike[str] | Checkpoint) -> list[int]:
     """Committed-looking step folders (`<root>/<int>`), ascending.
 
     Args:
-        root: a local folder, or a `Checkpoint` (local or at a URI, read with its
-            `storage_options`).
+        root: a local folder, a URI (read with fsspec's defaults), or a `Checkpoint`
+            (local or at a URI, read with its `storage_options`).
     """
+    if isinstance(root, str) and "://" in root:
+        root = Checkpoint(root)
     if isinstance(root, Checkpoint):
         if root.is_remote:
             return RemoteSteps(root).steps()

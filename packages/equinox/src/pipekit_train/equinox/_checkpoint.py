@@ -223,8 +223,9 @@ class OrbaxCheckpointer:
                 np.copyto(buf, np.asarray(leaf), casting="no")  # a view on CPU: one copy
             else:
                 for shard in leaf.addressable_shards:
-                    if shard.replica_id == 0:
-                        np.copyto(buf[shard.index], np.asarray(shard.data), casting="no")
+                    if shard.replica_id == 0:  # `...`: a view even of a 0-d buffer
+                        target = buf[(*shard.index, Ellipsis)]
+                        np.copyto(target, np.asarray(shard.data), casting="no")
             out[name] = (buf, leaf.sharding)
         return out
 
