@@ -274,13 +274,9 @@ class TrainingLoop:
             raise ConfigError(
                 f"`checkpoint` must be a Checkpoint policy or a directory. Received: checkpoint={checkpoint!r}."
             )
-        if (
-            checkpoint is not None
-            and checkpoint.resume == "never"
-            and has_checkpoints(checkpoint.path)
-        ):
+        if checkpoint is not None and checkpoint.resume == "never" and has_checkpoints(checkpoint):
             raise ConfigError(
-                f"`Checkpoint.resume='never'` but {checkpoint.path} already holds checkpoints. "
+                f"`Checkpoint.resume='never'` but {checkpoint.location} already holds checkpoints. "
                 "Use resume='auto' to continue from them, or an empty directory."
             )
         _check_dataset("data", data, batch_size, drop_remainder, adapter)
