@@ -20,6 +20,7 @@ from ._dataset import (
 )
 from ._iterator import BatchIterator
 from ._normalizer import Normalizer
+from ._ray_build import RayBuildExecutor
 from ._simulation import SimulationDataset, SimulationError
 from ._split import Subset, split
 
@@ -32,6 +33,7 @@ __all__ = [
     "Dataset",
     "IterableDataset",
     "Normalizer",
+    "RayBuildExecutor",
     "Sample",
     "SimulationDataset",
     "SimulationError",
