@@ -30,6 +30,7 @@ from pipekit_train.core.data import (  # noqa: E402
     RayBuildExecutor,
     SimulationDataset,
 )
+from pipekit_train.core.data._ray_build import RaySession  # noqa: E402
 
 BUCKET = "pipekit-cache"
 CREDS = {
@@ -280,3 +281,7 @@ def test_ray_build_refuses_a_dataset_ray_cannot_send(ray_runtime: None, tmp_path
         CachedDataset.build(ds, tmp_path / "c.zarr", executor="ray")
     assert not (tmp_path / "c.zarr").exists()
     assert ray.is_initialized()
+    # a resource no node has: warned before any task is submitted (an autoscaler may add it)
+    unmet = RayBuildExecutor(num_gpus=0.5, resources={"builder": 1, "tpu": 2})
+    with pytest.warns(RuntimeWarning, match=r"requests \{'GPU': 0.5, 'tpu': 2.0\}"):
+        RaySession(ray, unmet, ArrayDataset(x=np.zeros((10, 2), np.float32)))

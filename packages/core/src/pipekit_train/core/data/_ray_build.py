@@ -69,9 +69,12 @@ class RayBuildExecutor:
         max_retries: times Ray re-runs a chunk task whose worker process died (a
             crash, a lost node); chunk writes are idempotent, so a retry is safe.
             Exceptions raised by the dataset are not retried: they fail the build.
-        runtime_env: the Ray runtime environment of the tasks, e.g.
-            `{"pip": ["pipekit-train-core[s3]"], "working_dir": "."}` so that remote
-            nodes can import the simulator.
+        runtime_env: the Ray runtime environment, e.g. `{"working_dir": ".",
+            "pip": ["pipekit-train-core[s3]"]}` so that remote nodes can import the
+            simulator. Set on the Ray job when the build connects to Ray itself; with
+            a runtime already initialised in this process it is set per task, where
+            Ray accepts only remote URIs for `working_dir` and `py_modules` (pass
+            local ones to your own `ray.init`).
 
     Raises:
         ConfigError: an option is invalid.
@@ -129,7 +132,7 @@ class RayBuildExecutor:
             )
         self.runtime_env = None if runtime_env is None else dict(runtime_env)
 
-    def task_options(self) -> dict[str, Any]:
+    def task_options(self, *, with_runtime_env: bool) -> dict[str, Any]:
         """The `ray.remote(...).options(...)` of a chunk task."""
         options: dict[str, Any] = {
             "num_cpus": self.num_cpus,
@@ -139,7 +142,7 @@ class RayBuildExecutor:
         }
         if self.resources:
             options["resources"] = dict(self.resources)
-        if self.runtime_env is not None:
+        if with_runtime_env and self.runtime_env is not None:
             options["runtime_env"] = dict(self.runtime_env)
         return options
 
@@ -201,9 +204,12 @@ class _RayPool:
 class RaySession:
     """A Ray runtime for one build, with the dataset in the object store."""
 
-    def __init__(self, ray: Any, executor: RayBuildExecutor, dataset: Any) -> None:
+    def __init__(
+        self, ray: Any, executor: RayBuildExecutor, dataset: Any, *, job_env: bool = False
+    ) -> None:
         self.ray = ray
         self.executor = executor
+        self._task_env = not job_env  # the runtime_env is the job's, or set per task
         try:
             self.dataset_ref = ray.put(dataset)
         except Exception as exc:
@@ -230,7 +236,8 @@ class RaySession:
 
     def remote(self, fn: Callable[..., Any]) -> Any:
         """`fn` as a Ray task with the executor's options."""
-        return self.ray.remote(fn).options(**self.executor.task_options())
+        options = self.executor.task_options(with_runtime_env=self._task_env)
+        return self.ray.remote(fn).options(**options)
 
     def pool(self) -> _RayPool:
         """A process-pool-like `submit` for `SimulationDataset.scan`."""
@@ -302,10 +309,12 @@ def ray_session(executor: RayBuildExecutor, dataset: Any) -> Iterator[RaySession
     ray = optional_import("ray", extra="ray", package="pipekit-train-core")
     started = False
     if not ray.is_initialized():
-        ray.init(address=executor.address, include_dashboard=False)
+        ray.init(
+            address=executor.address, runtime_env=executor.runtime_env, include_dashboard=False
+        )
         started = True
     try:
-        yield RaySession(ray, executor, dataset)
+        yield RaySession(ray, executor, dataset, job_env=started)
     finally:
         if started and ray.is_initialized():
             ray.shutdown()
