@@ -8,9 +8,12 @@ the layout and whether the build completed.
 
 Reading is chunk-aware: each zarr read call costs ~1 ms, so rows are never read one
 by one. A cache whose arrays fit in `memory_budget_bytes` is loaded whole when
-opened (one read per key); a larger one keeps an LRU cache of whole chunks and
-declares a chunk-aware shuffle (`chunk_size`, `shuffle_window`) that `make_batches`
-uses, so a shuffled epoch reads each chunk about once.
+opened (one read per key); a larger one keeps an LRU cache of whole chunks
+(`_chunk_cache`: one `take` per gather, read-ahead along the epoch order that
+`make_batches` passes to `plan_reads`), reads chunks straight from their files
+(`_chunk_files`), and declares a chunk-aware shuffle (`chunk_size`,
+`shuffle_window`) that `make_batches` uses, so a shuffled epoch reads each chunk
+about once.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import numpy as np
 from pipekit_train.core._errors import ConfigError
 
 from ._chunk_cache import ChunkCache
+from ._chunk_files import ChunkFiles
 from ._dataset import ArraySpec, Batch, Sample, block_rows
 
 if TYPE_CHECKING:
@@ -176,8 +180,18 @@ class CachedDataset:
             shuffle_window = None if self.in_memory else DEFAULT_SHUFFLE_WINDOW
         self.shuffle_window: int | None = None if shuffle_window is None else int(shuffle_window)
         self._data: dict[str, np.ndarray] | None = None
+        self._files: ChunkFiles | None = None
         if self.in_memory:
             self._data = {k: np.asarray(z[...]) for k, z in self._zarrays.items()}
+        else:
+            self._files = ChunkFiles.open(
+                _local_path(self.uri),
+                self.uri,
+                storage_options,
+                self._zarrays,
+                self._length,
+                self.chunk_size,
+            )
         window = self.shuffle_window or DEFAULT_SHUFFLE_WINDOW
         chunk_bytes = max(1, row_bytes * self.chunk_size)
         self._chunks = ChunkCache(
@@ -186,6 +200,7 @@ class CachedDataset:
             self.chunk_size,
             max(2 * window, int(memory_budget_bytes) // chunk_bytes),
             self._read_chunks,
+            ahead=window,
         )
 
     # -- metadata ----------------------------------------------------------------------
@@ -223,7 +238,14 @@ class CachedDataset:
         return self._chunks.reads
 
     def _read_chunks(self, cids: Sequence[int]) -> list[dict[str, np.ndarray]]:
-        """Read whole chunks `cids` (all keys) in one call: zarr reads them concurrently."""
+        """Read whole chunks `cids` (all keys): straight from the chunk files when the
+        arrays have the layout `build` writes, else through zarr (concurrently)."""
+        if self._files is not None:
+            return self._files.read(cids)
+        return self._read_chunks_zarr(cids)
+
+    def _read_chunks_zarr(self, cids: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        """Read whole chunks `cids` (all keys) through zarr, concurrently in one call."""
         import asyncio
 
         sync = importlib.import_module("zarr.core.sync").sync
@@ -240,6 +262,13 @@ class CachedDataset:
             {k: np.asarray(flat[i * len(keys) + j]) for j, k in enumerate(keys)}
             for i in range(len(bounds))
         ]
+
+    def plan_reads(self, order: np.ndarray) -> None:
+        """Advisory: rows will be gathered in about this order (`make_batches` passes
+        each epoch's order). Out-of-core reading then reads the next chunks of that
+        order ahead, in a background thread; results never depend on it."""
+        if self._data is None:
+            self._chunks.plan(np.asarray(order))
 
     def get_batch(self, indices: np.ndarray) -> Batch:
         """Gather rows: from memory, or from whole chunks held in the LRU chunk cache."""

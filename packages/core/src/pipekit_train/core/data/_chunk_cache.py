@@ -12,6 +12,12 @@ reads (pinned slots are never evicted), each chunk is read once even when severa
 threads need it at the same time, and the missing chunks of a gather are read in
 one call (concurrently). When every slot is pinned by concurrent gathers, a chunk
 is read into a temporary array instead (correct, just not cached).
+
+Read-ahead: given the order in which rows will be gathered (`plan`, a whole
+epoch's order from the batching engine), the chunks are ranked by first use; each
+gather then starts reading, in a background thread, the `ahead` chunks that follow
+the ones it used, so the next shuffle window is usually in memory before it is
+needed. The plan is advisory: a wrong or stale plan costs reads, never results.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class ChunkCache:
         chunk_size: rows per chunk (the last chunk may be shorter).
         capacity: chunks held at most (clipped to the number of chunks).
         read_chunks: reads the given chunk ids: a list of `{key: rows}`, one per id.
+        ahead: chunks to read ahead of a gather when a plan is set (0: none).
     """
 
     def __init__(
@@ -68,6 +75,7 @@ class ChunkCache:
         chunk_size: int,
         capacity: int,
         read_chunks: ChunkReader,
+        ahead: int = 0,
     ) -> None:
         self._spec = dict(spec)
         self._length = length
@@ -83,6 +91,8 @@ class ChunkCache:
         self._lru: OrderedDict[int, None] = OrderedDict()  # resident slots, oldest first
         self._loading: dict[int, _Pending] = {}
         self._lock = threading.Lock()
+        self._ahead = max(0, min(int(ahead), self.capacity // 2))
+        self._plan: tuple[np.ndarray, np.ndarray] | None = None  # chunks by first use, ranks
         self.reads = 0
 
     # -- slots (call with the lock held) -------------------------------------------------
@@ -104,6 +114,59 @@ class ChunkCache:
                 k: np.empty((rows, *s.shape), dtype=s.dtype) for k, s in self._spec.items()
             }
         return self._buffers
+
+    # -- read-ahead -----------------------------------------------------------------------
+    def plan(self, order: np.ndarray) -> None:
+        """Rank the chunks by their first use in `order` (rows in the order they will be
+        gathered); later gathers read ahead along that ranking.
+
+        Samples `order` every `chunk_size // 64` rows: a chunk-aware order uses each
+        chunk throughout its window, so the sample finds every chunk at a fraction of
+        the cost (a chunk it misses is just not read ahead).
+        """
+        if not self._ahead or len(order) == 0:
+            return
+        stride = max(1, self._cs // 64)
+        cids = np.asarray(order[::stride], dtype=np.int64) // self._cs
+        chunks, first_use = np.unique(cids, return_index=True)
+        seq = chunks[np.argsort(first_use, kind="stable")]
+        rank = np.full(len(self._slot_of), -1, dtype=np.intp)
+        rank[seq] = np.arange(len(seq))
+        self._plan = (seq, rank)
+
+    def _read_ahead(self, used: list[int]) -> None:
+        """Start reading the chunks that follow `used` in the plan (lock held)."""
+        plan = self._plan
+        if plan is None:
+            return
+        seq, rank = plan
+        last = max(int(rank[c]) for c in used)
+        if last < 0:
+            return
+        owned: list[tuple[int, _Pending]] = []
+        for cid in seq[last + 1 : last + 1 + self._ahead].tolist():
+            if self._slot_of[cid] >= 0 or cid in self._loading:
+                continue
+            slot = self._take_slot()
+            if slot is None:
+                break
+            self._pins[slot] += 1
+            pending = self._loading[cid] = _Pending(slot)
+            owned.append((cid, pending))
+        if owned:
+            thread = threading.Thread(target=self._load_ahead, args=(owned,), daemon=True)
+            thread.start()
+
+    def _load_ahead(self, owned: list[tuple[int, _Pending]]) -> None:
+        """The background thread of a read-ahead."""
+        try:
+            self._load(owned, self._buffer_views())
+        except BaseException:  # the gathers waiting for these chunks get the error
+            pass
+        finally:
+            with self._lock:
+                for _, pending in owned:
+                    self._pins[pending.slot] -= 1  # type: ignore[index]
 
     # -- gathering -----------------------------------------------------------------------
     def gather(self, idx: np.ndarray) -> Batch:
@@ -141,6 +204,9 @@ class ChunkCache:
                 value = pending.result()
                 if value is not None:
                     temporary[cid] = value
+            if needed and self._plan is not None:
+                with self._lock:  # this gather's chunks are still pinned: not evicted
+                    self._read_ahead(needed)
             if not temporary:  # every chunk in its slot: one take per key
                 shift = np.empty(needed[-1] - first + 1 if needed else 0, dtype=np.intp)
                 for cid in needed:

@@ -111,6 +111,9 @@ class MapBatchIterator(BatchIterator):
                     full = epoch_order(
                         self._dataset, self.num_samples, self.seed, epoch, self.shuffle
                     )
+                    plan_reads = getattr(self._dataset, "plan_reads", None)
+                    if callable(plan_reads):  # e.g. an out-of-core cache reads ahead
+                        plan_reads(full)
                     start = self.shard[0] * self._per_shard
                     order = full[start : start + self._per_shard].copy()
                     if len(self._orders) >= 2:
