@@ -313,6 +313,11 @@ def test_read_ahead_loads_the_next_window_before_it_is_needed(tmp_path: Path) ->
     while cache.chunk_reads < 12 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert cache.chunk_reads == 12  # window 2 read ahead in turn; nothing read twice
+    # gathers that do not follow the plan (another iterator's order) read nothing ahead
+    cache.plan_reads(np.arange(n))  # e.g. an in-order validation pass of the same cache
+    cache.get_batch(epoch_order(cache, n, 3, 1, True)[:40])
+    time.sleep(0.5)
+    assert cache.chunk_reads <= 16  # at most the 4 chunks of that gather
     # without a plan nothing is read ahead
     plain = CachedDataset(tmp_path / "c.zarr", memory_budget_bytes=0, shuffle_window=4)
     plain.get_batch(order[:40])

@@ -17,7 +17,8 @@ Read-ahead: given the order in which rows will be gathered (`plan`, a whole
 epoch's order from the batching engine), the chunks are ranked by first use; each
 gather then starts reading, in a background thread, the `ahead` chunks that follow
 the ones it used, so the next shuffle window is usually in memory before it is
-needed. The plan is advisory: a wrong or stale plan costs reads, never results.
+needed. The plan is advisory: a gather whose chunks lie far apart in it (another
+iterator's order) reads nothing ahead, and a wrong plan costs reads, never results.
 """
 
 from __future__ import annotations
@@ -140,9 +141,10 @@ class ChunkCache:
         if plan is None:
             return
         seq, rank = plan
-        last = max(int(rank[c]) for c in used)
-        if last < 0:
-            return
+        ranks = [int(rank[c]) for c in used]
+        last = max(ranks)
+        if min(ranks) < 0 or last - min(ranks) >= 2 * max(self._ahead, len(used)):
+            return  # this gather does not follow the plan (another iterator's order)
         owned: list[tuple[int, _Pending]] = []
         for cid in seq[last + 1 : last + 1 + self._ahead].tolist():
             if self._slot_of[cid] >= 0 or cid in self._loading:
