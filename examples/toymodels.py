@@ -14,12 +14,19 @@ import numpy as np
 from pipekit_train.core import model_factory
 
 # -- the damped oscillator ------------------------------------------------------------------
+# SI units: position x in m, velocity v in m/s, time in s, angular frequency ω in rad/s.
+
+DT = 0.1  # the simulator's time step [s]
+OMEGA = 2.0  # angular frequency [rad/s]
 
 
 def oscillator_step(
-    state: np.ndarray, omega: float = 2.0, zeta: float = 0.1, dt: float = 0.1
+    state: np.ndarray, omega: float = OMEGA, zeta: float = 0.1, dt: float = DT
 ) -> np.ndarray:
-    """One semi-implicit Euler step of `x'' + 2ζωx' + ω²x = 0` on `[..., (x, v)]`."""
+    """One semi-implicit Euler step of `x'' + 2ζωx' + ω²x = 0` on `[..., (x [m], v [m/s])]`.
+
+    `omega` in rad/s, `zeta` (damping ratio) dimensionless, `dt` in s.
+    """
     state = np.asarray(state, dtype=np.float64)
     x, v = state[..., 0], state[..., 1]
     v_next = v + dt * (-2.0 * zeta * omega * v - omega**2 * x)

@@ -61,6 +61,7 @@ from .writers import (
     MetricWriter,
     MlflowWriter,
     TensorBoardWriter,
+    WandbWriter,
 )
 
 
@@ -125,6 +126,7 @@ __all__ = [
     "TrainingLoop",
     "UnverifiedRecordWarning",
     "UntrustedFactoryError",
+    "WandbWriter",
     "callbacks",
     "data",
     "losses",
