@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import textwrap
-import time
 import uuid
 from pathlib import Path
 
@@ -19,7 +18,6 @@ from pipekit_train.core.data import (
     make_batches,
     split,
 )
-from pipekit_train.core.data._order import epoch_order
 
 
 def _dataset(n: int = 100, offset: float = 0.0) -> ArrayDataset:
@@ -292,37 +290,6 @@ def test_out_of_core_reads_chunk_files_directly_and_falls_back_to_zarr(
     fallback = CachedDataset(other, memory_budget_bytes=0)
     assert fallback._files is None
     np.testing.assert_array_equal(fallback.get_batch(order)["x"], ds.get_batch(order)["x"])
-
-
-def test_read_ahead_loads_the_next_window_before_it_is_needed(tmp_path: Path) -> None:
-    n = 1000
-    ds = ArrayDataset(x=np.arange(n * 2, dtype=np.float32).reshape(n, 2), y=np.arange(n)[:, None])
-    CachedDataset.build(ds, tmp_path / "c.zarr", chunk_size=50)
-    cache = CachedDataset(tmp_path / "c.zarr", memory_budget_bytes=0, shuffle_window=4)
-    order = epoch_order(cache, n, 3, 0, True)  # 20 chunks in windows of 4 (200 rows)
-    cache.plan_reads(order)
-    first = cache.get_batch(order[:40])  # window 0: 4 chunks read, window 1 read ahead
-    np.testing.assert_array_equal(first["y"][:, 0], order[:40])
-    deadline = time.monotonic() + 30
-    while cache.chunk_reads < 8 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert cache.chunk_reads == 8
-    second = cache.get_batch(order[200:240])  # window 1: already in memory
-    np.testing.assert_array_equal(second["y"][:, 0], order[200:240])
-    deadline = time.monotonic() + 30
-    while cache.chunk_reads < 12 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert cache.chunk_reads == 12  # window 2 read ahead in turn; nothing read twice
-    # gathers that do not follow the plan (another iterator's order) read nothing ahead
-    cache.plan_reads(np.arange(n))  # e.g. an in-order validation pass of the same cache
-    cache.get_batch(epoch_order(cache, n, 3, 1, True)[:40])
-    time.sleep(0.5)
-    assert cache.chunk_reads <= 16  # at most the 4 chunks of that gather
-    # without a plan nothing is read ahead
-    plain = CachedDataset(tmp_path / "c.zarr", memory_budget_bytes=0, shuffle_window=4)
-    plain.get_batch(order[:40])
-    time.sleep(0.5)
-    assert plain.chunk_reads == 4
 
 
 def test_simulation_cache_in_memory_store_records_stats() -> None:

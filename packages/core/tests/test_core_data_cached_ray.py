@@ -208,6 +208,9 @@ def test_ray_build_writes_the_same_bytes_as_a_serial_build(
     assert progress == [(d, 5) for d in range(1, 6)]
     _assert_same(built, serial)
     assert built.fingerprint() == serial.fingerprint()
+    out_of_core = CachedDataset(uri, storage_options=options, memory_budget_bytes=0)
+    assert out_of_core._files is not None  # chunk files read straight from the store
+    _assert_same(out_of_core, serial)
     # byte for byte the same store: every chunk, the done marks and the metadata
     serial_files = store_files("local", tmp_path / "serial.zarr", {})
     ray_files = store_files(where, uri, storage_options)

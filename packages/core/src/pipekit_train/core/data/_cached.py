@@ -9,8 +9,7 @@ the layout and whether the build completed.
 Reading is chunk-aware: each zarr read call costs ~1 ms, so rows are never read one
 by one. A cache whose arrays fit in `memory_budget_bytes` is loaded whole when
 opened (one read per key); a larger one keeps an LRU cache of whole chunks
-(`_chunk_cache`: one `take` per gather, read-ahead along the epoch order that
-`make_batches` passes to `plan_reads`), reads chunks straight from their files
+(`_chunk_cache`: one `take` per gather), reads chunks straight from their files
 (`_chunk_files`), and declares a chunk-aware shuffle (`chunk_size`,
 `shuffle_window`) that `make_batches` uses, so a shuffled epoch reads each chunk
 about once.
@@ -200,7 +199,6 @@ class CachedDataset:
             self.chunk_size,
             max(2 * window, int(memory_budget_bytes) // chunk_bytes),
             self._read_chunks,
-            ahead=window,
         )
 
     # -- metadata ----------------------------------------------------------------------
@@ -237,11 +235,14 @@ class CachedDataset:
         """Chunks read from the store so far (out-of-core reading)."""
         return self._chunks.reads
 
-    def _read_chunks(self, cids: Sequence[int]) -> list[dict[str, np.ndarray]]:
-        """Read whole chunks `cids` (all keys): straight from the chunk files when the
-        arrays have the layout `build` writes, else through zarr (concurrently)."""
+    def _read_chunks(
+        self, cids: Sequence[int], into: Sequence[dict[str, np.ndarray] | None]
+    ) -> list[dict[str, np.ndarray]]:
+        """Read whole chunks `cids` (all keys): straight from the chunk files (into
+        their slots `into`) when the arrays have the layout `build` writes, else
+        through zarr (concurrently)."""
         if self._files is not None:
-            return self._files.read(cids)
+            return self._files.read(cids, into)
         return self._read_chunks_zarr(cids)
 
     def _read_chunks_zarr(self, cids: Sequence[int]) -> list[dict[str, np.ndarray]]:
@@ -262,13 +263,6 @@ class CachedDataset:
             {k: np.asarray(flat[i * len(keys) + j]) for j, k in enumerate(keys)}
             for i in range(len(bounds))
         ]
-
-    def plan_reads(self, order: np.ndarray) -> None:
-        """Advisory: rows will be gathered in about this order (`make_batches` passes
-        each epoch's order). Out-of-core reading then reads the next chunks of that
-        order ahead, in a background thread; results never depend on it."""
-        if self._data is None:
-            self._chunks.plan(np.asarray(order))
 
     def get_batch(self, indices: np.ndarray) -> Batch:
         """Gather rows: from memory, or from whole chunks held in the LRU chunk cache."""

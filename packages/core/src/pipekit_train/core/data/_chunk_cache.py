@@ -12,13 +12,6 @@ reads (pinned slots are never evicted), each chunk is read once even when severa
 threads need it at the same time, and the missing chunks of a gather are read in
 one call (concurrently). When every slot is pinned by concurrent gathers, a chunk
 is read into a temporary array instead (correct, just not cached).
-
-Read-ahead: given the order in which rows will be gathered (`plan`, a whole
-epoch's order from the batching engine), the chunks are ranked by first use; each
-gather then starts reading, in a background thread, the `ahead` chunks that follow
-the ones it used, so the next shuffle window is usually in memory before it is
-needed. The plan is advisory: a gather whose chunks lie far apart in it (another
-iterator's order) reads nothing ahead, and a wrong plan costs reads, never results.
 """
 
 from __future__ import annotations
@@ -33,7 +26,12 @@ from ._dataset import ArraySpec, Batch
 
 __all__ = ["ChunkCache"]
 
-ChunkReader = Callable[[Sequence[int]], list[dict[str, np.ndarray]]]
+# read_chunks(cids, into) -> one `{key: rows}` per chunk. `into[i]` is None or the
+# chunk's slot (`{key: view of chunk_size rows}`); a reader that decodes straight into
+# it returns that same dict, which then needs no copy.
+ChunkReader = Callable[
+    [Sequence[int], Sequence[dict[str, np.ndarray] | None]], list[dict[str, np.ndarray]]
+]
 
 
 class _Pending:
@@ -65,8 +63,8 @@ class ChunkCache:
         length: rows in the dataset.
         chunk_size: rows per chunk (the last chunk may be shorter).
         capacity: chunks held at most (clipped to the number of chunks).
-        read_chunks: reads the given chunk ids: a list of `{key: rows}`, one per id.
-        ahead: chunks to read ahead of a gather when a plan is set (0: none).
+        read_chunks: reads the given chunk ids: a list of `{key: rows}`, one per id
+            (see `ChunkReader`: it may decode straight into the chunk's slot).
     """
 
     def __init__(
@@ -76,7 +74,6 @@ class ChunkCache:
         chunk_size: int,
         capacity: int,
         read_chunks: ChunkReader,
-        ahead: int = 0,
     ) -> None:
         self._spec = dict(spec)
         self._length = length
@@ -92,8 +89,6 @@ class ChunkCache:
         self._lru: OrderedDict[int, None] = OrderedDict()  # resident slots, oldest first
         self._loading: dict[int, _Pending] = {}
         self._lock = threading.Lock()
-        self._ahead = max(0, min(int(ahead), self.capacity // 2))
-        self._plan: tuple[np.ndarray, np.ndarray] | None = None  # chunks by first use, ranks
         self.reads = 0
 
     # -- slots (call with the lock held) -------------------------------------------------
@@ -116,59 +111,9 @@ class ChunkCache:
             }
         return self._buffers
 
-    # -- read-ahead -----------------------------------------------------------------------
-    def plan(self, order: np.ndarray) -> None:
-        """Rank the chunks by their first use in `order` (rows in the order they will be
-        gathered); later gathers read ahead along that ranking.
-
-        Samples `order` every `chunk_size // 64` rows: a chunk-aware order uses each
-        chunk throughout its window, so the sample finds every chunk at a fraction of
-        the cost (a chunk it misses is just not read ahead).
-        """
-        if not self._ahead or len(order) == 0:
-            return
-        stride = max(1, self._cs // 64)
-        cids = np.asarray(order[::stride], dtype=np.int64) // self._cs
-        chunks, first_use = np.unique(cids, return_index=True)
-        seq = chunks[np.argsort(first_use, kind="stable")]
-        rank = np.full(len(self._slot_of), -1, dtype=np.intp)
-        rank[seq] = np.arange(len(seq))
-        self._plan = (seq, rank)
-
-    def _read_ahead(self, used: list[int]) -> None:
-        """Start reading the chunks that follow `used` in the plan (lock held)."""
-        plan = self._plan
-        if plan is None:
-            return
-        seq, rank = plan
-        ranks = [int(rank[c]) for c in used]
-        last = max(ranks)
-        if min(ranks) < 0 or last - min(ranks) >= 2 * max(self._ahead, len(used)):
-            return  # this gather does not follow the plan (another iterator's order)
-        owned: list[tuple[int, _Pending]] = []
-        for cid in seq[last + 1 : last + 1 + self._ahead].tolist():
-            if self._slot_of[cid] >= 0 or cid in self._loading:
-                continue
-            slot = self._take_slot()
-            if slot is None:
-                break
-            self._pins[slot] += 1
-            pending = self._loading[cid] = _Pending(slot)
-            owned.append((cid, pending))
-        if owned:
-            thread = threading.Thread(target=self._load_ahead, args=(owned,), daemon=True)
-            thread.start()
-
-    def _load_ahead(self, owned: list[tuple[int, _Pending]]) -> None:
-        """The background thread of a read-ahead."""
-        try:
-            self._load(owned, self._buffer_views())
-        except BaseException:  # the gathers waiting for these chunks get the error
-            pass
-        finally:
-            with self._lock:
-                for _, pending in owned:
-                    self._pins[pending.slot] -= 1  # type: ignore[index]
+    def _slot_views(self, slot: int, buffers: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        start = slot * self._cs
+        return {k: b[start : start + self._cs] for k, b in buffers.items()}
 
     # -- gathering -----------------------------------------------------------------------
     def gather(self, idx: np.ndarray) -> Batch:
@@ -206,9 +151,6 @@ class ChunkCache:
                 value = pending.result()
                 if value is not None:
                     temporary[cid] = value
-            if needed and self._plan is not None:
-                with self._lock:  # this gather's chunks are still pinned: not evicted
-                    self._read_ahead(needed)
             if not temporary:  # every chunk in its slot: one take per key
                 shift = np.empty(needed[-1] - first + 1 if needed else 0, dtype=np.intp)
                 for cid in needed:
@@ -229,14 +171,15 @@ class ChunkCache:
         if not owned:
             return temporary
         try:
-            values = self._read_chunks([cid for cid, _ in owned])
-            for (cid, pending), value in zip(owned, values, strict=True):
+            into = [None if p.slot is None else self._slot_views(p.slot, buffers) for _, p in owned]
+            values = self._read_chunks([cid for cid, _ in owned], into)
+            for (cid, pending), value, target in zip(owned, values, into, strict=True):
                 if pending.slot is None:
                     temporary[cid] = value
-                    continue
-                start = pending.slot * self._cs
-                for key, rows in value.items():
-                    buffers[key][start : start + len(rows)] = rows
+                elif value is not target:  # not decoded in place: copy into the slot
+                    start = pending.slot * self._cs
+                    for key, rows in value.items():
+                        buffers[key][start : start + len(rows)] = rows
         except BaseException as exc:
             with self._lock:
                 for cid, pending in owned:

@@ -7,7 +7,8 @@ zarr v3 default chunk key encoding (`<key>/c/<chunk>/0/...`), one chunk across t
 trailing dimensions, and the codecs `bytes` (little-endian) then `zstd`. For such
 arrays the out-of-core reader reads the chunk files itself: one file read (or one
 concurrent fetch of all of them on a remote filesystem) and one zstd
-decompression per chunk, both of which release the GIL. A chunk whose file is
+decompression per chunk, straight into the chunk cache's buffer; both release the
+GIL. A chunk whose file is
 absent holds the fill value (zarr does not write chunks that are all fill value).
 An array with any other layout (another codec, sharding, a cache written by other
 tools) is read through zarr.
@@ -110,17 +111,15 @@ class ChunkFiles:
         trailing = "/0" * len(self._shape[key])
         return f"{self._root}/{key}/c/{cid}{trailing}"
 
-    def _fetch(self, paths: list[str]) -> list[bytes | None]:
-        """The bytes of each file (None: absent), remote files fetched concurrently."""
-        if self._fs is None:
-            out: list[bytes | None] = []
-            for path in paths:
-                try:
-                    with open(path, "rb") as f:
-                        out.append(f.read())
-                except FileNotFoundError:
-                    out.append(None)
-            return out
+    def _read_local(self, path: str) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def _fetch_remote(self, paths: list[str]) -> list[bytes | None]:
+        """The bytes of each remote file (None: absent), fetched concurrently by fsspec."""
         got = self._fs.cat(paths, on_error="return")
         result: list[bytes | None] = []
         for path in paths:
@@ -139,27 +138,61 @@ class ChunkFiles:
         except FileNotFoundError as exc:
             return exc
 
-    def _decode(self, key: str, raw: bytes | None, rows: int, path: str) -> np.ndarray:
+    def _decode(
+        self, key: str, raw: bytes | None, rows: int, path: str, into: np.ndarray | None
+    ) -> np.ndarray:
+        """Chunk rows of `key` from the file's bytes: into `into` (the chunk's slot,
+        `chunk_size` rows) when given, else into a new array."""
         shape, dtype = self._shape[key], self._dtype[key]
-        if raw is None:
-            return np.full((rows, *shape), self._fill[key], dtype=dtype)
-        data = self._zstd.decode(raw)
-        per_row = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if len(data) != self._cs * per_row:
+        if raw is None:  # never written: all fill value
+            if into is None:
+                return np.full((rows, *shape), self._fill[key], dtype=dtype)
+            into[:rows] = self._fill[key]
+            return into[:rows]
+        expected = self._cs * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        in_place = into is not None and dtype == dtype.newbyteorder("<")
+        try:
+            data = self._zstd.decode(raw, out=into if in_place else None)
+        except (RuntimeError, ValueError) as exc:
             raise ValueError(
-                f"The cache chunk {path} decodes to {len(data)} bytes, expected "
-                f"{self._cs * per_row}: the cache is damaged. Rebuild it with "
-                "CachedDataset.build(..., overwrite=True)."
+                f"The cache chunk {path} cannot be decompressed ({exc}): the cache is "
+                "damaged. Rebuild it with CachedDataset.build(..., overwrite=True)."
+            ) from exc
+        if in_place:
+            assert into is not None
+            return into[:rows]
+        if len(data) != expected:
+            raise ValueError(
+                f"The cache chunk {path} decodes to {len(data)} bytes, expected {expected}: "
+                "the cache is damaged. Rebuild it with CachedDataset.build(..., overwrite=True)."
             )
         values = np.frombuffer(data, dtype=dtype.newbyteorder("<")).reshape(self._cs, *shape)
         return values[:rows].astype(dtype, copy=False)
 
-    def read(self, cids: Sequence[int]) -> list[dict[str, np.ndarray]]:
-        """Whole chunks `cids`, `{key: rows}` for each."""
-        jobs = [(cid, key, self._path(key, cid)) for cid in cids for key in self._keys]
-        raws = self._fetch([path for _, _, path in jobs])
-        out: list[dict[str, np.ndarray]] = [{} for _ in cids]
-        for i, ((cid, key, path), raw) in enumerate(zip(jobs, raws, strict=True)):
+    def read(
+        self,
+        cids: Sequence[int],
+        into: Sequence[dict[str, np.ndarray] | None] | None = None,
+    ) -> list[dict[str, np.ndarray]]:
+        """Whole chunks `cids`, `{key: rows}` for each.
+
+        `into[i]`, when given, is chunk `cids[i]`'s slot (`{key: chunk_size rows}`):
+        the chunk is decompressed straight into it and that dict is returned.
+        """
+        paths = [[self._path(key, cid) for key in self._keys] for cid in cids]
+        raws: list[bytes | None] | None = None
+        if self._fs is not None:  # one concurrent fetch of every file
+            raws = self._fetch_remote([p for chunk in paths for p in chunk])
+        out: list[dict[str, np.ndarray]] = []
+        for i, cid in enumerate(cids):
             rows = min(self._cs, self._length - cid * self._cs)
-            out[i // len(self._keys)][key] = self._decode(key, raw, rows, path)
+            target = into[i] if into is not None else None
+            chunk = target if target is not None else {}
+            for j, key in enumerate(self._keys):
+                path = paths[i][j]
+                raw = raws[i * len(self._keys) + j] if raws is not None else self._read_local(path)
+                value = self._decode(key, raw, rows, path, None if target is None else target[key])
+                if target is None:
+                    chunk[key] = value
+            out.append(chunk)
         return out

@@ -113,9 +113,6 @@ class MapBatchIterator(BatchIterator):
                     order = epoch_order(
                         self._dataset, self.num_samples, self.seed, epoch, self.shuffle
                     )
-                    plan_reads = getattr(self._dataset, "plan_reads", None)
-                    if callable(plan_reads):  # e.g. an out-of-core cache reads ahead
-                        plan_reads(order)
                     if len(self._orders) >= 2:
                         self._orders.pop(min(self._orders))
                     self._orders[epoch] = order
