@@ -314,16 +314,20 @@ def prior(rng):
     return rng.normal(size=3)
 
 
-def simulator(theta):
+def simulator(theta, rng):
+    # stochastic: all of its randomness comes from the per-item `rng` it is given
     if theta[0] > 1.2:
         return np.array([np.inf, 0.0])
-    return np.array([np.tanh(theta).sum(), np.cos(theta[1])], dtype=np.float32)
+    noise = 0.05 * rng.standard_normal(2)
+    return (np.array([np.tanh(theta).sum(), np.cos(theta[1])]) + noise).astype(np.float32)
 """
 
 
 def test_parallel_build_gives_the_same_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Spawned workers (own interpreter, own hash seed) write the parent's bytes, also for
+    a stochastic simulator: its noise depends only on (seed, i)."""
     # spawn workers import the simulator by module name: put it in an importable module
     (tmp_path / "pipekit_sim_helper.py").write_text(textwrap.dedent(_HELPER))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -338,3 +342,5 @@ def test_parallel_build_gives_the_same_bytes(
     assert parallel_ds.stats == serial_ds.stats  # worker counters are merged back
     _assert_same(parallel, serial, len(serial))
     assert parallel.fingerprint() == serial.fingerprint()
+    assert serial_ds.simulator_takes_rng
+    _assert_same(parallel, serial_ds, len(serial))  # the uncached items, simulated here

@@ -609,7 +609,7 @@ class RunContext:
             final_metrics={k: v for k, v in final.items() if v is not None},
             best_metric=self.best_metric,
             best_step=self.best_step,
-            checkpoint_dir=None if self.plan.checkpoint is None else str(self.plan.checkpoint.path),
+            checkpoint_dir=None if self.plan.checkpoint is None else self.plan.checkpoint.location,
             weights_sha256=TrainingArtifact.hash_weights(model),
             plan=self.plan_json,
             backend=self.backend,

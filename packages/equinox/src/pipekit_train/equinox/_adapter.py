@@ -417,6 +417,9 @@ class EquinoxBackend(StepBackend[FlatState]):
     def _to_tree(self, state: FlatState) -> dict[str, Any]:
         return dict(zip(self._names, self._copy(state.leaves), strict=True))
 
+    def _live_tree(self, state: FlatState) -> dict[str, Any]:
+        return dict(zip(self._names, state.leaves, strict=True))
+
     def _template_tree(self, template: FlatState) -> dict[str, Any]:
         return abstract_of(dict(zip(self._names, template.leaves, strict=True)))
 
@@ -434,6 +437,7 @@ class EquinoxBackend(StepBackend[FlatState]):
             to_tree=self._to_tree,
             template_tree=self._template_tree,
             from_tree=self._from_tree,
+            live_tree=self._live_tree,
         )
 
     def __repr__(self) -> str:

@@ -261,7 +261,7 @@ class RunBridge(L.Callback):
         assert ctx is not None and plan.checkpoint is not None
         record = capture_rng(pl_module.device)
         rngs = _gather_json(trainer, record) if self.world > 1 else [record]
-        path = str(plan.checkpoint.path / str(ctx.step))
+        path = plan.checkpoint.step_location(ctx.step)
         if ctx.is_chief:
             data_state = None
             if self.feed is not None:
