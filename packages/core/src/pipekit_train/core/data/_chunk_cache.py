@@ -10,8 +10,9 @@ per-chunk scatter.
 Thread-safe for the prefetch threads of `make_batches`: a gather pins the slots it
 reads (pinned slots are never evicted), each chunk is read once even when several
 threads need it at the same time, and the missing chunks of a gather are read in
-one call (concurrently). When every slot is pinned by concurrent gathers, a chunk
-is read into a temporary array instead (correct, just not cached).
+one call (straight into their slots when the reader can; remote files are fetched
+concurrently). When every slot is pinned by concurrent gathers, a chunk is read
+into a temporary array instead (correct, just not cached).
 """
 
 from __future__ import annotations
