@@ -20,6 +20,7 @@ from ._dataset import (
 )
 from ._iterator import BatchIterator
 from ._normalizer import Normalizer
+from ._ray_build import RayBuildExecutor
 from ._simulation import SimulationDataset, SimulationError, simulator_seed
 from ._split import Subset, split
 from ._supervised import Supervised, as_supervised
@@ -33,6 +34,7 @@ __all__ = [
     "Dataset",
     "IterableDataset",
     "Normalizer",
+    "RayBuildExecutor",
     "Sample",
     "SimulationDataset",
     "SimulationError",
