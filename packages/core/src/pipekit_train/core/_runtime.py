@@ -283,7 +283,7 @@ class RunContext:
         """Tell the history what its series mean (loss name, units, backend, run)."""
         plan = self.plan
         if plan.checkpoint is not None:
-            run = "/".join(str(plan.checkpoint.path).rstrip("/").split("/")[-3:])
+            run = "/".join(plan.checkpoint.location.rstrip("/").split("/")[-3:])
         else:
             model = self.plan_json.get("model") or {}
             run = str(model.get("factory") or model.get("type") or "")
