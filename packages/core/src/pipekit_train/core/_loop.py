@@ -20,7 +20,8 @@ from ._spec import resolve_optimizer_config
 
 __all__ = ["TrainingLoop"]
 
-_NONFINITE = ("stop", "ignore")
+_NONFINITE = ("stop", "skip", "ignore")
+_DEFAULT_MAX_SKIPS = 10
 
 
 def _is_int(value: Any) -> bool:
@@ -159,7 +160,15 @@ class TrainingLoop:
         on_nonfinite: what a non-finite training loss does. `"stop"` (the default) ends
             the run with `NonFiniteLossError` naming the first such step; no checkpoint is
             ever written from a state whose loss history contains it, so the last good
-            checkpoint survives rotation and resumes exactly. `"ignore"` trains on.
+            checkpoint survives rotation and resumes exactly. `"skip"` drops the update of a
+            step whose loss is not finite (parameters, optimizer state and layer state stay
+            as they were; the batch is consumed and the step counted), records the running
+            number of skipped steps as the metric `nonfinite_skipped` on each skipped step,
+            and stops with `NonFiniteLossError` after `max_consecutive_skips` consecutive
+            skips; a checkpoint due on a skipped step is postponed to the next step whose
+            loss is finite. `"ignore"` trains on.
+        max_consecutive_skips: with `on_nonfinite="skip"`, how many consecutive skipped
+            steps end the run (default 10). Only valid with `"skip"`.
         shuffle: shuffle the training data each epoch.
         drop_remainder: drop the last partial batch of each epoch.
         sweep_id: set by sweeps; recorded on the artifact.
@@ -192,6 +201,7 @@ class TrainingLoop:
         log_every_n_steps: int = 50,
         accumulate_grad_batches: int = 1,
         on_nonfinite: str = "stop",
+        max_consecutive_skips: int | None = None,
         shuffle: bool = True,
         drop_remainder: bool = True,
         sweep_id: str | None = None,
@@ -216,6 +226,17 @@ class TrainingLoop:
                 f"`on_nonfinite` must be one of {list(_NONFINITE)}. Received: "
                 f"on_nonfinite={on_nonfinite!r}."
             )
+        max_consecutive_skips = _positive_int(
+            "max_consecutive_skips", max_consecutive_skips, allow_none=True
+        )
+        if max_consecutive_skips is not None and on_nonfinite != "skip":
+            raise ConfigError(
+                "`max_consecutive_skips` only applies with on_nonfinite='skip'. Received: "
+                f"max_consecutive_skips={max_consecutive_skips}, on_nonfinite={on_nonfinite!r}. "
+                "Drop it, or set on_nonfinite='skip'."
+            )
+        if on_nonfinite == "skip" and max_consecutive_skips is None:
+            max_consecutive_skips = _DEFAULT_MAX_SKIPS
         if not _is_int(seed) or seed < 0:
             raise ConfigError(f"`seed` must be a non-negative int. Received: seed={seed!r}.")
         for flag, value in (("shuffle", shuffle), ("drop_remainder", drop_remainder)):
@@ -319,6 +340,7 @@ class TrainingLoop:
             log_every_n_steps=log_every_n_steps,
             accumulate_grad_batches=accumulate_grad_batches,
             on_nonfinite=on_nonfinite,
+            max_consecutive_skips=max_consecutive_skips,
             shuffle=shuffle,
             drop_remainder=drop_remainder,
             sweep_id=sweep_id,
