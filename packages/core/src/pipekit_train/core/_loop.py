@@ -95,6 +95,32 @@ def _check_dataset(
         )
 
 
+def _check_normalizer(normalizer: Any, name: str, data: Any) -> None:
+    """A fitted normalizer's keys and feature shapes must fit the samples of `data`."""
+    mean = getattr(normalizer, "mean", None)
+    if not isinstance(mean, Mapping) or data is None or not is_core_dataset(data):
+        return
+    if not hasattr(data, "__len__") or len(data) == 0:
+        return  # a stream: its samples are not looked at before training
+    sample = data[0]
+    missing = sorted(str(k) for k in mean if k not in sample)
+    if missing:
+        raise ConfigError(
+            f"`normalizer` was fitted on keys {missing} that the `{name}` samples do not have. "
+            f"Received: normalizer keys={sorted(mean)}, {name} keys={sorted(sample)}. Fit it "
+            f"on this data, e.g. Normalizer.fit({name}, keys=('x', 'y'))."
+        )
+    for key, values in mean.items():
+        feature = tuple(np.shape(values))
+        shape = tuple(np.shape(sample[key]))
+        if len(shape) < len(feature) or shape[len(shape) - len(feature) :] != feature:
+            raise ConfigError(
+                f"`normalizer` was fitted on `{key}` features of shape {feature}, but the "
+                f"`{name}` samples of `{key}` have shape {shape}. Received: normalizer with "
+                f"mean[{key!r}] of shape {feature}. Fit it on this data."
+            )
+
+
 def _check_callbacks(callbacks: Any) -> tuple[Any, ...]:
     if callbacks is None:
         return ()
@@ -277,16 +303,27 @@ class TrainingLoop:
         ):
             raise ConfigError(
                 f"`Checkpoint.resume='never'` but {checkpoint.path} already holds checkpoints. "
-                "Use resume='auto' to continue from them, or an empty directory."
+                f"Received: resume='never', directory={str(checkpoint.directory)!r}. Use "
+                "resume='auto' to continue from them, or an empty directory."
             )
         _check_dataset("data", data, batch_size, drop_remainder, adapter)
         _check_dataset("validation", validation, batch_size, False, adapter)
+        if validate_every_n_steps is not None and validation is None and is_core_dataset(data):
+            raise ConfigError(
+                "`validate_every_n_steps` schedules validation, but there is no validation data. "
+                f"Received: validate_every_n_steps={validate_every_n_steps}, validation=None. "
+                "Pass validation=..., or drop validate_every_n_steps."
+            )
+        if normalizer is not None:
+            _check_normalizer(normalizer, "data", data)
+            _check_normalizer(normalizer, "validation", validation)
         loss_fn = _resolve_loss(loss)
         metric_fns = _resolve_metrics(metrics)
         if metric_fns and validation is None:
             raise ConfigError(
                 f"`metrics` are computed on validation data, but `validation` is None. "
-                f"Received: metrics={list(metric_fns)}. Pass validation=... or drop the metrics."
+                f"Received: metrics={list(metric_fns)}, validation=None. Pass validation=... "
+                "or drop the metrics."
             )
         callbacks = _check_callbacks(callbacks)
         writers = _check_writers(writers)
