@@ -29,7 +29,7 @@ def test_ddp_two_processes_train_checkpoint_and_resume_exactly(tmp_path: Path) -
     assert proc.returncode == 0, proc.stderr[-4000:]
     rank0 = json.loads((tmp_path / "rank0.json").read_text())
     rank1 = json.loads((tmp_path / "rank1.json").read_text())
-    first, resumed, reference, epoch = rank0
+    first, resumed, reference, epoch, skipped = rank0
     assert epoch["steps"] == 8  # one epoch of a 128-sample shard in batches of 16
     assert [r["world"] for r in rank0[:3]] == [2, 2, 2]
     assert (
@@ -51,3 +51,11 @@ def test_ddp_two_processes_train_checkpoint_and_resume_exactly(tmp_path: Path) -
         for line in (tmp_path / "metrics-reference-10.jsonl").read_text().splitlines()
     ]
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, 11))
+    # on_nonfinite="skip", the NaN in one process's shard: both dropped the same update,
+    # counted it, and postponed the same checkpoint (no process waits in a lone save)
+    other = rank1[4]
+    assert skipped["steps"] == other["steps"] == 8
+    assert len(skipped["skipped"]) == 1 and other["skipped"] == skipped["skipped"]
+    assert skipped["sha"] == other["sha"] and skipped["finite"]
+    ckpts = step_dirs(tmp_path / "skip")
+    assert skipped["skipped"][0] not in ckpts and len(ckpts) == 7

@@ -69,7 +69,7 @@ class PlanModule(L.LightningModule):
         self._bridge = bridge
         self._skip_nonfinite = bool(skip_nonfinite)
         self._update_finite: Any = None  # a device bool: every loss of this update finite
-        self._skipped_update = False
+        self.skipped_update = False  # the latest update was dropped (read by the bridge)
         self._restore: Any = None  # (buffers, values before the forward, loss finite)
 
     def setup(self, stage: str) -> None:
@@ -125,7 +125,7 @@ class PlanModule(L.LightningModule):
         skip = finite is not None and not bool(finite)
         if self.trainer.world_size > 1:  # every process skips the same updates
             skip = bool(self.trainer.strategy.reduce_boolean_decision(skip, all=False))
-        self._skipped_update = skip
+        self.skipped_update = skip
         if skip:
             for group in optimizer.param_groups:
                 for param in group["params"]:
@@ -133,7 +133,7 @@ class PlanModule(L.LightningModule):
 
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
         """Step the schedule, except after a skipped update (it follows applied updates)."""
-        if self._skipped_update:
+        if self.skipped_update:
             return
         super().lr_scheduler_step(scheduler, metric)
 
