@@ -4,6 +4,7 @@
 uv run python benchmarks/bench_lightning.py                      # 5 repeats of 2000 steps
 uv run python benchmarks/bench_lightning.py --repeats 3 --steps 1000 --profile
 uv run python benchmarks/bench_lightning.py --quick --json /tmp/lightning.json   # run_all convention
+uv run --extra gpu python benchmarks/bench_lightning.py --quick --accelerator gpu   # on a CUDA GPU
 ```
 
 Three loops train the same model (same initial weights, adam lr 1e-3, mse) on the same
@@ -37,7 +38,8 @@ cProfile of one adapter run grouped by where its time goes.
 
 Cases: (a) MLP 8→256→256→1 (tanh), batch 256; (b) MLP 2→32→1, batch 32.
 
-`--quick` runs the same cases and loops, 3 repeats of 400 steps (explicit `--repeats` /
+`--accelerator gpu` runs all three loops on the first CUDA GPU (the raw loop moves the
+model and each batch there; `scripts/gpu_check.py` runs it so). `--quick` runs the same cases and loops, 3 repeats of 400 steps (explicit `--repeats` /
 `--steps` win). `--json PATH` also writes one row per loop and case (the convention in
 `benchmarks/run_all.py`): the best wall-clock steps/s, with `ratio` = that rate ÷ plain
 `Trainer.fit`'s (NVML check unset, the reference; > 1: faster than it), and the median
@@ -68,6 +70,7 @@ from pipekit_train.lightning import Lightning, LightningModelOp
 LR = 1e-3
 SEED = 0
 NVML = "PYTORCH_NVML_BASED_CUDA_CHECK"
+ACCELERATOR = "cpu"  # set by --accelerator
 
 
 def make_op(in_size: int, width: int, depth: int) -> LightningModelOp:
@@ -116,7 +119,7 @@ def run_adapter(
         max_steps=total,
         seed=SEED,
         progress=False,
-        adapter=Lightning(accelerator="cpu", callbacks=[timer]),
+        adapter=Lightning(accelerator=ACCELERATOR, devices=1, callbacks=[timer]),
     ).run()
     return timer.rate()
 
@@ -151,7 +154,8 @@ def run_fit(
 ) -> tuple[float, float]:
     timer = Timer(warmup, total)
     trainer = L.Trainer(
-        accelerator="cpu",
+        accelerator=ACCELERATOR,
+        devices=1,
         max_steps=total,
         logger=False,
         enable_checkpointing=False,
@@ -177,7 +181,8 @@ def run_fit(
 def run_raw(
     data: ArrayDataset, op: LightningModelOp, batch: int, warmup: int, total: int
 ) -> tuple[float, float]:
-    net = copy.deepcopy(op.model)
+    device = torch.device("cuda" if ACCELERATOR == "gpu" else "cpu")
+    net = copy.deepcopy(op.model).to(device)
     opt = torch.optim.Adam(net.parameters(), lr=LR)
     saved = os.environ.pop(NVML, None)
     try:
@@ -186,7 +191,7 @@ def run_raw(
         loss = None
         for step in range(1, total + 1):
             b = next(it)
-            x, y = torch.from_numpy(b["x"]), torch.from_numpy(b["y"])
+            x, y = torch.from_numpy(b["x"]).to(device), torch.from_numpy(b["y"]).to(device)
             opt.zero_grad(set_to_none=True)
             loss = torch.nn.functional.mse_loss(net(x), y)
             loss.backward()
@@ -325,14 +330,23 @@ def main() -> None:
         "--quick", action="store_true", help="3 repeats of 400 steps instead of 5 of 2000"
     )
     parser.add_argument("--json", help="also write the result rows (run_all format) to this path")
+    parser.add_argument(
+        "--accelerator", choices=["cpu", "gpu"], default="cpu", help="where all loops train"
+    )
     args = parser.parse_args()
     apply_quick(parser, args, {"repeats": 3, "steps": 400})
+    global ACCELERATOR
+    ACCELERATOR = args.accelerator
+    if ACCELERATOR == "gpu" and not torch.cuda.is_available():
+        raise SystemExit("--accelerator gpu: torch sees no CUDA GPU (torch.cuda.is_available())")
     torch.set_num_threads(1)
     print(
         f"torch {torch.__version__}, lightning {L.__version__}, threads {torch.get_num_threads()}, "
-        f"repeats {args.repeats}, steps {args.steps} (first 20% warm-up)"
+        f"repeats {args.repeats}, steps {args.steps} (first 20% warm-up), accelerator {ACCELERATOR}"
     )
     cases = [("MLP 8→256→256→1, batch 256", 8, 256, 2, 256), ("MLP 2→32→1, batch 32", 2, 32, 1, 32)]
+    if ACCELERATOR == "gpu":
+        cases = [(f"{title}, GPU", *rest) for title, *rest in cases]
     rows: list[dict[str, Any]] = []
     for title, in_size, width, depth, batch in cases:
         data = make_data(in_size, 16384)

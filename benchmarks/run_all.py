@@ -55,6 +55,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+#: The tables `scripts/gpu_check.py --output benchmarks/gpu-check.md` wrote on a GPU machine.
+GPU_RESULTS = HERE / "gpu-check.md"
 FIELDS = ("benchmark", "case", "metric", "value", "unit", "ratio", "target", "ok")
 LIBRARIES = (
     "pipekit-train-core",
@@ -351,11 +353,40 @@ def render(
     lines.append(f"| Load average (1, 5, 15 min) at the end | {_load()} |")
     lines.append(f"| Run time | {timing} |")
     lines.append("")
+    lines += gpu_section()
     if raw:
         lines += ["## Output of scripts without `--json`", ""]
         for res in raw:
             lines += [f"### `{res['script']}`", "", "```text", res["stdout"], "```", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def gpu_section() -> list[str]:
+    """The page's "On a GPU" section: how to run `scripts/gpu_check.py`, and its last tables."""
+    lines = [
+        "## On a GPU",
+        "",
+        "The results above come from the CPU machine described under Machine.",
+        "`scripts/gpu_check.py` trains on every backend on a CUDA GPU (where the parameters",
+        "live, `bfloat16-mixed`, exact resume) and runs the GPU cases of `bench_equinox.py`,",
+        "`bench_lightning.py` and `bench_keras.py`. On a Linux x86-64 machine with an NVIDIA",
+        "GPU (a driver for CUDA 13), from the repository root, in a few minutes:",
+        "",
+        "```bash",
+        "uv run --extra gpu python scripts/gpu_check.py --output benchmarks/gpu-check.md",
+        "```",
+        "",
+        "`--extra gpu` installs jax's CUDA plugin; torch's PyPI wheels for Linux are CUDA builds.",
+        "Without a CUDA GPU the script stops with exit status 2;",
+        "`python scripts/gpu_check.py --device cpu --quick` runs the same checks on the CPU.",
+        "This page shows the tables of `benchmarks/gpu-check.md` when it exists.",
+        "",
+    ]
+    if GPU_RESULTS.exists():
+        lines += [GPU_RESULTS.read_text().strip(), ""]
+    else:
+        lines += ["No GPU run has been recorded yet.", ""]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

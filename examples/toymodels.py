@@ -14,12 +14,19 @@ import numpy as np
 from pipekit_train.core import model_factory
 
 # -- the damped oscillator ------------------------------------------------------------------
+# SI units: position x in m, velocity v in m/s, time in s, angular frequency ω in rad/s.
+
+DT = 0.1  # the simulator's time step [s]
+OMEGA = 2.0  # angular frequency [rad/s]
 
 
 def oscillator_step(
-    state: np.ndarray, omega: float = 2.0, zeta: float = 0.1, dt: float = 0.1
+    state: np.ndarray, omega: float = OMEGA, zeta: float = 0.1, dt: float = DT
 ) -> np.ndarray:
-    """One semi-implicit Euler step of `x'' + 2ζωx' + ω²x = 0` on `[..., (x, v)]`."""
+    """One semi-implicit Euler step of `x'' + 2ζωx' + ω²x = 0` on `[..., (x [m], v [m/s])]`.
+
+    `omega` in rad/s, `zeta` (damping ratio) dimensionless, `dt` in s.
+    """
     state = np.asarray(state, dtype=np.float64)
     x, v = state[..., 0], state[..., 1]
     v_next = v + dt * (-2.0 * zeta * omega * v - omega**2 * x)
@@ -39,12 +46,19 @@ def one_step(params: dict[str, np.ndarray]) -> np.ndarray:
 def trajectory(
     omega: float, zeta: float, n_steps: int = 40, x0: float = 1.0, dt: float = 0.1
 ) -> np.ndarray:
-    """Positions of a damped oscillator started at `(x0, 0)`."""
-    state = np.array([x0, 0.0])
+    """Positions of a damped oscillator started at `(x0, 0)`.
+
+    The same semi-implicit Euler steps as `oscillator_step`, on Python floats: a 40-step
+    trajectory takes tens of microseconds instead of a millisecond of small-array numpy
+    calls, so simulating tens of thousands of them is quick.
+    """
+    x, v = float(x0), 0.0
+    damping, stiffness = 2.0 * zeta * omega, omega * omega
     out = []
     for _ in range(n_steps):
-        state = oscillator_step(state, omega=omega, zeta=zeta, dt=dt)
-        out.append(state[0])
+        v = v + dt * (-damping * v - stiffness * x)
+        x = x + dt * v
+        out.append(x)
     return np.asarray(out, dtype=np.float32)
 
 

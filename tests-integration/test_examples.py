@@ -19,9 +19,17 @@ def test_direct(backend: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("backend", ["equinox", "lightning", "keras"])
 def test_amortized(backend: str, tmp_path: Path) -> None:
+    """A reduced budget (8192 simulations, 600 steps): the Gaussian head travels through
+    the registry and the intervals are near nominal. The default budget (131072
+    simulations, 4000 steps) is calibrated to within 0.02; docs/examples.md has the
+    numbers. Measured at this budget (68% / 95%): equinox 0.704 / 0.958, lightning
+    0.711 / 0.946, keras 0.692 / 0.950 on 819 test simulations."""
     result = amortized.main(
-        ["--backend", backend, "--steps", "60", "--samples", "1024", "--out", str(tmp_path)]
+        ["--backend", backend, "--steps", "600", "--samples", "8192", "--out", str(tmp_path)]
     )
-    assert 0.0 <= result["coverage68"] <= 1.0 and 0.0 <= result["coverage95"] <= 1.0
-    assert result["coverage95"] >= result["coverage68"]
-    assert (tmp_path / backend / "posterior.png").exists()
+    print(f"{backend}: coverage {result['coverage68']:.3f} / {result['coverage95']:.3f}")
+    assert result["head"] == "gaussian" and result["n_test"] == 819
+    assert abs(result["coverage68"] - 0.68) < 0.06
+    assert abs(result["coverage95"] - 0.95) < 0.03
+    assert (tmp_path / backend / "posterior.png").stat().st_size > 50_000
+    assert (tmp_path / backend / "registry" / "oscillator-posterior" / "1").is_dir()

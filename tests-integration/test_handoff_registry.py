@@ -1,4 +1,5 @@
-"""Registry handoff per backend: TrainingLoop → artifact → registry → load, bytes identical."""
+"""Registry handoff per backend: TrainingLoop → artifact → registry → load, bytes identical;
+a Gaussian head comes back as a distribution in original units."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import numpy as np
 import pytest
 import toymodels
 
-from pipekit_train.core import LocalModelRegistry, S3ModelRegistry, TrainingLoop
+from pipekit_train.core import LocalModelRegistry, NeuralForward, S3ModelRegistry, TrainingLoop
+from pipekit_train.core.data import Normalizer
 from pipekit_train.core.testing import regression_task
 
 BACKENDS = ("equinox", "lightning", "keras")
@@ -108,3 +110,34 @@ def test_s3_registry_round_trip(trained: tuple[str, object], s3_endpoint: str) -
     )
     lineage = _check_round_trip(registry, artifact)
     assert lineage["sweep_id"] == "sweep-handoff"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gaussian_head_round_trip(backend: str, tmp_path: Path) -> None:
+    """A `gaussian_nll` model from any backend is registered with its Gaussian head and
+    loads back as a distribution in the target's original units."""
+    train, val = regression_task(n_train=128, n_val=32)
+    norm = Normalizer.fit(train, keys=("x", "y"))
+    artifact = TrainingLoop(
+        model=toymodels.model_op(backend, in_size=4, out_size=2, width=16, seed=0),
+        data=train,
+        normalizer=norm,
+        loss="gaussian_nll",
+        optimizer_config={"name": "adam", "lr": 1e-2},
+        batch_size=32,
+        max_steps=30,
+        seed=0,
+        progress=False,
+    ).run()
+    registry = LocalModelRegistry(tmp_path / "registry")
+    assert artifact.register(registry, "posterior").head == "gaussian"  # from the loss
+    record, loaded = registry.load_record_and_model("posterior")
+    assert record.head == "gaussian" and record.backend == backend
+    dist = NeuralForward.from_record(record, loaded).distribution(val.get_batch(np.arange(32))["x"])
+
+    x = val.get_batch(np.arange(32))["x"]
+    raw = np.asarray(artifact.model(norm.apply({"x": x})["x"]), dtype=np.float64)
+    scale, offset = norm.std["y"], norm.mean["y"]
+    np.testing.assert_allclose(dist.mean, raw[:, :1] * scale + offset, rtol=1e-5)
+    np.testing.assert_allclose(dist.std, np.exp(0.5 * raw[:, 1:]) * scale, rtol=1e-5)
+    assert dist.mean.shape == dist.std.shape == (32, 1) and np.all(dist.std > 0)

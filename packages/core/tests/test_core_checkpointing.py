@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipekit_train.core import Checkpoint, CheckpointError, ConfigError, TornCheckpointWarning
-from pipekit_train.core.adapter import DirectoryCheckpointer
+from pipekit_train.core.adapter import DirectoryCheckpointer, HostBuffers
 
 
 def _store(tmp_path: Path, **kw) -> DirectoryCheckpointer:
@@ -108,3 +108,46 @@ def test_policy_schedule() -> None:
     assert [s for s in range(0, 13) if policy.due(s)] == [5, 10]
     assert policy.due(12, final=True)
     assert not Checkpoint("x", every_n_steps=5, save_on_end=False).due(12, final=True)
+
+
+def test_host_buffers_are_reused_and_decoupled_from_the_source() -> None:
+    import numpy as np
+
+    buffers = HostBuffers()
+    source = np.arange(6.0).reshape(2, 3).T  # not contiguous
+    first = buffers.copy("w", source)
+    source[0, 0] = 99.0  # the training step changes the live array
+    assert first[0, 0] == 0.0 and first.flags.c_contiguous
+    again = buffers.copy("w", source)
+    assert again is first and again[0, 0] == 99.0  # the same buffer, refilled
+    other = buffers.copy("w", source.astype(np.float32))
+    assert other is not first and other.dtype == np.float32  # a new dtype: a new buffer
+    assert len(buffers) == 1 and buffers.nbytes == other.nbytes
+
+
+def test_snapshot_runs_on_the_training_thread_and_encode_on_the_writer(tmp_path: Path) -> None:
+    import threading
+
+    threads: dict[str, str] = {}
+
+    def snapshot(state: dict) -> dict:
+        threads["snapshot"] = threading.current_thread().name
+        return dict(state)
+
+    def encode(snap: dict) -> dict:
+        threads["encode"] = threading.current_thread().name
+        return {"state.json": json.dumps(snap).encode()}
+
+    store = DirectoryCheckpointer(
+        Checkpoint(tmp_path / "ck", async_save=True),
+        snapshot=snapshot,
+        encode=encode,
+        decode=lambda blobs, template: json.loads(blobs["state.json"]),
+    )
+    state = {"w": 1}
+    store.save(5, state, {"step": 5}, {})
+    state["w"] = 2  # after save() returns: not in the checkpoint
+    store.close()
+    assert threads["snapshot"] == threading.current_thread().name
+    assert threads["encode"].startswith("pipekit-ckpt")
+    assert _store(tmp_path).restore_latest(None).state == {"w": 1}

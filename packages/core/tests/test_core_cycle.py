@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipekit_train.core._cycle import Cycle, NeuralForward, NonFiniteStateError
-from pipekit_train.core._errors import ConfigError, PipekitError
+from pipekit_train.core._errors import ConfigError, IntegrityError, PipekitError
 from pipekit_train.core.registry import LocalModelRegistry
 from pipekit_train.core.testing._numpy_model import NumpyLinearOp
 
@@ -259,3 +260,118 @@ def test_cycle_validation_and_config() -> None:
     assert config["forward"].endswith(":DampedOscillator")
     op = NumpyLinearOp(FACTORY, in_size=2, out_size=2)
     assert Cycle(NeuralForward(op), n_steps=2).get_config()["forward"]["model"] == op.get_config()
+
+
+# -- the Gaussian head ------------------------------------------------------------------
+
+
+def gaussian_op(in_size: int = 2, k: int = 2, seed: int = 0) -> NumpyLinearOp:
+    """A linear model with 2k outputs: a mean and a log-variance per target value."""
+    rng = np.random.default_rng(seed)
+    op = NumpyLinearOp(FACTORY, seed=0, in_size=in_size, out_size=2 * k)
+    op.model = op.model.replace(
+        W=rng.normal(size=(in_size, 2 * k)).astype(np.float32),
+        b=rng.normal(size=2 * k).astype(np.float32),
+    )
+    return op
+
+
+def gaussian_normalizer() -> Any:
+    from pipekit_train.core.data import Normalizer
+
+    return Normalizer({"x": [1.0, -2.0], "y": [100.0, -0.5]}, {"x": [2.0, 0.5], "y": [10.0, 0.01]})
+
+
+def test_gaussian_head_returns_mean_and_std_in_original_units() -> None:
+    op, norm = gaussian_op(), gaussian_normalizer()
+    forward = NeuralForward(op, normalizer=norm, head="gaussian")
+    states = np.array([[1.0, -2.0], [3.0, 0.0], [-1.0, -2.5]], dtype=np.float32)
+    dist = forward.distribution(states)
+
+    raw = op((states - [1.0, -2.0]) / np.array([2.0, 0.5], np.float32))
+    expected_mean = raw[:, :2] * np.array([10.0, 0.01]) + [100.0, -0.5]
+    expected_std = np.exp(0.5 * raw[:, 2:].astype(np.float64)) * [10.0, 0.01]
+    np.testing.assert_allclose(dist.mean, expected_mean, rtol=1e-5)
+    np.testing.assert_allclose(dist.std, expected_std, rtol=1e-5)
+    assert dist.mean.shape == dist.std.shape == (3, 2)
+    # calling the forward gives the mean, so it drives a Cycle unchanged
+    np.testing.assert_array_equal(forward(states), dist.mean)
+    # one state in, one distribution out
+    single = forward.distribution(states[1])
+    np.testing.assert_allclose(single.mean, dist.mean[1], rtol=1e-6)
+    np.testing.assert_allclose(single.std, dist.std[1], rtol=1e-6)
+    low, high = dist.interval(0.95)
+    np.testing.assert_allclose(high - dist.mean, 1.959964 * dist.std, rtol=1e-6)
+    np.testing.assert_allclose(dist.mean - low, high - dist.mean)
+    np.testing.assert_allclose(dist.z_score(dist.mean + 2 * dist.std), 2.0)
+    # residual: the mean moves by the state, the spread does not
+    res = NeuralForward(op, residual=True, head="gaussian").distribution(states)
+    plain = NeuralForward(op, head="gaussian").distribution(states)
+    np.testing.assert_allclose(res.mean, plain.mean + states, rtol=1e-6)
+    np.testing.assert_array_equal(res.std, plain.std)
+
+
+def test_gaussian_samples_match_the_predicted_spread() -> None:
+    from pipekit_train.core import Gaussian
+
+    dist = Gaussian(np.array([1.0, -3.0]), np.array([0.5, 2.0]))
+    draws = dist.sample(np.random.default_rng(0), n=20000)
+    assert draws.shape == (20000, 2)
+    np.testing.assert_allclose(draws.mean(0), dist.mean, atol=0.05)
+    np.testing.assert_allclose(draws.std(0), dist.std, rtol=0.03)
+    inside = np.mean((draws > dist.interval(0.68)[0]) & (draws < dist.interval(0.68)[1]), axis=0)
+    np.testing.assert_allclose(inside, 0.68, atol=0.015)
+    np.testing.assert_allclose(
+        dist.log_prob(dist.mean), -np.log(dist.std) - 0.5 * np.log(2 * np.pi)
+    )
+    with pytest.raises(ConfigError, match=r"Received: level=95"):
+        dist.interval(95)
+
+
+def test_gaussian_head_validation() -> None:
+    with pytest.raises(ConfigError, match=r"`head` must be one of \['point', 'gaussian'\]"):
+        NeuralForward(gaussian_op(), head="laplace")
+    with pytest.raises(ConfigError, match=r"needs a Gaussian head. Received: head='point'"):
+        NeuralForward(gaussian_op()).distribution(np.zeros(2))
+    odd = NumpyLinearOp(FACTORY, in_size=2, out_size=3)
+    with pytest.raises(ConfigError, match=r"even-sized last axis\). Received: output shape \(3,\)"):
+        NeuralForward(odd, head="gaussian")(np.zeros(2))
+    assert NeuralForward(gaussian_op(), head="gaussian").get_config()["head"] == "gaussian"
+
+
+def test_gaussian_head_travels_through_the_registry(tmp_path: Path) -> None:
+    op, norm = gaussian_op(), gaussian_normalizer()
+    registry = LocalModelRegistry(tmp_path / "models")
+    with pytest.raises(ConfigError, match="Received: head='gauss'"):
+        registry.register("posterior", op, normalizer=norm, head="gauss")
+    assert registry.versions("posterior") == []  # nothing written
+    record = registry.register("posterior", op, normalizer=norm, head="gaussian")
+    registry.register("plain", op, normalizer=norm)
+
+    loaded_record, loaded = registry.load_record_and_model("posterior")
+    assert loaded_record.head == "gaussian"
+    forward = NeuralForward.from_record(loaded_record, loaded)
+    assert forward.head == "gaussian" and forward.normalizer == norm
+    states = np.array([[0.5, -1.0], [2.0, -2.0]], dtype=np.float32)
+    expected = NeuralForward(op, normalizer=norm, head="gaussian").distribution(states)
+    got = forward.distribution(states)
+    np.testing.assert_array_equal(got.mean, expected.mean)
+    np.testing.assert_array_equal(got.std, expected.std)
+
+    # a record without a head is a point predictor, and its manifest has no `head` key
+    plain_record, plain_op = registry.load_record_and_model("plain")
+    assert (
+        plain_record.head is None
+        and NeuralForward.from_record(plain_record, plain_op).head == "point"
+    )
+    plain_manifest = json.loads((tmp_path / "models/plain/1/manifest.json").read_text())
+    assert "head" not in plain_manifest
+
+    # the head is covered by the record digest
+    path = tmp_path / "models/posterior/1/manifest.json"
+    manifest = json.loads(path.read_text())
+    assert manifest["head"] == "gaussian" and manifest["record_sha256"] == record.record_sha256
+    manifest["head"] = "point"
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(IntegrityError, match="does not match its digest"):
+        registry.load("posterior")

@@ -85,10 +85,11 @@ def test_state_round_trip_resumes_exactly_mid_epoch(prefetch: int, blocked: bool
 def test_block_gathering_gives_the_same_batches() -> None:
     blocked, single = _dataset(1000), Unblocked(**_dataset(1000).arrays)
     assert blocked.gather_block_rows > 32 and single.gather_block_rows is None
-    kwargs = dict(seed=9, num_epochs=2, drop_remainder=False, shard=(1, 3))
+    kwargs = dict(seed=9, num_epochs=2, drop_remainder=False, shard=(1, 4))
     a = list(make_batches(blocked, 32, **kwargs))
     b = list(make_batches(single, 32, **kwargs))
-    assert len(a) == len(b) == 2 * 11
+    assert len(a) == len(b) == 2 * 32  # 1000 / 32 -> 31 global batches of 32 and one of 8
+    assert [len(x["y"]) for x in a[30:33]] == [8, 2, 8]  # this shard's quarter of each
     for x, y in zip(a, b, strict=True):
         assert x["x"].tobytes() == y["x"].tobytes() and x["y"].tobytes() == y["y"].tobytes()
 
@@ -105,22 +106,44 @@ def test_state_at_epoch_boundary_and_end() -> None:
     assert list(done) == []
 
 
-def test_shards_are_disjoint_equal_and_cover_the_epoch() -> None:
+def test_shards_split_every_global_batch() -> None:
     ds = _dataset(103)
     per_shard = []
     for index in range(4):
-        it = make_batches(ds, 5, seed=2, shard=(index, 4), num_epochs=2)
-        assert it.steps_per_epoch == 5  # 103 // 4 = 25 samples -> 5 batches
-        per_shard.append([sum(_ids(_take(it, 5)), []), sum(_ids(_take(it, 5)), [])])
+        it = make_batches(ds, 20, seed=2, shard=(index, 4), num_epochs=2)
+        assert it.steps_per_epoch == 5 and it.local_batch_size == 5  # 103 // 20 global batches
+        per_shard.append(_ids(_take(it, 10)))
         with pytest.raises(StopIteration):
             next(it)
+    one = _ids(list(make_batches(ds, 20, seed=2, num_epochs=2)))
+    for step, whole in enumerate(one):
+        # the shards' parts, in shard order, are the one-process batch
+        assert sum((shard[step] for shard in per_shard), []) == whole
     for epoch in range(2):
-        parts = [shard[epoch] for shard in per_shard]
-        union = sorted(sum(parts, []))
-        assert len(union) == len(set(union)) == 100  # disjoint, 3 left out this epoch
         perm = np.random.default_rng([2, epoch]).permutation(103).tolist()
-        assert sum(parts, []) == perm[:100]  # contiguous slices of the epoch order
-    assert per_shard[0][0] != per_shard[0][1]
+        assert sum(one[5 * epoch : 5 * epoch + 5], []) == perm[:100]
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2), (2, 4), (4, 2)])
+@pytest.mark.parametrize("blocked", [True, False])
+def test_state_resumes_with_another_shard_count(before: int, after: int, blocked: bool) -> None:
+    """Elastic resume: a state saved by `before` shards continues on `after` shards."""
+    ds = _dataset(103) if blocked else Unblocked(**_dataset(103).arrays)
+    kwargs = dict(seed=4, num_epochs=3)
+    whole = _ids(list(make_batches(ds, 8, **kwargs)))  # the one-process sequence
+    assert len(whole) == 3 * 12
+    first = [make_batches(ds, 8, shard=(i, before), **kwargs) for i in range(before)]
+    parts = [_ids(_take(it, 17)) for it in first]  # into epoch 1
+    states = [json.loads(json.dumps(it.get_state())) for it in first]
+    assert all(state == states[0] for state in states)  # global: the same on every shard
+    assert (states[0]["epoch"], states[0]["index"]) == (1, 5) and "shard" not in states[0]
+    resumed = [make_batches(ds, 8, shard=(i, after), **kwargs) for i in range(after)]
+    for it in resumed:
+        it.set_state(states[0])
+    rest = [_ids(list(it)) for it in resumed]
+    seen = [sum((p[s] for p in parts), []) for s in range(17)]
+    seen += [sum((r[s] for r in rest), []) for s in range(len(rest[0]))]
+    assert seen == whole
 
 
 def test_drop_remainder_and_partial_batches() -> None:
@@ -164,8 +187,16 @@ def test_batch_size_larger_than_dataset_message() -> None:
         "Received: batch_size=512, but the dataset has 100 samples. "
         "Use batch_size <= 100 or drop_remainder=False."
     )
-    with pytest.raises(ConfigError, match="each of the 4 shards has 25 samples"):
+    with pytest.raises(ConfigError) as info:
         make_batches(_dataset(100), 30, shard=(1, 4))
+    assert str(info.value) == (
+        "`batch_size` is the global batch and must split evenly over the 4 shards "
+        "(processes). Received: batch_size=30, shard=(1, 4). Use a multiple of 4, "
+        "e.g. batch_size=32."
+    )
+    with pytest.raises(ConfigError, match="last batch of every epoch holds 4 samples"):
+        make_batches(_dataset(100), 16, shard=(0, 8), drop_remainder=False)
+    make_batches(_dataset(100), 24, shard=(0, 4), drop_remainder=False)  # 4 left: 1 each
 
 
 @pytest.mark.parametrize(
@@ -181,7 +212,7 @@ def test_batch_size_larger_than_dataset_message() -> None:
         ({"num_epochs": 0}, r"`num_epochs` must be a positive int"),
         ({"prefetch": -1}, r"`prefetch` must be a int >= 0|Received: prefetch=-1"),
         ({"shuffle": "yes"}, r"`shuffle` must be a bool"),
-        ({"shard": (0, 200)}, r"`shard` leaves no samples"),
+        ({"shard": (0, 200)}, r"must split evenly over the 200 shards"),
     ],
 )
 def test_rejects_bad_arguments(kwargs: dict, match: str) -> None:
@@ -198,6 +229,10 @@ def test_rejects_non_datasets_and_foreign_states() -> None:
     other = make_batches(_dataset(100), 20, seed=1)
     with pytest.raises(ConfigError, match="saved by an iterator with batch_size=10"):
         other.set_state(state)
+    legacy = {**state, "shard": [1, 2]}  # a per-shard state of an earlier version
+    with pytest.raises(ConfigError, match=r"per-shard iterator of an earlier version"):
+        it.set_state(legacy)
+    it.set_state({**state, "shard": [0, 1]})  # one-process states keep their meaning
     with pytest.raises(ConfigError, match="invalid index"):
         it.set_state({**state, "index": 99})
     with pytest.raises(ConfigError, match="must be a dict returned by `get_state"):
@@ -255,15 +290,15 @@ def test_stream_batches_consecutive_samples_and_resumes() -> None:
     assert _ids(list(make_batches(stream, 5, num_epochs=1))) == full[:4]  # remainder dropped
 
 
-def test_stream_shards_are_disjoint_and_in_lockstep() -> None:
+def test_stream_shards_split_every_global_batch() -> None:
     stream = _stream(23)
     shards = [
-        _ids(list(make_batches(stream, 3, shard=(i, 2), num_epochs=1, drop_remainder=False)))
+        _ids(list(make_batches(stream, 6, shard=(i, 2), num_epochs=1, drop_remainder=False)))
         for i in range(2)
     ]
     assert len(shards[0]) == len(shards[1]) == 4
     flat = sum(sum(shards, []), [])
-    assert len(flat) == len(set(flat)) == 22  # the odd sample of the last round is left out
+    assert len(flat) == len(set(flat)) == 22  # the odd sample of the last batch is left out
     assert shards[0][0] == [0, 1, 2] and shards[1][0] == [3, 4, 5]
 
 

@@ -13,6 +13,7 @@ from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.data import (
     ArrayDataset,
     CachedDataset,
+    RayBuildExecutor,
     SimulationDataset,
     make_batches,
     split,
@@ -141,6 +142,8 @@ def test_validation_errors_leave_nothing_behind(tmp_path: Path) -> None:
         dict(memory_budget_bytes=-5),
         dict(shuffle_window=0),
         dict(storage_options={"anon": True}),
+        dict(executor="threads"),
+        dict(executor="ray", workers=2),  # Ray runs one task per chunk: no local workers
     ]
     for kwargs in bad_calls:
         with pytest.raises(ConfigError):
@@ -154,6 +157,20 @@ def test_validation_errors_leave_nothing_behind(tmp_path: Path) -> None:
         CachedDataset.build(iter([]), uri)
     with pytest.raises(ConfigError, match="`uri` must be a local path"):
         CachedDataset.build(ds, "")
+    with pytest.raises(ConfigError, match="Ray workers cannot write to it"):
+        CachedDataset.build(ds, _memory_uri(), executor="ray")
+    for options in (
+        dict(num_cpus=-1),
+        dict(num_gpus=float("nan")),
+        dict(resources={"gpu_slot": -0.5}),
+        dict(resources=["simulator"]),
+        dict(max_in_flight=0),
+        dict(max_retries=True),
+        dict(address=""),
+        dict(runtime_env="env.yaml"),
+    ):
+        with pytest.raises(ConfigError):
+            RayBuildExecutor(**options)  # type: ignore[arg-type]
     assert not uri.exists()
 
 
@@ -206,6 +223,75 @@ def test_out_of_core_reading_uses_whole_chunks_and_a_chunk_aware_order(tmp_path:
     np.testing.assert_array_equal(val.get_batch(np.arange(5))["y"][:, 0], val.indices[:5])
 
 
+def test_out_of_core_gathers_past_capacity_and_recovers_from_a_failed_read(
+    tmp_path: Path,
+) -> None:
+    ds = _dataset(100)
+    CachedDataset.build(ds, tmp_path / "c.zarr", chunk_size=16)
+    cache = CachedDataset(tmp_path / "c.zarr", memory_budget_bytes=0, shuffle_window=1)
+    order = np.random.default_rng(1).permutation(100)
+    for rows in (order, order[:10], np.array([99, 0, 99]), np.array([], dtype=np.int64)):
+        got = cache.get_batch(rows)  # 7 chunks for 2 slots: the rest are read uncached
+        for key, value in ds.get_batch(rows).items():
+            assert got[key].dtype == value.dtype
+            np.testing.assert_array_equal(got[key], value)
+    with pytest.raises(IndexError):
+        cache.get_batch(np.array([100]))
+    # a chunk that cannot be decoded fails the gather; once repaired it is read again
+    chunk = tmp_path / "c.zarr" / "x" / "c" / "3" / "0"
+    good = chunk.read_bytes()
+    chunk.write_bytes(b"not zstd")
+    fresh = CachedDataset(tmp_path / "c.zarr", memory_budget_bytes=0)
+    with pytest.raises(Exception, match="(?i)zstd|decompress|frame|size"):
+        fresh.get_batch(np.arange(40, 60))
+    chunk.write_bytes(good)
+    np.testing.assert_array_equal(fresh.get_batch(np.arange(40, 60))["x"], ds.arrays["x"][40:60])
+    assert fresh.chunk_reads == 2  # chunks 2 and 3, once each
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_out_of_core_reads_chunk_files_directly_and_falls_back_to_zarr(
+    tmp_path: Path, where: str
+) -> None:
+    n = 70  # 5 chunks of 16 rows, the last one partial
+    rng = np.random.default_rng(3)
+    z = np.zeros((n, 2, 3), dtype=np.float64)
+    z[40:] = rng.normal(size=(n - 40, 2, 3))  # chunks 0-1 are all fill value: never written
+    ds = ArrayDataset(
+        x=rng.normal(size=(n, 3)).astype(np.float32),
+        y=np.arange(n, dtype=np.int64),
+        mask=(np.arange(n) % 3 == 0),
+        z=z,
+    )
+    uri = str(tmp_path / "c.zarr") if where == "local" else _memory_uri()
+    CachedDataset.build(ds, uri, chunk_size=16)
+    cache = CachedDataset(uri, memory_budget_bytes=0)
+    assert cache._files is not None  # the layout `build` writes: read from the files
+    order = np.random.default_rng(0).permutation(n)
+    direct = cache.get_batch(order)
+    via_zarr = {
+        k: np.concatenate([c[k] for c in cache._read_chunks_zarr(range(5))]) for k in ds.keys
+    }
+    for key, value in ds.get_batch(order).items():
+        assert direct[key].dtype == value.dtype and direct[key].shape == value.shape
+        np.testing.assert_array_equal(direct[key], value)
+        np.testing.assert_array_equal(via_zarr[key][order], value)
+
+    # another codec layout is read through zarr, with the same results
+    import zarr
+
+    other = str(tmp_path / "other.zarr")
+    CachedDataset.build(ds, other, chunk_size=16)
+    group = zarr.open_group(other, mode="r+")
+    meta = dict(group.attrs["pipekit_cache"])
+    del group["x"]
+    group.create_array("x", data=ds.arrays["x"], chunks=(16, 3), compressors=None)
+    group.attrs["pipekit_cache"] = meta
+    fallback = CachedDataset(other, memory_budget_bytes=0)
+    assert fallback._files is None
+    np.testing.assert_array_equal(fallback.get_batch(order)["x"], ds.get_batch(order)["x"])
+
+
 def test_simulation_cache_in_memory_store_records_stats() -> None:
     def prior(rng: np.random.Generator) -> np.ndarray:
         return rng.uniform(-1, 1, size=2)
@@ -228,16 +314,20 @@ def prior(rng):
     return rng.normal(size=3)
 
 
-def simulator(theta):
+def simulator(theta, rng):
+    # stochastic: all of its randomness comes from the per-item `rng` it is given
     if theta[0] > 1.2:
         return np.array([np.inf, 0.0])
-    return np.array([np.tanh(theta).sum(), np.cos(theta[1])], dtype=np.float32)
+    noise = 0.05 * rng.standard_normal(2)
+    return (np.array([np.tanh(theta).sum(), np.cos(theta[1])]) + noise).astype(np.float32)
 """
 
 
 def test_parallel_build_gives_the_same_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Spawned workers (own interpreter, own hash seed) write the parent's bytes, also for
+    a stochastic simulator: its noise depends only on (seed, i)."""
     # spawn workers import the simulator by module name: put it in an importable module
     (tmp_path / "pipekit_sim_helper.py").write_text(textwrap.dedent(_HELPER))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -252,3 +342,5 @@ def test_parallel_build_gives_the_same_bytes(
     assert parallel_ds.stats == serial_ds.stats  # worker counters are merged back
     _assert_same(parallel, serial, len(serial))
     assert parallel.fingerprint() == serial.fingerprint()
+    assert serial_ds.simulator_takes_rng
+    _assert_same(parallel, serial_ds, len(serial))  # the uncached items, simulated here

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipekit_train.core._errors import ConfigError
-from pipekit_train.core.data import SimulationDataset, SimulationError, make_batches
+from pipekit_train.core.data import SimulationDataset, SimulationError, make_batches, simulator_seed
 
 
 def prior(rng: np.random.Generator) -> np.ndarray:
@@ -136,3 +136,68 @@ def test_rejects_bad_arguments(kwargs: dict, match: str) -> None:
     args = {"simulator": forward, "sampler": prior, "n": 5, "seed": 0, **kwargs}
     with pytest.raises(ConfigError, match=match):
         SimulationDataset(**args)
+
+
+# -- stochastic simulators: a per-item generator from (seed, i) -------------------------
+
+
+def noisy(theta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A stochastic simulator: the forward model plus noise drawn from its `rng`."""
+    return forward(theta) + 0.1 * rng.standard_normal(3)
+
+
+def test_a_simulator_with_rng_gets_a_generator_derived_from_seed_and_index() -> None:
+    ds = SimulationDataset(noisy, prior, n=30, seed=4)
+    assert ds.simulator_takes_rng and not SimulationDataset(forward, prior, 3).simulator_takes_rng
+    item = ds[11]
+    theta = prior(np.random.default_rng([4, 11]))
+    expected = forward(theta) + 0.1 * np.random.default_rng(simulator_seed(4, 11)).standard_normal(
+        3
+    )
+    np.testing.assert_array_equal(item["theta"], theta)
+    np.testing.assert_array_equal(item["x"], expected)
+    # its stream is not the sampler's: the noise is not a re-draw of the parameters' numbers
+    sampler_stream = 0.1 * np.random.default_rng([4, 11]).standard_normal(3)
+    assert not np.allclose(item["x"] - forward(theta), sampler_stream)
+    # different items and different seeds get different noise
+    noise = [ds[i]["x"] - forward(ds[i]["theta"]) for i in range(30)]
+    assert len({n.tobytes() for n in noise}) == 30
+    other = SimulationDataset(noisy, prior, n=30, seed=5)
+    assert not np.array_equal(other[11]["x"], item["x"])
+
+
+def test_stochastic_items_do_not_depend_on_access_order() -> None:
+    in_order = SimulationDataset(noisy, prior, n=25, seed=1).get_batch(np.arange(25))
+    fresh = SimulationDataset(noisy, prior, n=25, seed=1)
+    order = np.random.default_rng(0).permutation(25)
+    for i in order[::-1]:
+        np.testing.assert_array_equal(fresh[int(i)]["x"], in_order["x"][i])
+    np.testing.assert_array_equal(fresh.get_batch(order)["x"], in_order["x"][order])
+
+
+def test_a_keyword_only_rng_works_and_resampling_redraws_the_noise() -> None:
+    def picky(theta: np.ndarray, *, rng: np.random.Generator) -> np.ndarray:
+        noise = rng.standard_normal()
+        if noise > 0.0:
+            raise RuntimeError("unlucky noise")
+        return np.array([theta[0] + noise])
+
+    ds = SimulationDataset(picky, prior, n=20, seed=0, on_invalid="resample")
+    values = ds.get_batch(np.arange(20))["x"][:, 0]
+    assert ds.stats["resampled"] > 0  # about half the first draws were invalid
+    for i in range(20):  # each item is the first valid (sampler, simulator) attempt
+        for attempt in range(11):
+            entropy = [0, i] if attempt == 0 else [0, i, attempt]
+            noise = np.random.default_rng(simulator_seed(0, i, attempt)).standard_normal()
+            if noise <= 0.0:
+                theta = prior(np.random.default_rng(entropy))
+                assert values[i] == np.float64(theta[0] + noise).astype(values.dtype)
+                break
+    strict = SimulationDataset(picky, prior, n=20, seed=0)
+    bad = next(
+        i for i in range(20) if np.random.default_rng(simulator_seed(0, i)).standard_normal() > 0
+    )
+    with pytest.raises(
+        SimulationError, match=rf"simulator rng=np.random.default_rng\(simulator_seed\(0, {bad}\)\)"
+    ):
+        strict[bad]

@@ -11,21 +11,17 @@ import numpy as np
 import pytest
 
 pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
-boto3 = pytest.importorskip("boto3")
+pytest.importorskip("moto.server")
+pytest.importorskip("boto3")
 
 from pipekit_train.core._errors import ConfigError, IntegrityError  # noqa: E402
 from pipekit_train.core.registry import S3ModelRegistry  # noqa: E402
 from pipekit_train.core.registry._claims import exclusive_create  # noqa: E402
+from pipekit_train.core.testing import LoopbackS3, loopback_s3  # noqa: E402
 from pipekit_train.core.testing._numpy_model import NumpyLinearOp  # noqa: E402
 
 FACTORY = "pipekit_train.core.testing._numpy_model:linear"
 BUCKET = "pipekit-registry"
-CREDS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
 def make_op(seed: int = 0) -> NumpyLinearOp:
@@ -33,40 +29,14 @@ def make_op(seed: int = 0) -> NumpyLinearOp:
 
 
 @pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in CREDS.items():
-            mp.setenv(k, v)
-        for k in (
-            "AWS_PROFILE",
-            "AWS_SESSION_TOKEN",
-            "HTTP_PROXY",
-            "HTTPS_PROXY",
-            "http_proxy",
-            "https_proxy",
-        ):
-            mp.delenv(k, raising=False)
-        mp.setenv("NO_PROXY", "127.0.0.1,localhost")
-        server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        try:
-            host, port = server.get_host_and_port()
-            endpoint = f"http://{host}:{port}"
-            boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
-                Bucket=BUCKET
-            )
-            yield endpoint
-        finally:
-            server.stop()
+def s3_server() -> Iterator[LoopbackS3]:
+    with loopback_s3(BUCKET) as server:
+        yield server
 
 
 @pytest.fixture
-def storage_options(s3_endpoint: str) -> dict[str, Any]:
-    return {
-        "key": CREDS["AWS_ACCESS_KEY_ID"],
-        "secret": CREDS["AWS_SECRET_ACCESS_KEY"],
-        "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
-    }
+def storage_options(s3_server: LoopbackS3) -> dict[str, Any]:
+    return s3_server.storage_options
 
 
 @pytest.fixture

@@ -90,3 +90,51 @@ def test_exact_resume_with_rng_and_layer_state(
     assert resumed.resumed_from_step == 8
     assert resumed.model.serialize_weights() == reference.model.serialize_weights()
     assert resumed.history["loss"] == reference.history["loss"]
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_async_save_snapshots_before_the_next_step_donates(tmp_path: Path, where: str) -> None:
+    import uuid
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from pipekit_train.equinox._checkpoint import OrbaxCheckpointer, abstract_of
+
+    directory = str(tmp_path / "ck") if where == "local" else f"memory://eqx/{uuid.uuid4().hex}"
+    policy = Checkpoint(directory, max_to_keep=1, async_save=True)
+
+    def checkpointer() -> OrbaxCheckpointer:
+        return OrbaxCheckpointer(
+            policy,
+            to_tree=lambda state: {k: jnp.copy(v) for k, v in state.items()},
+            live_tree=dict,
+            template_tree=abstract_of,
+            from_tree=lambda tree, template: dict(tree),
+        )
+
+    step = jax.jit(lambda s: {k: v + 1 for k, v in s.items()}, donate_argnums=0)
+    state = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3, jnp.bfloat16)}
+    first = {k: np.asarray(v).copy() for k, v in state.items()}
+    ckpt = checkpointer()
+    try:
+        for n in (1, 2):
+            ckpt.save(n, state, {"step": n}, {})  # the second save reuses the host buffers
+            state = step(state)  # donates the saved buffers while the writer may still run
+            ckpt.wait()
+            reader = checkpointer()
+            try:
+                restored = reader.restore_latest(state)
+            finally:
+                reader.close()
+            assert restored is not None and restored.step == n
+            for k, v in first.items():
+                want = (v + (n - 1)).astype(v.dtype)
+                np.testing.assert_array_equal(np.asarray(restored.state[k]), want)
+                assert restored.state[k].dtype == v.dtype
+    finally:
+        ckpt.close()
+        if where == "memory":
+            fs, root = policy.filesystem()
+            fs.rm(root, recursive=True)

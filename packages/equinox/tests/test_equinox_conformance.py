@@ -18,6 +18,8 @@ class TestEquinoxConformance(AdapterConformance):
 class TestEquinoxFusedConformance(AdapterConformance):
     """The same suite with 4 steps fused per compiled call."""
 
+    cloud_resume = False  # the S3 kill-and-resume runs once, in TestEquinoxConformance
+
     def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
         return EquinoxModelOp(
             "pipekit_train.equinox.testing:linear", in_size=in_size, out_size=out_size, seed=seed

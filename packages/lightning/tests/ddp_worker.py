@@ -1,21 +1,91 @@
 """Two-process DDP run on CPU, launched by Lightning itself (`strategy="ddp"`).
 
-`python ddp_worker.py OUT_DIR STRATEGY`: Lightning's script launcher re-runs this file as
-global rank 1. Both ranks train 6 steps, then 10 (a resume from the first run's
-checkpoints), then 10 from scratch in another directory (the reference), then one epoch
-(per-shard: 128 samples, 8 steps of 16), then one epoch under `on_nonfinite="skip"` with
-a NaN in one sample (one process's shard), and write `OUT_DIR/rank<k>.json`.
+`python ddp_worker.py OUT_DIR STRATEGY [elastic]`: Lightning's script launcher re-runs
+this file as global rank 1. Both ranks train 6 steps, then 10 (a resume from the first
+run's checkpoints), then 10 from scratch in another directory (the reference), then one
+epoch (256 samples in global batches of 16: 16 steps), then one epoch under
+`on_nonfinite="skip"` with a NaN in one sample (one process's shard), and write
+`OUT_DIR/rank<k>.json`.
+
+With `elastic` the same launch also resumes across process counts (a model without
+dropout, whose per-process RNG streams would differ): before the first DDP run, the
+main process alone (one process, no DDP) trains an uninterrupted 10-step reference and
+6 steps into a checkpoint; the two ranks resume that checkpoint to step 10 (1 -> 2),
+train 6 steps into another checkpoint and an uninterrupted 2-process reference; then the
+main process alone restores that checkpoint and resumes it to step 10 (2 -> 1). Every run
+records the sample indices each process reads per step; each process writes
+`OUT_DIR/elastic-rank<k>.json`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 
-def main(out: Path, strategy: str) -> None:
+def _recording_data() -> Any:
+    """The training data; `seen` gets the sample indices of every batch read, in order."""
+    from pipekit_train.core.data import ArrayDataset
+    from pipekit_train.core.testing import regression_task
+
+    class Recording(ArrayDataset):
+        gather_block_rows = None  # one get_batch call per batch, when it is taken
+        seen: list[list[int]]
+
+        def get_batch(self, indices: Any) -> Any:
+            self.seen.append([int(i) for i in indices])
+            return super().get_batch(indices)
+
+    train, _ = regression_task()
+    data = Recording(**train.arrays)
+    data.seen = []
+    return data
+
+
+def _elastic_run(out: Path, max_steps: int, ckpt: str | None, devices: int) -> dict[str, Any]:
+    """One recorded run on `devices` processes (1: no DDP)."""
+    from pipekit_train.core import Checkpoint, TrainingLoop
+    from pipekit_train.core.testing import regression_task
+    from pipekit_train.lightning import Lightning, LightningModelOp
+
+    _, val = regression_task()
+    data = _recording_data()
+    strategy = {"strategy": "ddp"} if devices > 1 else {}
+    art = TrainingLoop(
+        model=LightningModelOp(
+            "pipekit_train.lightning.testing:mlp", in_size=4, out_size=1, width=8, seed=0
+        ),
+        data=data,
+        validation=val,
+        optimizer_config={"name": "adam", "lr": 0.01},
+        batch_size=16,
+        max_steps=max_steps,
+        validate_every_n_steps=3,
+        checkpoint=None
+        if ckpt is None
+        else Checkpoint(out / ckpt, every_n_steps=3, max_to_keep=None),
+        adapter=Lightning(accelerator="cpu", devices=devices, **strategy),
+        progress=False,
+    ).run()
+    ran = art.steps - (art.resumed_from_step or 0)
+    return {
+        "world": art.extra["world_size"],
+        "steps": art.steps,
+        "resumed_from_step": art.resumed_from_step,
+        "sha": hashlib.sha256(art.model.serialize_weights()).hexdigest(),
+        "weights": [
+            t.detach().double().ravel().tolist() for t in art.model.model.state_dict().values()
+        ],
+        "loss": art.history["loss"],
+        "seen": data.seen[:ran],  # Lightning fetches one batch ahead of the last step
+    }
+
+
+def main(out: Path, strategy: str, elastic: bool) -> None:
     import numpy as np
 
     from pipekit_train.core import Checkpoint, TrainingLoop
@@ -24,6 +94,11 @@ def main(out: Path, strategy: str) -> None:
     from pipekit_train.core.writers import JsonlWriter
     from pipekit_train.lightning import Lightning, LightningModelOp
 
+    launched = "LOCAL_RANK" in os.environ  # a rank Lightning's launcher started
+    runs: dict[str, Any] = {}
+    if elastic and not launched:
+        runs["reference_1"] = _elastic_run(out, 10, None, 1)
+        runs["first_1"] = _elastic_run(out, 6, "e12", 1)
     train, val = regression_task()
     results = []
     for max_steps, directory in ((6, "ckpt"), (10, "ckpt"), (10, "reference")):
@@ -96,7 +171,19 @@ def main(out: Path, strategy: str) -> None:
     )
     rank = results[0]["rank"]
     (out / f"rank{rank}.json").write_text(json.dumps(results))
+    if elastic:
+        runs["resume_1_to_2"] = _elastic_run(out, 10, "e12", 2)
+        runs["first_2"] = _elastic_run(out, 6, "e21", 2)
+        runs["reference_2"] = _elastic_run(out, 10, None, 2)
+        if rank == 0:
+            runs["restored_2_on_1"] = _elastic_run(out, 6, "e21", 1)
+            runs["resume_2_to_1"] = _elastic_run(out, 10, "e21", 1)
+        (out / f"elastic-rank{rank}.json").write_text(json.dumps(runs))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "ddp")
+    main(
+        Path(sys.argv[1]),
+        sys.argv[2] if len(sys.argv) > 2 else "ddp",
+        len(sys.argv) > 3 and sys.argv[3] == "elastic",
+    )

@@ -1,4 +1,4 @@
-"""Two CPU processes with Lightning's own DDP (`strategy="ddp"`), in a subprocess."""
+"""Two CPU processes with Lightning's own DDP (`strategy="ddp"`), in one subprocess launch."""
 
 from __future__ import annotations
 
@@ -15,22 +15,29 @@ from pipekit_train.core.adapter import step_dirs
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
-@pytest.mark.slow
-def test_ddp_two_processes_train_checkpoint_and_resume_exactly(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The worker's output directory after one launch (DDP runs and elastic resumes)."""
+    out = tmp_path_factory.mktemp("ddp")
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(
-        [sys.executable, str(WORKER), str(tmp_path), "ddp"],
-        cwd=tmp_path,
+        [sys.executable, str(WORKER), str(out), "ddp", "elastic"],
+        cwd=out,
         env=env,
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rank0 = json.loads((tmp_path / "rank0.json").read_text())
-    rank1 = json.loads((tmp_path / "rank1.json").read_text())
+    return out
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_train_checkpoint_and_resume_exactly(ddp_run: Path) -> None:
+    rank0 = json.loads((ddp_run / "rank0.json").read_text())
+    rank1 = json.loads((ddp_run / "rank1.json").read_text())
     first, resumed, reference, epoch, skipped = rank0
-    assert epoch["steps"] == 8  # one epoch of a 128-sample shard in batches of 16
+    assert epoch["steps"] == 16  # one epoch: 256 samples in global batches of 16
     assert [r["world"] for r in rank0[:3]] == [2, 2, 2]
     assert (
         first["steps"] == 6
@@ -38,24 +45,74 @@ def test_ddp_two_processes_train_checkpoint_and_resume_exactly(tmp_path: Path) -
         and first["val_steps"] == [3, 6]
     )
     assert resumed["resumed_from_step"] == 6 and resumed["history_steps"] == list(range(1, 11))
-    # exact resume: per-process RNG (dropout) and data shards restored
+    # exact resume: per-process RNG (dropout) and the data position restored
     assert resumed["sha"] == reference["sha"]
     # DDP keeps the replicas identical
     assert [r["sha"] for r in rank1[:3]] == [r["sha"] for r in rank0[:3]]
-    assert step_dirs(tmp_path / "ckpt") == [3, 6, 9, 10]
-    rng = json.loads((tmp_path / "ckpt" / "9" / "rng.json").read_text())
+    assert step_dirs(ddp_run / "ckpt") == [3, 6, 9, 10]
+    rng = json.loads((ddp_run / "ckpt" / "9" / "rng.json").read_text())
     assert len(rng) == 2 and rng[0] != rng[1]
     # only global rank 0 writes metrics
     rows = [
         json.loads(line)
-        for line in (tmp_path / "metrics-reference-10.jsonl").read_text().splitlines()
+        for line in (ddp_run / "metrics-reference-10.jsonl").read_text().splitlines()
     ]
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, 11))
     # on_nonfinite="skip", the NaN in one process's shard: both dropped the same update,
     # counted it, and postponed the same checkpoint (no process waits in a lone save)
     other = rank1[4]
-    assert skipped["steps"] == other["steps"] == 8
+    assert skipped["steps"] == other["steps"] == epoch["steps"]
     assert len(skipped["skipped"]) == 1 and other["skipped"] == skipped["skipped"]
     assert skipped["sha"] == other["sha"] and skipped["finite"]
-    ckpts = step_dirs(tmp_path / "skip")
-    assert skipped["skipped"][0] not in ckpts and len(ckpts) == 7
+    ckpts = step_dirs(ddp_run / "skip")
+    assert skipped["skipped"][0] not in ckpts and len(ckpts) == epoch["steps"] - 1
+
+
+def _global(*ranks: list[list[int]]) -> list[list[int]]:
+    """The global batches of a run: each rank's part of every step, in rank order."""
+    return [sum(parts, []) for parts in zip(*ranks, strict=True)]
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    return max(
+        max(abs(x - y) for x, y in zip(u, v, strict=True))
+        for u, v in zip(a["weights"], b["weights"], strict=True)
+    )
+
+
+@pytest.mark.slow
+def test_ddp_elastic_resume_continues_the_global_sample_sequence(ddp_run: Path) -> None:
+    """1 -> 2 and 2 -> 1 processes: the same samples per step as an uninterrupted run."""
+    one = json.loads((ddp_run / "elastic-rank0.json").read_text())
+    other = json.loads((ddp_run / "elastic-rank1.json").read_text())
+    ref1 = one["reference_1"]
+    assert ref1["world"] == 1 and one["reference_2"]["world"] == 2
+    whole = ref1["seen"]
+    assert len(whole) == 10 and all(len(batch) == 16 for batch in whole)
+    # the global order does not depend on the number of processes
+    assert _global(one["reference_2"]["seen"], other["reference_2"]["seen"]) == whole
+    assert all(len(part) == 8 for part in other["reference_2"]["seen"])
+    # 1 -> 2: six steps on one process, then four on two
+    r12 = one["resume_1_to_2"]
+    assert r12["resumed_from_step"] == 6 and r12["steps"] == 10 and r12["world"] == 2
+    seq12 = one["first_1"]["seen"] + _global(r12["seen"], other["resume_1_to_2"]["seen"])
+    assert seq12 == whole
+    # 2 -> 1: six steps on two processes, then four on one
+    r21 = one["resume_2_to_1"]
+    assert r21["resumed_from_step"] == 6 and r21["steps"] == 10 and r21["world"] == 1
+    seq21 = _global(one["first_2"]["seen"], other["first_2"]["seen"]) + r21["seen"]
+    assert seq21 == whole
+    # the restored state is bit-exact on the other process count
+    assert one["restored_2_on_1"]["sha"] == one["first_2"]["sha"] == other["first_2"]["sha"]
+    # what is not bit-exact: DDP's gradient all-reduce rounds differently from one
+    # process's mean; the differences stay at float32 rounding level
+    diffs = [
+        _max_diff(r12, ref1),
+        _max_diff(r12, one["reference_2"]),
+        _max_diff(r21, ref1),
+        _max_diff(r21, one["reference_2"]),
+        _max_diff(one["reference_2"], ref1),
+    ]
+    print("max |weight difference| (1->2 vs ref1, vs ref2, 2->1 vs ref1, vs ref2, ref2 vs ref1):")
+    print(" ".join(f"{d:.3g}" for d in diffs))
+    assert max(diffs) < 1e-5, diffs

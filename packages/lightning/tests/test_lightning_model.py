@@ -224,6 +224,27 @@ def test_plan_checks(regression) -> None:
         TrainingLoop(model=model, data=[1, 2, 3], max_steps=2)
 
 
+def test_global_batch_must_split_over_the_ranks(regression, tmp_path) -> None:
+    """Refused before `Trainer.fit` launches any rank, and before anything is written."""
+    train, _ = regression
+    loop = TrainingLoop(
+        model=LightningModelOp(LINEAR, in_size=4, out_size=1),
+        data=train,
+        batch_size=15,
+        max_steps=2,
+        checkpoint=str(tmp_path / "ckpt"),
+        adapter=Lightning(accelerator="cpu", devices=2, strategy="ddp"),
+        progress=False,
+    )
+    with pytest.raises(ConfigError) as info:
+        loop.run()
+    assert str(info.value) == (
+        "`batch_size` (the global batch) must split evenly over the 2 processes. "
+        "Received: batch_size=15. Use a multiple of 2."
+    )
+    assert not (tmp_path / "ckpt").exists()
+
+
 def test_import_does_not_import_lightning() -> None:
     import subprocess
     import sys

@@ -9,8 +9,13 @@ from typing import Any
 import pytest
 
 from pipekit_train.core import ConfigError
-from pipekit_train.sweep import HyperSweep, ParameterGrid, SweepResult
-from pipekit_train.sweep.testing import numpy_trial
+from pipekit_train.sweep import HyperSweep, ParameterGrid, ProcessExecutor, SweepResult
+from pipekit_train.sweep.testing import (
+    most_at_once,
+    numpy_trial,
+    placement_trial,
+    read_placements,
+)
 
 GRID = ParameterGrid({"lr": [0.003, 0.03, 0.3], "seed": [0, 1]})
 
@@ -53,6 +58,43 @@ def test_a_dying_worker_fails_its_trial_and_the_pool_restarts(tmp_path: Path) ->
     ).run()
     assert [t.status for t in result] == ["failed", "ok", "ok"]
     assert "worker process running this trial died unexpectedly" in result[0].error
+
+
+def test_devices_pin_each_worker_and_run_at_most_n_trials_per_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fake device names on a CPU machine: what each trial saw, and how many ran at once."""
+    for name in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE"):
+        monkeypatch.delenv(name, raising=False)
+    records = tmp_path / "placements"
+    # 8 trials on 4 slots: the last four wait for free slots. The first four (two per
+    # device) wait until two trials run on their device, so two at once can be seen; the
+    # last four have no partner to wait for and run straight through.
+    space = [
+        {"record_dir": str(records), "peers": 2 if i < 4 else 1, "wait_s": 60.0, "seed": i}
+        for i in range(8)
+    ]
+    executor = ProcessExecutor(devices=["cuda:0", "cuda:3"], trials_per_device=2)
+    result = HyperSweep(
+        placement_trial, space, "val_loss", executor=executor, directory=tmp_path / "sweep"
+    ).run()
+    assert [t.status for t in result] == ["ok"] * 8
+    placements = read_placements(records)
+    assert len(placements) == 8
+    by_device: dict[str, list[dict[str, Any]]] = {}
+    for rec in placements:
+        by_device.setdefault(rec["env"]["CUDA_VISIBLE_DEVICES"], []).append(rec)
+        assert rec["pid"] != os.getpid()
+    assert sorted(by_device) == ["0", "3"]
+    for visible, recs in by_device.items():
+        assert {r["env"]["PIPEKIT_SWEEP_DEVICE"] for r in recs} == {f"cuda:{visible}"}
+        assert {r["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] for r in recs} == {"0.375"}
+        assert len({r["pid"] for r in recs}) <= 2  # the device's two workers, reused
+        assert max(r["max_running"] for r in recs) == 2  # two at once were seen ...
+        assert most_at_once(recs) == 2  # ... and never more, by the recorded times
+    pids = [{r["pid"] for r in recs} for recs in by_device.values()]
+    assert not pids[0] & pids[1]  # a worker serves one device only
+    assert most_at_once(placements) <= 4
 
 
 def test_main_module_trials_are_refused_for_ray_with_the_fix(

@@ -15,6 +15,7 @@ from ._checkpoint import Checkpoint
 from ._checkpointing import TornCheckpointWarning
 from ._cycle import Cycle, NeuralForward, NonFiniteStateError
 from ._errors import CheckpointError, ConfigError, IntegrityError, PipekitError
+from ._heads import Gaussian
 from ._history import History
 from ._loop import TrainingLoop
 from ._online import OnlineTrainer
@@ -40,6 +41,7 @@ from .data import (
     SimulationDataset,
     SimulationError,
     Subset,
+    as_supervised,
     make_batches,
     split,
 )
@@ -61,6 +63,7 @@ from .writers import (
     MetricWriter,
     MlflowWriter,
     TensorBoardWriter,
+    WandbWriter,
 )
 
 
@@ -87,6 +90,7 @@ __all__ = [
     "Dataset",
     "EarlyStopping",
     "FsspecModelRegistry",
+    "Gaussian",
     "History",
     "IntegrityError",
     "IterableDataset",
@@ -125,6 +129,7 @@ __all__ = [
     "TrainingLoop",
     "UnverifiedRecordWarning",
     "UntrustedFactoryError",
+    "WandbWriter",
     "callbacks",
     "data",
     "losses",
@@ -138,4 +143,5 @@ __all__ = [
     "writers",
     "__version__",
     "adapter",
+    "as_supervised",
 ]

@@ -234,7 +234,9 @@ class StepBackend(abc.ABC, Generic[StateT]):
 
     Attributes:
         steps_per_execution: the most steps `train_steps` fuses (1: never called).
-        data_shard: `(index, count)` of this process's slice of the data.
+        data_shard: `(index, count)` of this process among the data-parallel processes:
+            it trains on part `index` of `count` of every global batch of
+            `plan.batch_size` (see `make_batches`).
         is_chief: whether this process writes metrics and checkpoint metadata.
     """
 

@@ -6,6 +6,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._heads import head_for_loss
 from ._history import History
 
 __all__ = ["TrainingArtifact"]
@@ -75,21 +76,29 @@ class TrainingArtifact:
             "wall_time_s": self.wall_time_s,
         }
 
-    def register(self, registry: Any, name: str, *, normalizer: Any = None) -> Any:
+    def register(
+        self, registry: Any, name: str, *, normalizer: Any = None, head: str | None = None
+    ) -> Any:
         """Hand the trained model to a `ModelRegistry` and return its `ModelRecord`.
 
         Args:
             registry: a `ModelRegistry` (e.g. `LocalModelRegistry(root)`).
             name: the model name in the registry.
             normalizer: a `Normalizer` to store with the model (default: the run's).
+            head: what the model's output means (`"gaussian"` or `"point"`). Default:
+                `"gaussian"` when the run's loss was `gaussian_nll`, else not recorded.
         """
         norm = normalizer if normalizer is not None else self.normalizer
+        if head is None:
+            head = head_for_loss(self.plan.get("loss"))
+        extra = {} if head is None else {"head": head}
         record = registry.register(
             name,
             self.model,
             metrics=self.final_metrics,
             lineage=self.lineage(),
             normalizer=norm.to_json() if norm is not None and hasattr(norm, "to_json") else norm,
+            **extra,
         )
         self.registry_uri = getattr(record, "uri", None)
         return record

@@ -3,41 +3,22 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from ._errors import ConfigError
+from ._location import Location, parse_location
 
 __all__ = ["Checkpoint"]
 
 _RESUME = ("auto", "never", "must")
 
-# `scheme://...` (an RFC 3986 scheme of two or more characters), and `scheme:/...`, which
-# is what `Path("s3://bucket/run")` turns it into. A Windows drive (`C:/runs`) does not match.
-_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")
 
-
-def _check_local_directory(directory: str | os.PathLike[str]) -> None:
-    """Refuse a URI location (never a local path) and a path that is an existing file."""
-    text = os.fspath(directory)
-    if isinstance(text, bytes):
-        text = os.fsdecode(text)
-    match = _URI.match(text)
-    if match:
-        scheme = match.group(1)
-        hint = (
-            f" Use the local path {'/' + text[len(scheme) + 1 :].lstrip('/')!r}."
-            if scheme.lower() == "file"
-            else " Use a local directory (e.g. on a mounted disk) and copy it to object storage yourself."
-        )
-        raise ConfigError(
-            "`Checkpoint.directory` must be a local directory: checkpoints to a URI "
-            f"({scheme}://) are not supported yet. Received: directory={text!r}.{hint}"
-        )
-    path = Path(text).expanduser()
+def _check_local_directory(local: str, text: str) -> None:
+    """Refuse a local path that is an existing file."""
+    path = Path(local).expanduser()
     if path.exists() and not path.is_dir():
         raise ConfigError(
             "`Checkpoint.directory` must be a directory, but that path is an existing file. "
@@ -65,10 +46,13 @@ class Checkpoint:
     callback/history state, so a resumed run continues exactly.
 
     Args:
-        directory: where checkpoints live: a local folder, created at the first save. A
-            URI (`s3://...`, `gs://...`, `memory://...`, `file://...`) is refused with a
-            `ConfigError` (cloud checkpoints are not supported yet), and so is a path that
-            is an existing file.
+        directory: where checkpoints live: a local folder (created at the first save), or
+            any fsspec URI (`s3://bucket/run`, `gs://bucket/run`, `memory://run`;
+            `file://` URIs are local folders). A URI whose protocol fsspec does not know,
+            or whose implementation is not installed (s3fs, gcsfs, ...), is refused with a
+            `ConfigError`, and so is a path that is an existing file. On a URI each step
+            is committed by a marker written last (object stores have no atomic rename);
+            see the checkpoints guide.
         every_n_steps: save after every `every_n_steps` optimizer steps (and at the end).
         max_to_keep: keep the `max_to_keep` most recent checkpoints (None keeps all).
         keep_best: additionally keep the `keep_best` best checkpoints by `monitor`.
@@ -78,6 +62,10 @@ class Checkpoint:
         resume: `"auto"` resumes from the latest complete checkpoint if there is one;
             `"never"` requires an empty directory; `"must"` fails if there is none.
         save_on_end: also save after the last step.
+        storage_options: fsspec options for a URI location, as for the model registry:
+            e.g. `{"key": ..., "secret": ..., "client_kwargs": {"endpoint_url": ...}}`
+            for s3fs. None uses the filesystem's defaults (environment credentials).
+            Never written into a checkpoint, the plan or the artifact.
     """
 
     directory: str | os.PathLike[str]
@@ -89,6 +77,7 @@ class Checkpoint:
     async_save: bool = True
     resume: Literal["auto", "never", "must"] = "auto"
     save_on_end: bool = True
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, (str, os.PathLike)) or not str(self.directory):
@@ -96,7 +85,11 @@ class Checkpoint:
                 "`Checkpoint.directory` must be a non-empty path. "
                 f"Received: directory={self.directory!r}."
             )
-        _check_local_directory(self.directory)
+        location = parse_location(self.directory, self.storage_options)
+        if location.local is not None:
+            _check_local_directory(location.local, os.fsdecode(os.fspath(self.directory)))
+        if self.storage_options is not None:
+            object.__setattr__(self, "storage_options", dict(self.storage_options))
         _positive_int("every_n_steps", self.every_n_steps)
         _positive_int("max_to_keep", self.max_to_keep, allow_none=True)
         _positive_int("keep_best", self.keep_best, allow_none=True)
@@ -113,10 +106,51 @@ class Checkpoint:
                 f"`Checkpoint.monitor` must be a metric name. Received: monitor={self.monitor!r}."
             )
 
+    def _location(self) -> Location:
+        return parse_location(self.directory, self.storage_options)
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether the checkpoints live at a URI (not in a local folder)."""
+        return self._location().uri is not None
+
     @property
     def path(self) -> Path:
-        """The checkpoint directory as an absolute `Path`."""
-        return Path(os.fspath(self.directory)).expanduser().absolute()
+        """The local checkpoint directory as an absolute `Path`.
+
+        Raises:
+            ValueError: the location is a URI (use `location`).
+        """
+        location = self._location()
+        if location.local is None:
+            raise ValueError(
+                f"Checkpoint.path is a local folder, but the checkpoints live at {location.uri}. "
+                "Use Checkpoint.location (a string) or Checkpoint.filesystem()."
+            )
+        return Path(location.local).expanduser().absolute()
+
+    @property
+    def location(self) -> str:
+        """Where checkpoints live: the absolute local path, or the URI (`s3://bucket/run`)."""
+        uri = self._location().uri
+        return uri if uri is not None else str(self.path)
+
+    def step_location(self, step: int) -> str:
+        """Where step `step` is (or would be) saved: a local path or a URI."""
+        uri = self._location().uri
+        return f"{uri}/{int(step)}" if uri is not None else str(self.path / str(int(step)))
+
+    def filesystem(self) -> tuple[Any, str]:
+        """`(fsspec filesystem, root path on it)` of the location, with `storage_options`."""
+        location = self._location()
+        if location.uri is None:
+            from fsspec.implementations.local import LocalFileSystem
+
+            return LocalFileSystem(), str(self.path)
+        import fsspec.core
+
+        fs, root = fsspec.core.url_to_fs(location.uri, **dict(self.storage_options or {}))
+        return fs, root.rstrip("/")
 
     def due(self, step: int, *, final: bool = False) -> bool:
         """Whether a checkpoint is due after `step` completed steps."""

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import ConfigError, PipekitError
+from ._heads import Gaussian, check_head
 from ._imports import object_path
 from .registry._record import normalizer_to_dict
 
@@ -59,18 +60,34 @@ class NeuralForward:
     (`pipekit_train.core.data.Normalizer`, or any object with `apply(batch)` /
     `invert(batch)` on dicts of arrays) is used unchanged.
 
+    **Gaussian head.** With `head="gaussian"` the model's output holds a mean and a
+    log-variance per target value (`out[..., :k]` and `out[..., k:]`, the layout
+    `gaussian_nll` trains, in normalised units). `distribution(state)` returns a
+    `Gaussian` in the target's original units: the mean de-normalised as above, the
+    standard deviation `exp(log_var / 2)` scaled by the normalizer's scale of
+    `output_key` (`invert(1) - invert(0)` per feature; the core `Normalizer` is affine,
+    so this is its `std`). Calling the forward returns the mean, so it still drives a
+    `Cycle`. `NeuralForward.from_record(record, model_op)` reads the head and the
+    normalizer from the registry record.
+
     Args:
         model_op: a model operator, `model_op(batch) -> batch` on numpy arrays.
         normalizer: `None`, or an object with `apply(dict)` and `invert(dict)`.
         residual: if True the model's output is an increment added to the input state.
         state_key: the normalizer key of the input state (default `"x"`).
         output_key: the normalizer key of the model's output (default `"y"`).
+        head: `"point"` (the output is the prediction) or `"gaussian"` (mean and
+            log-variance, see above).
 
     Examples:
         ```python
         record, op = registry.load_record_and_model("oscillator")
-        forward = NeuralForward(op, normalizer=record.load_normalizer())
+        forward = NeuralForward.from_record(record, op)  # normalizer and head from the record
         trajectory = Cycle(forward, n_steps=100).run(x0)
+
+        posterior = NeuralForward.from_record(*registry.load_record_and_model("amortized"))
+        dist = posterior.distribution(observations)  # Gaussian, original units
+        low, high = dist.interval(0.95)
         ```
     """
 
@@ -81,6 +98,7 @@ class NeuralForward:
         residual: bool = False,
         state_key: str = "x",
         output_key: str = "y",
+        head: str = "point",
     ):
         if not callable(model_op):
             raise ConfigError(
@@ -106,31 +124,116 @@ class NeuralForward:
         self.residual = residual
         self.state_key = state_key
         self.output_key = output_key
+        self.head = check_head(head)
 
-    def __call__(self, state: Any) -> np.ndarray:
-        """Advance one state `(d,)` or a batch of states `(n, d)` by one step."""
+    @classmethod
+    def from_record(
+        cls,
+        record: Any,
+        model_op: Callable[[np.ndarray], Any],
+        *,
+        residual: bool = False,
+        state_key: str = "x",
+        output_key: str = "y",
+    ) -> NeuralForward:
+        """A forward operator for a registered model, with its normalizer and head.
+
+        Args:
+            record: the model's `ModelRecord` (from `registry.load_record_and_model`).
+            model_op: the loaded model operator of the same version.
+            residual: as for the constructor.
+            state_key: as for the constructor.
+            output_key: as for the constructor.
+
+        Raises:
+            ConfigError: the record names a head this version does not know.
+        """
+        head = getattr(record, "head", None)
+        return cls(
+            model_op,
+            normalizer=record.load_normalizer(),
+            residual=residual,
+            state_key=state_key,
+            output_key=output_key,
+            head=check_head("point" if head is None else head, field="record.head"),
+        )
+
+    def _batch(self, state: Any) -> tuple[np.ndarray, bool]:
         x = np.asarray(state)
         if x.ndim not in (1, 2):
             raise ConfigError(
                 "`state` must be one state (1-D) or a batch of states (2-D). "
                 f"Received: state.shape={x.shape}."
             )
-        single = x.ndim == 1
-        batch = x[None, :] if single else x
+        return (x[None, :], True) if x.ndim == 1 else (x, False)
+
+    def _model(self, batch: np.ndarray) -> Any:
         inputs = batch
         if self.normalizer is not None:
             inputs = np.asarray(self.normalizer.apply({self.state_key: batch})[self.state_key])
-        pred = np.asarray(self.model_op(inputs))
+        return self.model_op(inputs)
+
+    def _invert(self, pred: np.ndarray) -> np.ndarray:
+        if self.normalizer is None:
+            return pred
+        return np.asarray(self.normalizer.invert({self.output_key: pred})[self.output_key])
+
+    def _add_state(self, batch: np.ndarray, pred: np.ndarray) -> np.ndarray:
+        if not self.residual:
+            return pred
+        if pred.shape != batch.shape:
+            raise ConfigError(
+                "With `residual=True` the model must predict an increment of the state's shape. "
+                f"Received: state shape {batch.shape[1:]}, prediction shape {pred.shape[1:]}. "
+                "Use residual=False or a model with out_size == in_size."
+            )
+        return batch + pred
+
+    def _gaussian(self, batch: np.ndarray) -> Gaussian:
+        out = np.asarray(self._model(batch))
+        if out.ndim < 2 or out.shape[-1] % 2:
+            raise ConfigError(
+                "With `head='gaussian'` the model must output a mean and a log-variance "
+                "per target value (an even-sized last axis). Received: output shape "
+                f"{out.shape[1:]}. Use head='point', or a model with 2*k outputs."
+            )
+        k = out.shape[-1] // 2
+        mean_n, log_var = out[..., :k], out[..., k:]
+        mean = self._invert(mean_n)
+        std = np.exp(0.5 * log_var.astype(np.float64))
         if self.normalizer is not None:
-            pred = np.asarray(self.normalizer.invert({self.output_key: pred})[self.output_key])
-        if self.residual:
-            if pred.shape != batch.shape:
-                raise ConfigError(
-                    "With `residual=True` the model must predict an increment of the state's shape. "
-                    f"Received: state shape {batch.shape[1:]}, prediction shape {pred.shape[1:]}. "
-                    "Use residual=False or a model with out_size == in_size."
-                )
-            pred = batch + pred
+            probe = np.ones(mean_n.shape, dtype=np.float64)
+            scale = self._invert(probe) - self._invert(np.zeros_like(probe))
+            std = std * np.abs(scale)
+        return Gaussian(self._add_state(batch, mean.astype(np.float64)), std)
+
+    def distribution(self, state: Any) -> Gaussian:
+        """The predicted `Gaussian` for one state `(d,)` or a batch `(n, d)`, in original units.
+
+        Raises:
+            ConfigError: the forward has `head="point"` (no distribution is predicted),
+                or the model's output does not hold a mean and a log-variance.
+        """
+        if self.head != "gaussian":
+            raise ConfigError(
+                "`distribution()` needs a Gaussian head. Received: head='point'. Construct "
+                "NeuralForward(..., head='gaussian') for a model trained with `gaussian_nll`, "
+                "or call the forward for the point prediction."
+            )
+        batch, single = self._batch(state)
+        dist = self._gaussian(batch)
+        return dist[0] if single else dist
+
+    def __call__(self, state: Any) -> np.ndarray:
+        """Advance one state `(d,)` or a batch of states `(n, d)` by one step.
+
+        With a Gaussian head this is the predicted mean (`distribution(state).mean`).
+        """
+        batch, single = self._batch(state)
+        if self.head == "gaussian":
+            pred = self._gaussian(batch).mean
+        else:
+            pred = self._add_state(batch, self._invert(np.asarray(self._model(batch))))
         return pred[0] if single else pred
 
     def get_config(self) -> dict[str, Any]:
@@ -147,10 +250,12 @@ class NeuralForward:
             "residual": self.residual,
             "state_key": self.state_key,
             "output_key": self.output_key,
+            "head": self.head,
         }
 
     def __repr__(self) -> str:
-        return f"NeuralForward({self.model_op!r}, residual={self.residual})"
+        head = "" if self.head == "point" else f", head={self.head!r}"
+        return f"NeuralForward({self.model_op!r}, residual={self.residual}{head})"
 
 
 class Cycle:

@@ -67,7 +67,7 @@ def restore_or_start(
         if plan.checkpoint.resume == "must":
             raise CheckpointError(
                 f"`Checkpoint.resume='must'` but no complete checkpoint exists in "
-                f"{plan.checkpoint.path}. Use resume='auto' to start fresh."
+                f"{plan.checkpoint.location}. Use resume='auto' to start fresh."
             )
         return template, None
     check_resume_key(plan, restored.meta, restored.path)

@@ -88,11 +88,35 @@ def _check_dataset(
         )
     sample = data[0]
     if not isinstance(sample, Mapping) or "x" not in sample or "y" not in sample:
-        keys = sorted(sample) if isinstance(sample, Mapping) else type(sample).__name__
-        raise ConfigError(
-            f"`{name}` samples must be dicts with an input under 'x' and a target under 'y'. "
-            f"Received: keys={keys}. Rename the arrays, e.g. ArrayDataset(x=..., y=...)."
+        raise ConfigError(_keys_message(name, sample))
+
+
+def _keys_message(name: str, sample: Any) -> str:
+    """The error for samples without `x`/`y`, naming the one-line fix."""
+    head = (
+        f"`{name}` samples must be dicts with the model input under 'x' and the target under 'y'."
+    )
+    if not isinstance(sample, Mapping):
+        return (
+            f"{head} Received: a {type(sample).__name__}. Store arrays as "
+            "ArrayDataset(x=inputs, y=targets) or yield {'x': ..., 'y': ...} samples."
         )
+    keys = sorted(map(str, sample))
+    fix = f"{name} = as_supervised({name}, input="
+    if {"theta", "x"} <= set(keys):  # a SimulationDataset's default keys
+        how = (
+            f"{fix}'theta', target='x') for an emulator (parameters -> outputs), or "
+            f"{fix}'x', target='theta') for amortized inference (observations -> parameters)"
+        )
+    elif len(keys) >= 2:
+        a, b = keys[0], keys[1]
+        how = f"{fix}{a!r}, target={b!r}) or {fix}{b!r}, target={a!r})"
+    else:
+        how = f"{fix}..., target=...) once the samples hold both an input and a target"
+    return (
+        f"{head} Received: keys={keys}. Say which key is which with one line "
+        f"(`as_supervised` is in pipekit_train.core.data): {how}."
+    )
 
 
 def _check_normalizer(normalizer: Any, name: str, data: Any) -> None:
@@ -160,7 +184,8 @@ class TrainingLoop:
     Args:
         model: a model operator (`EquinoxModelOp`, `LightningModelOp`, `KerasModelOp`)
             or a backend-native model the chosen adapter accepts.
-        data: the training dataset (samples `{"x": ..., "y": ...}`) or a native loader.
+        data: the training dataset (samples `{"x": ..., "y": ...}`; rename other keys
+            with `as_supervised(data, input=..., target=...)`) or a native loader.
         validation: an optional validation dataset.
         loss: a loss name (`"mse"`), a `Loss`, or a callable `loss(pred, target)`.
         metrics: validation metric names or callables.
@@ -296,13 +321,9 @@ class TrainingLoop:
             raise ConfigError(
                 f"`checkpoint` must be a Checkpoint policy or a directory. Received: checkpoint={checkpoint!r}."
             )
-        if (
-            checkpoint is not None
-            and checkpoint.resume == "never"
-            and has_checkpoints(checkpoint.path)
-        ):
+        if checkpoint is not None and checkpoint.resume == "never" and has_checkpoints(checkpoint):
             raise ConfigError(
-                f"`Checkpoint.resume='never'` but {checkpoint.path} already holds checkpoints. "
+                f"`Checkpoint.resume='never'` but {checkpoint.location} already holds checkpoints. "
                 f"Received: resume='never', directory={str(checkpoint.directory)!r}. Use "
                 "resume='auto' to continue from them, or an empty directory."
             )

@@ -143,7 +143,7 @@ class Plan:
             "checkpoint": None
             if self.checkpoint is None
             else {
-                "directory": str(self.checkpoint.path),
+                "directory": self.checkpoint.location,
                 "every_n_steps": self.checkpoint.every_n_steps,
                 "max_to_keep": self.checkpoint.max_to_keep,
                 "keep_best": self.checkpoint.keep_best,

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ._artifact import TrainingArtifact
-from ._history import History
+from ._history import History, loss_label
 from ._plan import Plan
 
 __all__ = ["SKIPPED_METRIC", "RunContext", "RunState", "default_fetch"]
@@ -181,6 +181,7 @@ class RunContext:
         self.stop_reason: str | None = None
         self.resumed_from_step: int | None = None
         self.history = History()
+        self._annotate_history()
         self.best_metric: float | None = None
         self.best_step: int | None = None
         self.monitor = plan.checkpoint.monitor if plan.checkpoint else "val_loss"
@@ -220,7 +221,13 @@ class RunContext:
     def train_batches(
         self, data_state: Mapping[str, Any] | None = None, *, shard: tuple[int, int] = (0, 1)
     ) -> Any:
-        """The core batch iterator over the training data, positioned by `data_state`."""
+        """The core batch iterator over the training data, positioned by `data_state`.
+
+        `shard=(index, count)`: this process's part of every global batch of
+        `plan.batch_size`. The state is global (the same on every process and for every
+        process count), so the chief's saved state positions every process, and a run
+        checkpointed with one process count resumes with another (elastic resume).
+        """
         from .data import make_batches
 
         it = make_batches(
@@ -231,25 +238,7 @@ class RunContext:
             drop_remainder=self.plan.drop_remainder,
             shard=shard,
         )
-        if shard[1] > 1:
-            # each process sees 1/count of the data: epochs are per-shard
-            batches = it.steps_per_epoch
-            self.steps_per_epoch = (
-                None if batches is None else max(1, batches // self.plan.accumulate_grad_batches)
-            )
-            if self.plan.max_epochs is not None and self.steps_per_epoch:
-                by_epochs = self.plan.max_epochs * self.steps_per_epoch
-                self.total_steps = (
-                    by_epochs
-                    if self.plan.max_steps is None
-                    else min(self.plan.max_steps, by_epochs)
-                )
         if data_state:
-            data_state = dict(data_state)
-            saved = data_state.get("shard")
-            if isinstance(saved, (list, tuple)) and len(saved) == 2 and int(saved[1]) == shard[1]:
-                # the chief wrote the state; shards advance in lockstep, so take our own index
-                data_state["shard"] = tuple(shard) if isinstance(saved, tuple) else list(shard)
             it.set_state(data_state)
         self._train_iter = it
         if self.plan.normalizer is not None:
@@ -290,6 +279,7 @@ class RunContext:
         self.resumed_from_step = self.step
         self._sync_epoch()
         self.history = History.from_json(run.get("history", {}))
+        self._annotate_history()
         self.best_metric = run.get("best_metric")
         self.best_step = run.get("best_step")
         self._latest = {k: float(v) for k, v in run.get("latest", {}).items()}
@@ -299,6 +289,23 @@ class RunContext:
         for key, obj in self._stateful():
             if key in states and callable(getattr(obj, "load_state_dict", None)):
                 obj.load_state_dict(states[key])
+
+    def _annotate_history(self) -> None:
+        """Tell the history what its series mean (loss name, units, backend, run)."""
+        plan = self.plan
+        if plan.checkpoint is not None:
+            run = "/".join(str(plan.checkpoint.path).rstrip("/").split("/")[-3:])
+        else:
+            model = self.plan_json.get("model") or {}
+            run = str(model.get("factory") or model.get("type") or "")
+        if plan.sweep_id:
+            run = f"{run} (sweep {plan.sweep_id})" if run else f"sweep {plan.sweep_id}"
+        self.history.annotate(
+            backend=self.backend,
+            loss=loss_label(self.plan_json.get("loss")),
+            normalized=plan.normalizer is not None,
+            run=run or None,
+        )
 
     def _stateful(self) -> list[tuple[str, Any]]:
         out = []
@@ -638,7 +645,7 @@ class RunContext:
             final_metrics={k: v for k, v in final.items() if v is not None},
             best_metric=self.best_metric,
             best_step=self.best_step,
-            checkpoint_dir=None if self.plan.checkpoint is None else str(self.plan.checkpoint.path),
+            checkpoint_dir=None if self.plan.checkpoint is None else self.plan.checkpoint.location,
             weights_sha256=TrainingArtifact.hash_weights(model),
             plan=self.plan_json,
             backend=self.backend,

@@ -11,7 +11,9 @@ classes here and uses the shared machinery, and imports nothing private from cor
   (what callbacks see), `run_step_loop`, `restore_or_start` (the one resume path),
   `abort_run`, `check_resume_key`, `stack_batches`.
 - **Checkpoints**: `Checkpointer` (the engine interface), `DirectoryCheckpointer` (the
-  atomic SHA-256-verified store for backends without an engine), `Restored`,
+  atomic SHA-256-verified store for backends without an engine, local or at any fsspec
+  URI), `RemoteSteps` (step folders at a URI, committed by a marker written last),
+  `HostBuffers` (reused host arrays for non-blocking snapshots), `Restored`,
   `TornCheckpointWarning`, `step_dirs`, `fsync_dir`.
 - **The canonical spec**: `OptimizerSpec`/`optimizer_spec` and `OPTIMIZERS` (names and
   hyperparameters every backend runs the same way), `SCHEDULES`, `check_schedule`,
@@ -36,8 +38,10 @@ from ._driver import abort_run, check_resume_key, restore_or_start, run_step_loo
 from ._imports import import_string, object_path, optional_import
 from ._operators import check_seed
 from ._plan import Plan, describe_callable, is_core_dataset, steps_per_epoch
+from ._remote import RemoteSteps
 from ._runtime import RunContext, RunState, default_fetch
 from ._schedules import SCHEDULES, check_schedule, learning_rate_at, peak_learning_rate
+from ._snapshot import HostBuffers
 from ._spec import (
     OPTIMIZERS,
     PRECISIONS,
@@ -55,9 +59,11 @@ __all__ = [
     "Capabilities",
     "Checkpointer",
     "DirectoryCheckpointer",
+    "HostBuffers",
     "NotSupportedError",
     "OptimizerSpec",
     "Plan",
+    "RemoteSteps",
     "Restored",
     "RunContext",
     "RunState",

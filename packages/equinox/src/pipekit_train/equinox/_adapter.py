@@ -420,6 +420,9 @@ class EquinoxBackend(StepBackend[FlatState]):
     def _to_tree(self, state: FlatState) -> dict[str, Any]:
         return dict(zip(self._names, self._copy(state.leaves), strict=True))
 
+    def _live_tree(self, state: FlatState) -> dict[str, Any]:
+        return dict(zip(self._names, state.leaves, strict=True))
+
     def _template_tree(self, template: FlatState) -> dict[str, Any]:
         return abstract_of(dict(zip(self._names, template.leaves, strict=True)))
 
@@ -437,18 +440,8 @@ class EquinoxBackend(StepBackend[FlatState]):
             to_tree=self._to_tree,
             template_tree=self._template_tree,
             from_tree=self._from_tree,
-            fix_meta=self._fix_meta,
+            live_tree=self._live_tree,
         )
-
-    def _fix_meta(self, meta: dict[str, Any]) -> dict[str, Any]:
-        # The chief writes the JSON meta. Processes advance their data shards in
-        # lockstep, so the chief's position is every process's; only the shard differs.
-        data = meta.get("data_iter")
-        if isinstance(data, dict) and "shard" in data and self.data_shard != (0, 1):
-            saved = list(data["shard"])
-            if len(saved) == 2 and saved[1] == self.data_shard[1]:
-                meta = {**meta, "data_iter": {**data, "shard": list(self.data_shard)}}
-        return meta
 
     def __repr__(self) -> str:
         return f"EquinoxBackend({self.adapter!r}, arrays={len(self._names)})"

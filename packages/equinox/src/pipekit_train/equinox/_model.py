@@ -65,7 +65,7 @@ def apply_model(
         if state is None:
             return jax.vmap(model, axis_name="batch")(x), None
         return jax.vmap(model, axis_name="batch", in_axes=(0, None), out_axes=(0, None))(x, state)
-    keys = jax.random.split(key, x.shape[0])
+    keys = _sharded_like(jax.random.split(key, x.shape[0]), x)
     if state is None:
         return jax.vmap(lambda xi, ki: model(xi, key=ki), axis_name="batch")(x, keys), None
     return jax.vmap(
@@ -74,6 +74,22 @@ def apply_model(
         in_axes=(0, None, 0),
         out_axes=(0, None),
     )(x, state, keys)
+
+
+def _sharded_like(keys: Array, x: Array) -> Array:
+    """Per-sample keys placed like the batch axis of `x`.
+
+    On a mesh with explicit axes (`jax.make_mesh`'s default) a batch assembled from
+    several processes carries its sharding in its type, and `vmap` needs every mapped
+    input sharded alike. The key values do not depend on the placement (jax's
+    partitionable threefry), so every sample gets the same key on any device count.
+    """
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if not spec or spec[0] is None:
+        return keys
+    target = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(spec[0]))
+    return jax.sharding.reshard(keys, target)
 
 
 def _host_array(x: Any) -> Any:

@@ -6,10 +6,10 @@ TrainingLoop(..., sharding=ShardingSpec(mesh))        # data parallel
 ```
 
 `model_pspec` places the model (and the optimizer leaves that mirror it, through
-`optax.tree_map_params`); `data_pspec` places each batch (its leading axis). In a
-multi-process run every process reads a disjoint shard of the data
-(`shard=(jax.process_index(), jax.process_count())`) and the global batch is assembled
-with `jax.make_array_from_process_local_data`; `batch_size` is then per process.
+`optax.tree_map_params`); `data_pspec` places each batch (its leading axis). `batch_size` is the global
+batch. In a multi-process run every process reads its contiguous part of each global
+batch (`shard=(jax.process_index(), jax.process_count())`, `batch_size / processes`
+rows) and the global batch is assembled with `jax.make_array_from_process_local_data`.
 """
 
 from __future__ import annotations
@@ -85,12 +85,13 @@ class ShardingSpec:
                             f"Received: {spec}, mesh axes={sorted(axes)}."
                         )
         size = self.data_axis_size()
-        global_batch = batch_size * jax.process_count()
-        if global_batch % size:
+        processes = jax.process_count()
+        if batch_size % size or batch_size % processes:
+            multiple = math.lcm(size, processes)
             raise ConfigError(
-                f"`batch_size` must split evenly over the {size} data shards of the mesh. "
-                f"Received: batch_size={batch_size} ({global_batch} over {jax.process_count()} "
-                f"process(es)). Use a multiple of {size}."
+                "`batch_size` (the global batch) must split evenly over the "
+                f"{size} data shards of the mesh and the {processes} process(es). "
+                f"Received: batch_size={batch_size}. Use a multiple of {multiple}."
             )
         if not (callable(self.model_pspec) or isinstance(self.model_pspec, PartitionSpec)):
             leaves = jax.tree.leaves(

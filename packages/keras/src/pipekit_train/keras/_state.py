@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core import Checkpoint
-from pipekit_train.core.adapter import DirectoryCheckpointer
+from pipekit_train.core.adapter import DirectoryCheckpointer, HostBuffers
 
 from . import _weights
 from ._model import model_variables
@@ -97,13 +97,19 @@ class TrainHandle:
             self.sync()
         return model_variables(self.model), list(self.optimizer.variables)
 
-    def encode(self) -> dict[str, bytes]:
-        """Host bytes of the whole state (taken now, safe to write in the background)."""
+    def snapshot(self, buffers: HostBuffers | None = None) -> dict[str, Any]:
+        """Host copies of the whole state, taken now (into `buffers`, reused between saves).
+
+        `encode_snapshot` turns it into the checkpoint blobs, on any thread.
+        """
         import keras
 
+        buffers = HostBuffers() if buffers is None else buffers
         model_vars, opt_vars = self.variables()
-        arrays = _weights.arrays_of("model", model_vars)
-        arrays.update(_weights.arrays_of("optimizer", opt_vars))
+        arrays: dict[str, np.ndarray] = {}
+        for prefix, variables in (("model", model_vars), ("optimizer", opt_vars)):
+            for name, value in _weights.arrays_of(prefix, variables).items():
+                arrays[name] = buffers.copy(name, value)
         if self.torch_rng:
             arrays.update(_torch_rng())
         info = {
@@ -112,10 +118,11 @@ class TrainHandle:
             "model_variables": len(model_vars),
             "optimizer_variables": len(opt_vars),
         }
-        return {
-            STATE_FILE: _weights.encode(arrays),
-            INFO_FILE: json.dumps(info, sort_keys=True).encode(),
-        }
+        return {"arrays": arrays, "info": json.dumps(info, sort_keys=True).encode()}
+
+    def encode(self) -> dict[str, bytes]:
+        """Host bytes of the whole state (taken now, safe to write in the background)."""
+        return encode_snapshot(self.snapshot())
 
     def decode(self, blobs: Mapping[str, bytes]) -> TrainHandle:
         """Assign the checkpointed arrays to the live variables (all checked first)."""
@@ -138,10 +145,21 @@ class TrainHandle:
         return self
 
 
+def encode_snapshot(snapshot: Mapping[str, Any]) -> dict[str, bytes]:
+    """The checkpoint blobs of a `TrainHandle.snapshot()`."""
+    return {STATE_FILE: _weights.encode(snapshot["arrays"]), INFO_FILE: snapshot["info"]}
+
+
 def checkpointer(policy: Checkpoint) -> DirectoryCheckpointer:
-    """Core's atomic directory store, encoding a `TrainHandle`."""
+    """Core's atomic directory store, encoding a `TrainHandle`.
+
+    The training thread only copies the variables into host buffers reused from one save
+    to the next; the safetensors encoding, hashing and writing run on the writer thread.
+    """
+    buffers = HostBuffers()
     return DirectoryCheckpointer(
         policy,
-        encode=lambda handle: handle.encode(),
+        snapshot=lambda handle: handle.snapshot(buffers),
+        encode=encode_snapshot,
         decode=lambda blobs, template: template.decode(blobs),
     )

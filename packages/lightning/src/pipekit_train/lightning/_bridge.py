@@ -8,7 +8,8 @@ ones either way). The bridge
 - in `setup`: builds the `RunContext` (the chief is global rank 0), applies the resume
   policy with core's `restore_or_start` (model weights now; optimizer, scheduler, RNG
   and grad-scaler state once Lightning has built them), positions core's batch iterator
-  (this rank's shard) and sets Lightning's `max_steps` to the steps left;
+  (this rank's part of every global batch) and sets Lightning's `max_steps` to the
+  steps left;
 - in `on_train_start`: loads the pending optimizer/scheduler state, restores (or seeds)
   every RNG stream, and dispatches `on_train_start` through `ctx.begin()`;
 - in `on_train_batch_end`, once per *optimizer* step: `record_step` with the loss still
@@ -128,7 +129,7 @@ class RunBridge(L.Callback):
         self.ckpt = checkpointer(plan.checkpoint) if plan.checkpoint is not None else None
         _, data_state = restore_or_start(plan, self.ckpt, self.state, ctx)
         if self.feed is not None:
-            # core re-targets the chief's saved shard and counts epochs per shard
+            # this rank's part of every global batch; the saved state is global
             self.feed.start(ctx.train_batches(data_state, shard=(self.rank, self.world)))
         total = ctx.total_steps
         if total is not None:
@@ -265,7 +266,7 @@ class RunBridge(L.Callback):
         assert ctx is not None and plan.checkpoint is not None
         record = capture_rng(pl_module.device)
         rngs = _gather_json(trainer, record) if self.world > 1 else [record]
-        path = str(plan.checkpoint.path / str(ctx.step))
+        path = plan.checkpoint.step_location(ctx.step)
         if ctx.is_chief:
             data_state = None
             if self.feed is not None:

@@ -1,8 +1,10 @@
 """Training state of the torch backends and its checkpoint encoding.
 
 `TorchState` holds live objects (module, optimizers, schedulers) plus the RNG record
-captured at save time. `encode_state` snapshots it into named byte blobs for core's
-atomic `DirectoryCheckpointer` (safetensors for tensors, JSON for the rest; no pickle);
+captured at save time. `snapshot_state` copies its tensors into reused host buffers on
+the training thread and `encode_snapshot` turns that into named byte blobs on core's
+`DirectoryCheckpointer` writer thread (safetensors for tensors, JSON for the rest; no
+pickle); `encode_state` does both at once;
 `decode_state` parses a step's blobs completely before touching the template, then
 loads the model weights and whatever optimizer/scheduler objects exist, keeping the
 rest as `pending` for objects created later (Lightning builds optimizers inside
@@ -29,9 +31,10 @@ from ._weights import (
     decode_optimizer,
     decode_state_dict,
     decode_tensors,
-    encode_optimizer,
-    encode_state_dict,
+    encode_json_tree,
     encode_tensors,
+    snapshot_tensors,
+    to_json_tree,
 )
 
 __all__ = [
@@ -40,10 +43,12 @@ __all__ = [
     "checkpointer",
     "decode_state",
     "derive_seed",
+    "encode_snapshot",
     "encode_state",
     "fetch",
     "restore_rng",
     "seed_rng",
+    "snapshot_state",
 ]
 
 MODEL = "model.safetensors"
@@ -154,20 +159,47 @@ def restore_rng(record: Mapping[str, Any], device: torch.device | None = None) -
 
 
 # -- checkpoint blobs -----------------------------------------------------------------------
-def encode_state(state: TorchState) -> dict[str, bytes]:
-    """Snapshot a `TorchState` into named blobs (on the calling thread)."""
-    blobs = {MODEL: encode_state_dict(state.module.state_dict())}
+def snapshot_state(state: TorchState, buffers: dict[str, torch.Tensor]) -> list[tuple[str, Any]]:
+    """Training thread: `(blob name, part)` pairs with every tensor copied into `buffers`.
+
+    A part is bytes (small JSON, ready now), a dict of host tensors (encoded later with
+    `encode_tensors`) or a `to_json_tree` tree (dumped later). `encode_snapshot` turns the
+    pairs into the blobs `encode_state` would have given for the state at this moment.
+    """
+    parts: list[tuple[str, Any]] = [
+        (MODEL, snapshot_tensors(state.module.state_dict(), buffers, f"{MODEL}/"))
+    ]
     for kind, objs in (("optimizer", state.optimizers), ("scheduler", state.schedulers)):
         for i, obj in enumerate(objs):
-            tensors, text = encode_optimizer(obj.state_dict())
-            blobs[f"{kind}.{i}.safetensors"] = tensors
-            blobs[f"{kind}.{i}.json"] = text
+            tensors: dict[str, torch.Tensor] = {}
+            tree = to_json_tree(dict(obj.state_dict()), tensors, "s")
+            name = f"{kind}.{i}"
+            parts.append((f"{name}.safetensors", snapshot_tensors(tensors, buffers, f"{name}/")))
+            parts.append((f"{name}.json", ("tree", tree)))
     if state.rng is not None:
-        blobs[RNG] = json.dumps(state.rng, sort_keys=True).encode()
+        parts.append((RNG, json.dumps(state.rng, sort_keys=True).encode()))
     if state.torch_rng is not None:
-        blobs[PRIVATE_RNG] = encode_tensors({"state": state.torch_rng})
-    blobs[EXTRA] = json.dumps(state.extra, sort_keys=True).encode()
+        parts.append((PRIVATE_RNG, encode_tensors({"state": state.torch_rng})))
+    parts.append((EXTRA, json.dumps(state.extra, sort_keys=True).encode()))
+    return parts
+
+
+def encode_snapshot(parts: list[tuple[str, Any]]) -> dict[str, bytes]:
+    """Writer thread: the named blobs of a `snapshot_state` result."""
+    blobs: dict[str, bytes] = {}
+    for name, part in parts:
+        if isinstance(part, bytes):
+            blobs[name] = part
+        elif isinstance(part, tuple):
+            blobs[name] = encode_json_tree(part[1])
+        else:
+            blobs[name] = encode_tensors(part)
     return blobs
+
+
+def encode_state(state: TorchState) -> dict[str, bytes]:
+    """Snapshot a `TorchState` into named blobs (on the calling thread)."""
+    return encode_snapshot(snapshot_state(state, {}))
 
 
 def _indexed(blobs: Mapping[str, bytes], kind: str) -> list[dict[str, Any]]:
@@ -222,8 +254,18 @@ def decode_state(blobs: Mapping[str, bytes], template: TorchState) -> TorchState
 
 
 def checkpointer(policy: Checkpoint) -> DirectoryCheckpointer:
-    """Core's atomic directory store with the torch encoding."""
-    return DirectoryCheckpointer(policy, encode=encode_state, decode=decode_state)
+    """Core's atomic directory store with the torch encoding.
+
+    The training thread only copies the tensors into host buffers reused from one save to
+    the next (`snapshot_state`); encoding, hashing and writing run on the writer thread.
+    """
+    buffers: dict[str, torch.Tensor] = {}
+    return DirectoryCheckpointer(
+        policy,
+        snapshot=lambda state: snapshot_state(state, buffers),
+        encode=encode_snapshot,
+        decode=decode_state,
+    )
 
 
 def fetch(values: Sequence[Any]) -> list[np.ndarray]:

@@ -223,9 +223,9 @@ class Lightning(Adapter):
     Gradient accumulation is `TrainingLoop(accumulate_grad_batches=k)`, forwarded to
     Lightning's argument of that name: an update averages `k` batches of `batch_size`.
     Gradient clipping is `optimizer_config["clip_norm"]` / `["clip_value"]`.
-    With `strategy="ddp"` each process trains on its shard of every epoch
-    (`batch_size` samples per process and step); only global rank 0 writes metrics and
-    checkpoints.
+    With `strategy="ddp"` `batch_size` is the global batch: each process trains on its
+    `batch_size / world_size` rows of every batch (the same batches as one process);
+    only global rank 0 writes metrics and checkpoints.
 
     Args:
         **trainer_kwargs: `lightning.Trainer` keyword arguments.
@@ -473,6 +473,13 @@ class Lightning(Adapter):
             raise ConfigError(
                 "This strategy starts its processes with fork/spawn, so global rank 0 would not run in "
                 f"this process. Received: strategy={trainer.strategy!r}. Use strategy='ddp'."
+            )
+        world = int(trainer.world_size)
+        if not native and plan.batch_size % world:
+            raise ConfigError(
+                "`batch_size` (the global batch) must split evenly over the "
+                f"{world} processes. Received: batch_size={plan.batch_size}. Use a multiple "
+                f"of {world}."
             )
         try:
             with _rng_guard(), _without_nvml_check(), _without_advert(), warnings.catch_warnings():

@@ -8,6 +8,9 @@
   safetensors blob (every tensor) and a JSON document (everything else).
 - `to_json_tree` / `from_json_tree`: JSON with tensors swapped for references into a
   tensor dict (used for optimizer and scheduler state).
+- `snapshot_tensors`: host copies of named tensors into reused buffers, keeping exact
+  aliases as one tensor, so `encode_tensors` gives the same bytes later, off the
+  training thread.
 
 Nothing here unpickles: safetensors and `json` are the only decoders.
 """
@@ -27,10 +30,12 @@ __all__ = [
     "decode_optimizer",
     "decode_state_dict",
     "decode_tensors",
+    "encode_json_tree",
     "encode_optimizer",
     "encode_state_dict",
     "encode_tensors",
     "from_json_tree",
+    "snapshot_tensors",
     "to_json_tree",
 ]
 
@@ -95,6 +100,38 @@ def encode_tensors(
     if len(meta) > 1:  # safetensors keeps metadata in a hash map: one key stays byte-stable
         meta = {"pipekit": json.dumps(meta, sort_keys=True, separators=(",", ":"))}
     return _st_save(out, metadata=meta or None)
+
+
+def snapshot_tensors(
+    tensors: Mapping[str, Any], buffers: dict[str, torch.Tensor], prefix: str = ""
+) -> dict[str, torch.Tensor]:
+    """Copy named tensors into reused CPU buffers (`buffers[prefix + name]`).
+
+    Tensors that alias each other exactly stay one tensor in the copy, so
+    `encode_tensors(snapshot_tensors(t, ...))` equals `encode_tensors(t)` byte for byte.
+
+    Raises:
+        TypeError: an entry is not a tensor.
+    """
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for name in sorted(tensors):
+        value = tensors[name]
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name!r} is a {type(value).__name__}, not a tensor")
+        groups.setdefault(_alias_key(value), []).append(name)
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for names in groups.values():
+            src = tensors[names[0]].detach()
+            key = prefix + names[0]
+            buf = buffers.get(key)
+            if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+                buf = torch.empty(src.shape, dtype=src.dtype, device="cpu")
+                buffers[key] = buf
+            buf.copy_(src)
+            for name in names:
+                out[name] = buf
+    return out
 
 
 def _read_metadata(blob: bytes) -> dict[str, str]:
@@ -194,8 +231,12 @@ def encode_optimizer(state: Mapping[str, Any]) -> tuple[bytes, bytes]:
     """`(safetensors bytes, JSON bytes)` of an `optimizer.state_dict()` (or any state dict)."""
     tensors: dict[str, torch.Tensor] = {}
     tree = to_json_tree(dict(state), tensors, "s")
-    text = json.dumps(tree, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()
-    return encode_tensors(tensors), text
+    return encode_tensors(tensors), encode_json_tree(tree)
+
+
+def encode_json_tree(tree: Any) -> bytes:
+    """The JSON bytes of a `to_json_tree` result (the second half of `encode_optimizer`)."""
+    return json.dumps(tree, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()
 
 
 def decode_optimizer(tensor_blob: bytes, json_blob: bytes) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """Where trials run: in this process, in local worker processes, or as Ray tasks.
 
 Every executor runs `execute_trial(task)` and hands back a JSON outcome (status, artifact
-summary, error text); only the parent process writes the journal. An executor has
+summary, error text); only the parent process writes the journal. An executor is built
+with its settings (validated at once, nothing started) and has `start(max_concurrent)`,
 `submit(task)`, `wait() -> [(task, outcome), ...]` (at least one finished trial),
-`cancel()` and `close()`; the sweep keeps at most `max_concurrent` trials in flight.
+`cancel()` and `close()`; the sweep keeps at most `max_concurrent` trials in flight. An
+executor can run one sweep at a time, and again after `close()`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -27,10 +29,12 @@ from pipekit_train.core.adapter import import_string, optional_import
 
 from ._lifeline import die_with_parent
 from ._lock import trial_dir_lock
+from ._resources import check_devices, check_resources, jax_memory_defaults, trials_that_fit
 from ._result import summarize_artifact
 
 __all__ = [
     "EXECUTORS",
+    "Executor",
     "ProcessExecutor",
     "RayExecutor",
     "SerialExecutor",
@@ -214,13 +218,24 @@ def _run_trial(
 
 
 class SerialExecutor:
-    """Runs each trial in this process, one at a time (live artifacts are kept)."""
+    """Runs each trial in this process, one at a time (live artifacts are kept).
+
+    `HyperSweep(..., executor="serial")` (the default) uses one.
+    """
 
     kind = "serial"
 
-    def __init__(self, max_concurrent: int | None = None):
+    def __init__(self) -> None:
         self.max_concurrent = 1
         self._done: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    def describe(self) -> dict[str, Any]:
+        """The executor's settings as JSON."""
+        return {"kind": self.kind}
+
+    def start(self, max_concurrent: int | None = None) -> None:
+        """Nothing to start (one trial at a time)."""
+        self._done = []
 
     def submit(self, task: dict[str, Any]) -> None:
         """Run the trial now."""
@@ -243,37 +258,107 @@ class SerialExecutor:
         """Nothing to release."""
 
 
+def _start_worker(parent_pid: int, env: dict[str, str]) -> None:
+    """A process-executor worker's first act: its device's environment, then the lifeline."""
+    os.environ.update(env)
+    die_with_parent(parent_pid)
+
+
 class ProcessExecutor:
-    """Runs trials in a pool of local worker processes started with `spawn`.
+    """Runs trials in local worker processes started with `spawn`, optionally one device each.
 
     `spawn` (not `fork`) gives each worker a fresh interpreter, which is what jax and
     torch need. Workers are reused from trial to trial, so the framework import is paid
     once per worker. A worker that dies (e.g. killed by the OOM killer) fails the trials
-    it was running and the pool is restarted for the rest. Workers die with the sweep:
+    it was running and its pool is restarted for the rest. Workers die with the sweep:
     if the sweep process is killed, each worker ends within about a second
     (`_lifeline.die_with_parent`), so none keeps training into its trial directory.
+
+    With `devices`, every device gets its own `trials_per_device` workers, so at most
+    that many trials run on a device at once. Each worker's environment is set for its
+    device before it imports anything of the trial: `CUDA_VISIBLE_DEVICES` (a trial on
+    `"cuda:1"` sees that GPU as its only one, `cuda:0` inside the trial),
+    `PIPEKIT_SWEEP_DEVICE` (the device as listed) and, when several trials share a
+    GPU, `XLA_PYTHON_CLIENT_MEM_FRACTION` (JAX's 75% preallocation divided between
+    them, unless a JAX memory variable is already set).
+
+    Args:
+        devices: None (plain workers, `max_concurrent` of them), or a list of
+            `"cuda:<i>"`, `"cuda:<i>,<j>"` (several GPUs per trial), `"cpu"` (GPUs
+            hidden) or dicts of environment variables (e.g. `{"HIP_VISIBLE_DEVICES": "0"}`).
+        trials_per_device: trials that share one device at a time.
+
+    Raises:
+        ConfigError: a malformed device or count (see `check_devices`).
     """
 
     kind = "process"
 
-    def __init__(self, max_concurrent: int | None = None):
-        self.max_concurrent = int(max_concurrent or os.cpu_count() or 1)
-        self._pool: ProcessPoolExecutor | None = None
-        self._futures: dict[Future[Any], dict[str, Any]] = {}
+    def __init__(self, devices: Sequence[Any] | None = None, *, trials_per_device: int = 1):
+        self.devices = check_devices(devices, trials_per_device)
+        self.trials_per_device = trials_per_device
+        self.max_concurrent = 0
+        self._pools: dict[int, ProcessPoolExecutor] = {}
+        self._futures: dict[Future[Any], tuple[dict[str, Any], int]] = {}
 
-    def _get_pool(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                max_workers=self.max_concurrent,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=die_with_parent,
-                initargs=(os.getpid(),),
+    @property
+    def slots(self) -> int | None:
+        """Trials that can run at once with `devices` (None without devices)."""
+        return len(self.devices) * self.trials_per_device if self.devices else None
+
+    def describe(self) -> dict[str, Any]:
+        """The executor's settings as JSON."""
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.devices:
+            out["devices"] = [d.label for d in self.devices]
+            out["trials_per_device"] = self.trials_per_device
+        return out
+
+    def start(self, max_concurrent: int | None = None) -> None:
+        """Set the number of trials in flight (workers start with the first trials)."""
+        if max_concurrent is not None and self.slots is not None and max_concurrent > self.slots:
+            raise ConfigError(
+                f"At most {self.slots} trials run at once on {len(self.devices)} device(s) with "
+                f"trials_per_device={self.trials_per_device}. Received: "
+                f"max_concurrent={max_concurrent}. Lower it, or raise trials_per_device."
             )
-        return self._pool
+        self.max_concurrent = int(max_concurrent or self.slots or os.cpu_count() or 1)
+
+    def _env(self, slot: int) -> dict[str, str]:
+        if not self.devices:
+            return {}
+        device = self.devices[slot]
+        env = {**device.env, "PIPEKIT_SWEEP_DEVICE": device.label}
+        if device.env.get("CUDA_VISIBLE_DEVICES"):
+            env.update(jax_memory_defaults(1 / self.trials_per_device))
+        return env
+
+    def _pool(self, slot: int) -> ProcessPoolExecutor:
+        pool = self._pools.get(slot)
+        if pool is None:
+            pool = self._pools[slot] = ProcessPoolExecutor(
+                max_workers=self.trials_per_device if self.devices else self.max_concurrent,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_worker,
+                initargs=(os.getpid(), self._env(slot)),
+            )
+        return pool
+
+    def _free_slot(self) -> int:
+        """The device with the fewest trials in flight (the first of equals)."""
+        if not self.devices:
+            return 0
+        busy = [0] * len(self.devices)
+        for _, slot in self._futures.values():
+            busy[slot] += 1
+        return busy.index(min(busy))
 
     def submit(self, task: dict[str, Any]) -> None:
-        """Queue the trial on a worker."""
-        self._futures[self._get_pool().submit(execute_trial, task)] = task
+        """Queue the trial on a worker (of the least busy device)."""
+        if not self.max_concurrent:
+            self.start()
+        slot = self._free_slot()
+        self._futures[self._pool(slot).submit(execute_trial, task)] = (task, slot)
 
     @property
     def in_flight(self) -> int:
@@ -284,14 +369,14 @@ class ProcessExecutor:
         """Block until at least one trial finishes; return the finished ones."""
         done, _ = wait(list(self._futures), return_when=FIRST_COMPLETED)
         out = []
-        broken = False
+        broken: set[int] = set()
         for fut in done:
-            task = self._futures.pop(fut)
+            task, slot = self._futures.pop(fut)
             start = time.perf_counter()
             try:
                 outcome = fut.result()
             except BrokenProcessPool as exc:
-                broken = True
+                broken.add(slot)
                 outcome = _failure(
                     RuntimeError(
                         f"the worker process running this trial died unexpectedly ({exc})"
@@ -302,9 +387,10 @@ class ProcessExecutor:
             except Exception as exc:  # e.g. a task that could not be pickled
                 outcome = _failure(exc, start)
             out.append((task, outcome))
-        if broken and self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        for slot in broken:
+            pool = self._pools.pop(slot, None)
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         return out
 
     def cancel(self) -> None:
@@ -314,41 +400,111 @@ class ProcessExecutor:
                 self._futures.pop(fut)
 
     def close(self) -> None:
-        """Shut the pool down.
+        """Shut the pools down.
 
         With no trial in flight (a sweep that finished), the idle workers exit in the
         background (jax's teardown takes about a second) and the sweep returns at once;
         otherwise this waits for the running trials.
         """
-        if self._pool is not None:
-            self._pool.shutdown(wait=bool(self._futures), cancel_futures=True)
-            self._pool = None
+        pools, self._pools = self._pools, {}
+        for pool in pools.values():
+            pool.shutdown(wait=bool(self._futures), cancel_futures=True)
+        self._futures.clear()
+        self.max_concurrent = 0
+
+
+def _ray_trial(task: dict[str, Any], gpu_share: float) -> dict[str, Any]:
+    """A trial in a Ray worker: JAX's GPU memory share for a fractional GPU, then the trial."""
+    for name, value in jax_memory_defaults(gpu_share).items():
+        os.environ.setdefault(name, value)
+    return execute_trial(task)
 
 
 class RayExecutor:
-    """Runs each trial as a Ray task (`num_cpus=1`, no retries).
+    """Runs each trial as a Ray task with the resources one trial needs (no retries).
 
-    Connects to `ray_address` when given; otherwise uses the running Ray runtime, or
-    starts a local one (`ray.init()`) and shuts it down again when the sweep ends.
+    Ray places each trial on a node with `resources_per_trial` free and runs as many
+    at once as the cluster holds: with `{"num_gpus": 0.5}`, two trials share each GPU;
+    with `{"resources": {"bigmem": 1}}`, trials run only on nodes started with that
+    custom resource. A trial with GPUs sees them as Ray assigns them
+    (`CUDA_VISIBLE_DEVICES`, `ray.get_gpu_ids()`; trials sharing a GPU see the same
+    one) and runs in a fresh worker process (Ray does not reuse GPU workers). With a
+    fraction of a GPU, `XLA_PYTHON_CLIENT_MEM_FRACTION` is set to that fraction of
+    JAX's 75% preallocation, unless a JAX memory variable is already set.
+
+    Connects to `address` when given; otherwise uses the running Ray runtime, or
+    starts a local one (`ray.init()`) and shuts it down again when the sweep ends. If
+    the sweep's driver dies, Ray ends its trials (Ray's job fate sharing).
+
+    Args:
+        resources_per_trial: Ray task options for each trial: `num_cpus` (default 1),
+            `num_gpus` (a fraction below 1 shares a GPU; above 1, whole GPUs),
+            `memory` (bytes), `resources` (custom resources, `{"name": amount}`),
+            `accelerator_type` (e.g. `"H100"`, with `num_gpus`).
+        address: the Ray cluster to connect to (e.g. `"ray://head:10001"` or
+            `"auto"`); default: the running Ray runtime or a new local one.
+
+    Raises:
+        ConfigError: an invalid resource request (see `check_resources`); when the sweep
+            starts, a request no node of the cluster can meet (unless the sweep sets
+            `max_concurrent`, e.g. for a cluster that scales up).
     """
 
     kind = "ray"
 
-    def __init__(self, max_concurrent: int | None = None, ray_address: str | None = None):
+    def __init__(
+        self, resources_per_trial: Mapping[str, Any] | None = None, *, address: str | None = None
+    ):
+        self.options = check_resources(resources_per_trial)
+        if address is not None and (not isinstance(address, str) or not address.strip()):
+            raise ConfigError(
+                "`address` must be a Ray cluster address such as 'ray://head:10001' or 'auto'. "
+                f"Received: address={address!r}."
+            )
+        self.address = address
+        self.max_concurrent = 0
+        self._ray: Any = None
+        self._started = False
+        self._remote: Any = None
+        self._refs: dict[Any, dict[str, Any]] = {}
+
+    def describe(self) -> dict[str, Any]:
+        """The executor's settings as JSON."""
+        return {"kind": self.kind, "resources_per_trial": self.options, "address": self.address}
+
+    def start(self, max_concurrent: int | None = None) -> None:
+        """Connect to (or start) Ray and count how many trials the cluster runs at once.
+
+        Raises:
+            ConfigError: no node can run a trial and `max_concurrent` is not given.
+        """
         ray = optional_import("ray", extra="ray", package="pipekit-train-sweep")
         self._ray = ray
-        self._started = False
         if not ray.is_initialized():
-            ray.init(address=ray_address, include_dashboard=False, log_to_driver=True)
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=True)
             self._started = True
-        cpus = int(ray.cluster_resources().get("CPU", 1)) or 1
-        self.max_concurrent = int(max_concurrent or cpus)
-        self._remote = ray.remote(num_cpus=1, max_retries=0)(execute_trial)
-        self._refs: dict[Any, dict[str, Any]] = {}
+        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+        fit = trials_that_fit(self.options, nodes)
+        if fit == 0 and max_concurrent is None:
+            self.close()
+            raise ConfigError(
+                "No node of the Ray cluster can run a trial. Received: "
+                f"resources_per_trial={self.options}; the nodes have "
+                f"{[_node_summary(n) for n in nodes]}. Ask for less, add nodes with these "
+                "resources, or pass max_concurrent to the sweep to wait for nodes that a "
+                "scaling cluster adds."
+            )
+        if fit is None:  # nothing requested: the cluster's CPUs
+            fit = int(ray.cluster_resources().get("CPU", 1)) or 1
+        self.max_concurrent = int(max_concurrent or fit)
+        self._remote = ray.remote(max_retries=0, **self.options)(_ray_trial)
 
     def submit(self, task: dict[str, Any]) -> None:
         """Start the trial as a Ray task."""
-        self._refs[self._remote.remote(task)] = task
+        if self._remote is None:
+            self.start()
+        ref = self._remote.remote(task, float(self.options.get("num_gpus", 0)))
+        self._refs[ref] = task
 
     @property
     def in_flight(self) -> int:
@@ -380,15 +536,53 @@ class RayExecutor:
 
     def close(self) -> None:
         """Shut Ray down if this executor started it."""
-        if self._started and self._ray.is_initialized():
+        if self._started and self._ray is not None and self._ray.is_initialized():
             self._ray.shutdown()
         self._started = False
+        self._remote = None
+        self._refs.clear()
+        self.max_concurrent = 0
 
 
-def make_executor(kind: str, max_concurrent: int | None, ray_address: str | None) -> Any:
-    """Build the executor named `kind`."""
-    if kind == "serial":
-        return SerialExecutor(max_concurrent)
-    if kind == "process":
-        return ProcessExecutor(max_concurrent)
-    return RayExecutor(max_concurrent, ray_address)
+def _node_summary(resources: Mapping[str, float]) -> dict[str, float]:
+    """A node's resources without Ray's bookkeeping entries (node ids, memory sizes)."""
+    skip = ("node:", "memory", "object_store_memory")
+    return {
+        name: float(amount)
+        for name, amount in sorted(resources.items())
+        if not name.startswith(skip) and name != "memory"
+    }
+
+
+Executor = SerialExecutor | ProcessExecutor | RayExecutor
+
+
+def make_executor(executor: str | Executor, ray_address: str | None = None) -> Executor:
+    """The executor for `HyperSweep(executor=...)`: a name, or an executor as given.
+
+    Raises:
+        ConfigError: an unknown name, or `ray_address` with anything but the Ray executor.
+    """
+    if isinstance(executor, (SerialExecutor, ProcessExecutor, RayExecutor)):
+        if ray_address is not None:
+            raise ConfigError(
+                "Give the Ray address once. Received: ray_address="
+                f"{ray_address!r} with executor={type(executor).__name__}(...). Pass "
+                "RayExecutor(address=...) instead."
+            )
+        return executor
+    if not isinstance(executor, str) or executor not in EXECUTORS:
+        raise ConfigError(
+            f"`executor` must be one of {list(EXECUTORS)} or an executor such as "
+            f"RayExecutor(resources_per_trial=...). Received: executor={executor!r}."
+        )
+    if ray_address is not None and executor != "ray":
+        raise ConfigError(
+            f"`ray_address` is used by the Ray executor only. Received: ray_address={ray_address!r}, "
+            f"executor={executor!r}. Pass executor='ray'."
+        )
+    if executor == "serial":
+        return SerialExecutor()
+    if executor == "process":
+        return ProcessExecutor()
+    return RayExecutor(address=ray_address)

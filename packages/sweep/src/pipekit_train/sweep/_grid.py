@@ -150,6 +150,14 @@ class ParameterGrid:
             out.extend(k for k in keys if k not in out)
         return out
 
+    def candidates(self) -> dict[str, list[Any]]:
+        """Every parameter's candidate values, in grid order (several grids: concatenated)."""
+        out: dict[str, list[Any]] = {}
+        for keys, values in self._grids:
+            for key, vals in zip(keys, values, strict=True):
+                out.setdefault(key, []).extend(vals)
+        return out
+
     def __len__(self) -> int:
         return sum(self._sizes)
 

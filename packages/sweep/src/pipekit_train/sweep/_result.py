@@ -163,6 +163,9 @@ class SweepResult:
         trials: every finished trial, in search-space order (Optuna trial number order).
         directory: the sweep directory (journal, trial folders).
         wall_time_s: wall time of the `run()` call that produced this result.
+        axes: how each parameter is drawn, from the search space: `{name: {"scale":
+            "log" | "linear" | "categorical", "discrete": bool, "choices": [...]}}`
+            (empty for a plain list of parameter dicts: inferred from the values).
     """
 
     sweep_id: str
@@ -171,6 +174,7 @@ class SweepResult:
     trials: list[TrialResult]
     directory: str | None = None
     wall_time_s: float = field(default=0.0, compare=False)
+    axes: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
 
     def __len__(self) -> int:
         return len(self.trials)
@@ -220,6 +224,7 @@ class SweepResult:
             "mode": self.mode,
             "directory": self.directory,
             "wall_time_s": self.wall_time_s,
+            "axes": self.axes,
             "trials": [t.to_json() for t in self.trials],
         }
 
@@ -286,11 +291,25 @@ class SweepResult:
             + [t for t in rest if t.status == "failed"]
         )
 
+    def figure(self, params: list[str] | None = None) -> Any:
+        """The metric against each parameter as a matplotlib `Figure` (see `plot`)."""
+        from ._plot import sweep_figure
+
+        return sweep_figure(self, params)
+
     def plot(self, path: str | os.PathLike[str], params: list[str] | None = None) -> str:
         """Draw the metric against each parameter (one panel per parameter) to a PNG.
 
+        Each panel follows the search space (`axes`): a log x-axis for a log-scaled
+        parameter (`("float", lo, hi, {"log": True})`, or a grid spanning decades), a
+        categorical axis for choices, and a "best per value" line only where values repeat
+        (grids, choices). With a continuous parameter the figure adds a panel of the metric
+        in trial order with the best so far. Failed trials are dotted vertical lines, pruned
+        ones orange triangles at their last report, the best trial a star.
+
         Needs matplotlib (`pip install 'pipekit-train-sweep[plot]'`); drawn with the Agg
-        backend, so it works without a display.
+        backend, so it works without a display. For an `OptunaSearch`, Optuna's own
+        plots work on the study too: `optuna.visualization.matplotlib.plot_slice(search.study)`.
 
         Args:
             path: the PNG file to write.

@@ -18,7 +18,8 @@ from typing import Any
 from pipekit_train.core import ConfigError
 from pipekit_train.core.adapter import optional_import
 
-from ._executors import EXECUTORS, make_executor, trial_name
+from ._axes import describe_axes
+from ._executors import Executor, ProcessExecutor, make_executor, trial_name
 from ._grid import ParameterGrid, check_params
 from ._journal import DirectoryLock, Journal, params_key
 from ._optuna import OptunaSearch
@@ -85,7 +86,14 @@ def load_result(directory: str | os.PathLike[str]) -> SweepResult:
     for record in Journal(directory / "journal.jsonl").read():
         latest[record["index"] if meta.get("adaptive") else record["key"]] = record
     trials = sorted((TrialResult.from_json(r) for r in latest.values()), key=lambda t: t.index)
-    return SweepResult(meta["sweep_id"], meta["metric"], meta["mode"], trials, str(directory))
+    return SweepResult(
+        meta["sweep_id"],
+        meta["metric"],
+        meta["mode"],
+        trials,
+        str(directory),
+        axes=dict(meta.get("axes") or {}),
+    )
 
 
 class HyperSweep:
@@ -114,9 +122,12 @@ class HyperSweep:
         mode: `"min"` or `"max"`.
         executor: `"serial"` (this process, one trial at a time; trials keep their live
             artifact), `"process"` (a pool of `spawn`ed local processes) or `"ray"` (one
-            Ray task per trial).
+            Ray task per trial), or an executor with settings:
+            `ProcessExecutor(devices=["cuda:0", "cuda:1"], trials_per_device=2)`,
+            `RayExecutor(resources_per_trial={"num_cpus": 1, "num_gpus": 0.5})`.
         max_concurrent: trials in flight at once (default: 1 serial; CPU count for
-            processes; the Ray cluster's CPUs).
+            processes, or every device slot with `devices`; for Ray, the trials that fit
+            on the cluster's nodes at once).
         directory: the sweep directory (journal, `sweep.json`, `trials/`, `optuna.db`).
             Default: a new temporary directory, which a re-run does not find — pass a
             directory to make the sweep resumable.
@@ -126,7 +137,7 @@ class HyperSweep:
         sweep_id: stamped on every trial and `TrainingArtifact` (default: the id in
             `directory/sweep.json`, else a new random id).
         ray_address: the Ray cluster to connect to (`executor="ray"`); default: the running
-            Ray runtime or a new local one.
+            Ray runtime or a new local one. (`RayExecutor(address=...)` does the same.)
         retry_failed: run trials the journal records as failed again.
 
     Raises:
@@ -140,7 +151,7 @@ class HyperSweep:
         metric: str,
         mode: str = "min",
         *,
-        executor: str = "serial",
+        executor: str | Executor = "serial",
         max_concurrent: int | None = None,
         directory: str | os.PathLike[str] | None = None,
         fail_fast: bool = False,
@@ -148,10 +159,8 @@ class HyperSweep:
         ray_address: str | None = None,
         retry_failed: bool = False,
     ):
-        if executor not in EXECUTORS:
-            raise ConfigError(
-                f"`executor` must be one of {list(EXECUTORS)}. Received: executor={executor!r}."
-            )
+        runner = make_executor(executor, ray_address)
+        kind = runner.kind
         if not isinstance(metric, str) or not metric:
             raise ConfigError(
                 f"`metric` must be a metric name such as 'val_loss'. Received: metric={metric!r}."
@@ -166,7 +175,7 @@ class HyperSweep:
             raise ConfigError(
                 f"`max_concurrent` must be a positive int or None. Received: max_concurrent={max_concurrent!r}."
             )
-        if executor == "serial" and max_concurrent not in (None, 1):
+        if kind == "serial" and max_concurrent not in (None, 1):
             raise ConfigError(
                 "The serial executor runs one trial at a time. Received: "
                 f"max_concurrent={max_concurrent}. Use executor='process' or 'ray' to run trials in parallel."
@@ -178,23 +187,26 @@ class HyperSweep:
             raise ConfigError(
                 f"`sweep_id` must be a non-empty string. Received: sweep_id={sweep_id!r}."
             )
-        if ray_address is not None and executor != "ray":
+        slots = runner.slots if isinstance(runner, ProcessExecutor) else None
+        if max_concurrent is not None and slots is not None and max_concurrent > slots:
             raise ConfigError(
-                f"`ray_address` is used by the Ray executor only. Received: ray_address={ray_address!r}, "
-                f"executor={executor!r}. Pass executor='ray'."
+                f"At most {slots} trials run at once on {len(runner.devices)} device(s) with "
+                f"trials_per_device={runner.trials_per_device}. Received: "
+                f"max_concurrent={max_concurrent}. Lower it, or raise trials_per_device."
             )
         if directory is not None and not isinstance(directory, (str, os.PathLike)):
             raise ConfigError(f"`directory` must be a path. Received: directory={directory!r}.")
-        self._trial_name = trial_name(trial, executor)
+        self._trial_name = trial_name(trial, kind)
         self.trial = trial
         self.adaptive = isinstance(search_space, OptunaSearch)
         self.search_space = search_space
         self._params = None if self.adaptive else _static_space(search_space)
-        if executor == "ray":
+        if kind == "ray":
             optional_import("ray", extra="ray", package="pipekit-train-sweep")
         self.metric = metric
         self.mode = mode
-        self.executor = executor
+        self.executor = kind
+        self._executor = runner
         self.max_concurrent = max_concurrent
         self.directory = None if directory is None else Path(directory)
         self.fail_fast = fail_fast
@@ -226,11 +238,16 @@ class HyperSweep:
             "metric": self.metric,
             "mode": self.mode,
             "executor": self.executor,
+            "executor_settings": self._executor.describe(),
             "max_concurrent": self.max_concurrent,
             "directory": None if self.directory is None else str(self.directory),
             "fail_fast": self.fail_fast,
             "sweep_id": self._sweep_id,
         }
+
+    def _axes(self) -> dict[str, dict[str, Any]]:
+        """How each parameter is plotted (log/linear/categorical), from the search space."""
+        return describe_axes(self.search_space)
 
     # -- run ------------------------------------------------------------------------------
     def run(self) -> SweepResult:
@@ -258,9 +275,11 @@ class HyperSweep:
             journal = Journal(directory / "journal.jsonl")
             journal.repair()
             records = journal.read()
-            sweep_id = self._open_directory(directory, bool(records))
-            executor = make_executor(self.executor, self.max_concurrent, self.ray_address)
+            meta = self._check_directory(directory, bool(records))
+            executor = self._executor
+            executor.start(self.max_concurrent)  # before sweep.json: a refused start leaves none
             try:
+                sweep_id = self._write_meta(directory, meta)
                 state = _RunState(self, directory, journal, sweep_id, executor)
                 if self.adaptive:
                     trials = state.run_adaptive(records)
@@ -268,12 +287,15 @@ class HyperSweep:
                     trials = state.run_static(records)
             finally:
                 executor.close()
-        result = SweepResult(sweep_id, self.metric, self.mode, trials, str(directory))
+        result = SweepResult(
+            sweep_id, self.metric, self.mode, trials, str(directory), axes=self._axes()
+        )
         result.wall_time_s = time.perf_counter() - start
         self.result = result
         return result
 
-    def _open_directory(self, directory: Path, has_records: bool) -> str:
+    def _check_directory(self, directory: Path, has_records: bool) -> dict[str, Any] | None:
+        """The directory's `sweep.json`, checked to describe this sweep when it has results."""
         meta_path = directory / "sweep.json"
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
         if meta and has_records:
@@ -291,6 +313,11 @@ class HyperSweep:
                     f"The directory holds a different sweep ({detail}). Received: directory="
                     f"{str(directory)!r}. Use the same settings to resume it, or a new directory."
                 )
+        return meta
+
+    def _write_meta(self, directory: Path, meta: dict[str, Any] | None) -> str:
+        """Write `sweep.json` (keeping its sweep id and creation time); return the sweep id."""
+        meta_path = directory / "sweep.json"
         sweep_id = self._sweep_id or (meta or {}).get("sweep_id") or uuid.uuid4().hex[:12]
         self._sweep_id = sweep_id
         _write_json_atomic(
@@ -302,6 +329,7 @@ class HyperSweep:
                 "mode": self.mode,
                 "adaptive": self.adaptive,
                 "search_space": self.get_config()["search_space"],
+                "axes": self._axes(),
                 "created": (meta or {}).get("created", time.strftime("%Y-%m-%dT%H:%M:%S%z")),
             },
         )

@@ -1,7 +1,7 @@
 """Layer 0, data: datasets, caches, splits, normalisation and the batching engine.
 
-A *sample* is a `dict[str, np.ndarray]` (inputs under `"x"`, targets under `"y"`);
-a *batch* is the same dict with a leading batch axis. `make_batches` turns any
+A *sample* is a `dict[str, np.ndarray]` (inputs under `"x"`, targets under `"y"`;
+`as_supervised` renames other keys to those); a *batch* is the same dict with a leading batch axis. `make_batches` turns any
 dataset here into a checkpointable `BatchIterator` built on grain.
 
 Importing this package is cheap: zarr and grain are imported on first use.
@@ -20,8 +20,10 @@ from ._dataset import (
 )
 from ._iterator import BatchIterator
 from ._normalizer import Normalizer
-from ._simulation import SimulationDataset, SimulationError
+from ._ray_build import RayBuildExecutor
+from ._simulation import SimulationDataset, SimulationError, simulator_seed
 from ._split import Subset, split
+from ._supervised import Supervised, as_supervised
 
 __all__ = [
     "ArrayDataset",
@@ -32,11 +34,15 @@ __all__ = [
     "Dataset",
     "IterableDataset",
     "Normalizer",
+    "RayBuildExecutor",
     "Sample",
     "SimulationDataset",
     "SimulationError",
     "Subset",
+    "Supervised",
+    "as_supervised",
     "gather_batch",
     "make_batches",
+    "simulator_seed",
     "split",
 ]

@@ -11,9 +11,11 @@ Epoch `e`'s order is a pure function of `(seed, e)`:
 a chunk-aware order (`chunk_size` and `shuffle_window` attributes, e.g. an
 out-of-core `CachedDataset`) a chunk shuffle: the chunks are permuted, grouped into
 windows of `shuffle_window` chunks, and rows are permuted within each window.
-Shard `(i, c)` takes the contiguous slice `[i * m, (i + 1) * m)` of that order with
-`m = n // c`, so shards are disjoint and equal (up to `c - 1` samples per epoch,
-different ones each shuffled epoch, are left out).
+Batches are global: batch `k` is rows `[k * B, (k + 1) * B)` of that order
+(`B = batch_size`, the global batch), and shard `(i, c)` takes the contiguous part
+`[i * B / c, (i + 1) * B / c)` of every batch. The order and the iterator state do
+not depend on the number of shards, so a run checkpointed with `c` processes resumes
+with any other number that divides `B` and continues the same sample sequence.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ def _check_int(name: str, value: Any, minimum: int, hint: str) -> int:
     return int(value)
 
 
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
 def make_batches(
     dataset: Any,
     batch_size: int,
@@ -65,13 +71,17 @@ def make_batches(
     For an indexable dataset epoch `e` reads the samples in the order
     `np.random.default_rng([seed, e]).permutation(n)` — a pure function of
     `(seed, e)`, so epochs are reshuffled and every backend sees the same batches.
-    Shard `(i, c)` takes the slice `[i * m, (i + 1) * m)` of that order with
-    `m = n // c`: shards are disjoint and equal, and up to `c - 1` samples per epoch
-    (different ones each shuffled epoch) are left out.
+
+    `batch_size` is the global batch. With `shard=(i, c)` (data-parallel
+    processes) every batch of that order is split into `c` contiguous parts and
+    shard `i` yields part `i` (`batch_size // c` rows): the processes together
+    train on exactly the batches of a one-process run. The order, `steps_per_epoch`
+    and the state are the same on every shard and for every shard count, so a state
+    saved with `c` shards resumes an iterator with any other count (elastic resume).
 
     For an `IterableDataset` consecutive samples are batched in source order
-    (`shuffle` has no effect: shuffle in the source), shard `i` of `c` takes every
-    `c`-th batch, and the state counts the samples consumed.
+    (`shuffle` has no effect: shuffle in the source), split over shards the same
+    way, and the state counts the samples consumed.
 
     Optional dataset hooks:
 
@@ -87,12 +97,15 @@ def make_batches(
     Args:
         dataset: an indexable dataset (`len`, `[i]`, ideally `get_batch`) or an
             `IterableDataset`.
-        batch_size: samples per batch (positive int).
+        batch_size: samples per global batch (positive int; a multiple of the shard
+            count).
         seed: non-negative shuffle seed.
         shuffle: shuffle each epoch (indexable datasets only).
         drop_remainder: drop the final partial batch of each epoch. With False
             the last batch of an epoch may be smaller.
-        shard: `(index, count)` of this process among `count` data-parallel processes.
+        shard: `(index, count)` of this process among `count` data-parallel processes:
+            it yields rows `[index * b, (index + 1) * b)` of every global batch, with
+            `b = batch_size // count`.
         num_epochs: the number of epochs; None repeats forever.
         prefetch: gathers (batches, or blocks of batches) prepared ahead in background
             threads (0: none); useful for slow `get_batch`, e.g. simulation or
@@ -102,8 +115,8 @@ def make_batches(
         A `BatchIterator`.
 
     Raises:
-        ConfigError: an argument is invalid, or `batch_size` exceeds the samples of
-            a shard while `drop_remainder=True`.
+        ConfigError: an argument is invalid, `batch_size` does not split over the
+            shards, or `batch_size` exceeds the samples while `drop_remainder=True`.
 
     Examples:
         >>> import numpy as np
@@ -137,6 +150,12 @@ def make_batches(
             f"Received: shard={shard!r}. Use e.g. shard=(process_index, process_count)."
         )
     shard_t = (int(shard[0]), int(shard[1]))
+    if batch_size % shard_t[1]:
+        raise ConfigError(
+            f"`batch_size` is the global batch and must split evenly over the {shard_t[1]} "
+            f"shards (processes). Received: batch_size={batch_size}, shard={shard_t!r}. "
+            f"Use a multiple of {shard_t[1]}, e.g. batch_size={_round_up(batch_size, shard_t[1])}."
+        )
     if num_epochs is not None:
         num_epochs = _check_int(
             "num_epochs", num_epochs, 1, "Use a positive number of epochs or None for endless."
@@ -164,21 +183,19 @@ def make_batches(
         raise ConfigError(
             "`dataset` is empty. Received: a dataset with 0 samples. Batch a non-empty dataset."
         )
-    per_shard = n // shard_t[1]
-    if per_shard == 0:
-        raise ConfigError(
-            f"`shard` leaves no samples: the dataset has {n} samples for {shard_t[1]} shards. "
-            f"Received: shard={shard_t!r}. Use fewer shards or more data."
-        )
-    if drop_remainder and batch_size > per_shard:
-        where = (
-            f"the dataset has {n} samples"
-            if shard_t[1] == 1
-            else f"each of the {shard_t[1]} shards has {per_shard} samples ({n} in the dataset)"
-        )
+    if drop_remainder and batch_size > n:
         raise ConfigError(
             "`batch_size` must not exceed the number of samples when drop_remainder=True. "
-            f"Received: batch_size={batch_size}, but {where}. "
-            f"Use batch_size <= {per_shard} or drop_remainder=False."
+            f"Received: batch_size={batch_size}, but the dataset has {n} samples. "
+            f"Use batch_size <= {n} or drop_remainder=False."
+        )
+    last = n % batch_size
+    if not drop_remainder and last % shard_t[1]:
+        raise ConfigError(
+            f"With drop_remainder=False the last batch of every epoch holds {last} samples, "
+            f"which do not split evenly over the {shard_t[1]} shards (processes). Received: "
+            f"batch_size={batch_size}, {n} samples, shard={shard_t!r}. Use "
+            "drop_remainder=True, or a batch_size that leaves a remainder divisible by "
+            f"{shard_t[1]}."
         )
     return MapBatchIterator(dataset, n, batch_size, prefetch=prefetch, **options)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -10,10 +12,19 @@ import numpy as np
 
 from pipekit_train.core._errors import ConfigError
 
-from ._cached import DONE_KEY, FORMAT_VERSION, META_KEY, open_store, read_meta, zarr_module
+from ._cache_chunk import check_batch, open_chunk_arrays, write_chunk
+from ._cached import (
+    DONE_KEY,
+    FORMAT_VERSION,
+    META_KEY,
+    open_store,
+    read_meta,
+    zarr_module,
+)
 from ._dataset import ArraySpec, as_sample, check_key, check_numeric, spec_of
 from ._hashing import Hasher
-from ._workers import check_workers, compute_blocks, open_pool
+from ._ray_build import RayBuildExecutor, RaySession, ray_session
+from ._workers import check_workers, compute_blocks, open_pool, raw_indices
 
 __all__ = ["build_cache"]
 
@@ -57,23 +68,6 @@ def _check_location_empty(uri: str, storage_options: Mapping[str, Any] | None) -
             "`uri` points at existing data that is not a pipekit cache; refusing to overwrite "
             f"it. Received: uri={uri!r}. Choose another uri, or delete it yourself."
         )
-
-
-def _check_batch(batch: Any, spec: Mapping[str, ArraySpec], start: int, stop: int) -> None:
-    keys = sorted(batch) if isinstance(batch, Mapping) else None
-    if keys != sorted(spec):
-        raise ConfigError(
-            f"Samples {start}..{stop - 1} have keys {keys}, but sample 0 has {sorted(spec)}. "
-            "Received: samples with different keys. Make every sample have the same keys."
-        )
-    for key, s in spec.items():
-        arr = batch[key]
-        if arr.shape != (stop - start, *s.shape) or arr.dtype != s.dtype:
-            raise ConfigError(
-                f"Samples {start}..{stop - 1} of key {key!r} do not match sample 0. Received: "
-                f"shape {arr.shape[1:]} and dtype {arr.dtype}, expected shape {s.shape} and dtype "
-                f"{s.dtype}. Make every sample the same shape and dtype."
-            )
 
 
 def _new_meta(
@@ -124,6 +118,32 @@ def _progress_fn(progress: Any, total: int, initial: int) -> tuple[Callable[[int
     return (lambda done: None), None
 
 
+def check_executor(executor: Any, workers: Any, uri: str) -> RayBuildExecutor | None:
+    """Validate `executor`: None for local processes, else the `RayBuildExecutor` to use."""
+    if isinstance(executor, str) and executor == "process":
+        return None
+    if isinstance(executor, str) and executor == "ray":
+        executor = RayBuildExecutor()
+    if not isinstance(executor, RayBuildExecutor):
+        raise ConfigError(
+            "`executor` must be 'process', 'ray' or a RayBuildExecutor. "
+            f"Received: executor={executor!r}."
+        )
+    if workers != 0:
+        raise ConfigError(
+            "`workers` counts local processes (executor='process'); a Ray build runs one task "
+            f"per chunk. Received: workers={workers!r} with executor={executor!r}. Drop "
+            "`workers`, or limit the tasks with RayBuildExecutor(max_in_flight=...)."
+        )
+    if uri.startswith("memory://"):
+        raise ConfigError(
+            "A `memory://` filesystem lives in one process, so Ray workers cannot write to it. "
+            f"Received: uri={uri!r} with executor={executor!r}. Use a path or an object store "
+            "URL, or executor='process'."
+        )
+    return executor
+
+
 def build_cache(
     dataset: Any,
     uri: str,
@@ -134,6 +154,7 @@ def build_cache(
     storage_options: Mapping[str, Any] | None,
     overwrite: bool,
     mp_context: str,
+    executor: Any = "process",
 ) -> None:
     """Write `dataset` to the zarr cache at `uri` (see `CachedDataset.build`)."""
     # -- validate everything before writing anything -----------------------------------
@@ -162,23 +183,152 @@ def build_cache(
         raise ConfigError(
             f"`storage_options` must be a dict. Received: storage_options={storage_options!r}."
         )
+    ray_executor = check_executor(executor, workers, uri)
+    if ray_executor is not None:
+        check_workers(dataset, 0, mp_context)
+        with contextlib.ExitStack() as stack:
+            runner: _ProcessRunner | _RayRunner = _RayRunner(ray_executor, dataset, stack)
+            _build(dataset, uri, chunk_size, progress, storage_options, overwrite, runner)
+        return
     workers = check_workers(dataset, workers, mp_context)
     pool = open_pool(dataset, workers, mp_context) if workers else None
     try:
-        _build(
-            dataset,
-            uri,
-            chunk_size,
-            progress,
-            workers,
-            storage_options,
-            overwrite,
-            mp_context,
-            pool,
-        )
+        runner = _ProcessRunner(workers, mp_context, pool)
+        _build(dataset, uri, chunk_size, progress, storage_options, overwrite, runner)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _ProcessRunner:
+    """Chunks computed here (`workers=0`) or in a local process pool, written here."""
+
+    def __init__(self, workers: int, mp_context: str, pool: Any) -> None:
+        self.workers, self.mp_context, self.pool = workers, mp_context, pool
+
+    def prepare(self) -> None:
+        """Nothing to prepare: the pool, if any, is already running."""
+
+    def scan(self, dataset: Any) -> None:
+        """Run a `"drop"` simulation's scan in the pool (else it runs on first `len`)."""
+        if self.pool is not None:
+            dataset.scan(workers=self.workers, mp_context=self.mp_context, pool=self.pool)
+
+    def write(self, job: _Job) -> None:
+        """Compute the chunks to do in blocks (in order); write each chunk when complete."""
+        n, cs, spec = job.meta["num_samples"], job.meta["chunk_size"], job.spec
+        arrays, done_array = open_chunk_arrays(job.group, spec)
+        blocks: list[tuple[int, int]] = []
+        for c in job.todo:
+            start, stop = c * cs, min(n, (c + 1) * cs)
+            edges = np.unique(np.linspace(start, stop, max(1, self.workers) + 1).astype(np.int64))
+            blocks.extend(zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True))
+        parts: list[Mapping[str, np.ndarray]] = []
+        results = compute_blocks(
+            job.dataset,
+            "rows",
+            blocks,
+            workers=self.workers,
+            mp_context=self.mp_context,
+            pool=self.pool,
+        )
+        for (start, stop), (batch, delta) in zip(blocks, results, strict=True):
+            if self.workers:  # computed in a worker: its counters are merged here
+                job.merge_stats(delta)
+            check_batch(batch, spec, start, stop)
+            parts.append(batch)
+            if stop % cs == 0 or stop == n:
+                cid = (stop - 1) // cs
+                values = {
+                    k: parts[0][k] if len(parts) == 1 else np.concatenate([p[k] for p in parts])
+                    for k in spec
+                }
+                write_chunk(arrays, done_array, values, cid, cid * cs, stop)
+                parts = []
+                job.chunk_done()
+
+
+class _RayRunner:
+    """One Ray task per chunk, each writing its chunk to the store.
+
+    Ray is started (or joined) on first need, so an already complete cache opens
+    without it; the session ends with `stack`.
+    """
+
+    def __init__(
+        self, executor: RayBuildExecutor, dataset: Any, stack: contextlib.ExitStack
+    ) -> None:
+        self.executor, self.dataset, self._stack = executor, dataset, stack
+        self._session: RaySession | None = None
+
+    @property
+    def session(self) -> RaySession:
+        """The Ray session of this build (started on first use)."""
+        if self._session is None:
+            self._session = self._stack.enter_context(ray_session(self.executor, self.dataset))
+        return self._session
+
+    def prepare(self) -> None:
+        """Join Ray and send the dataset before anything is written (it may not serialize)."""
+        _ = self.session
+
+    def scan(self, dataset: Any) -> None:
+        """Run a `"drop"` simulation's scan as Ray tasks."""
+        dataset.scan(workers=self.session.workers, pool=self.session.pool())
+
+    def write(self, job: _Job) -> None:
+        """Run the chunk tasks, then check that the store shows every chunk done."""
+
+        def finished(delta: dict[str, int] | None) -> None:
+            job.merge_stats(delta)
+            job.chunk_done()
+
+        self.session.write_chunks(
+            job.uri,
+            job.storage_options,
+            job.meta,
+            job.spec,
+            job.todo,
+            lambda start, stop: raw_indices(job.dataset, start, stop),
+            finished,
+        )
+        done = np.asarray(job.group[DONE_KEY][:], dtype=bool)
+        if not done.all():
+            missing = np.flatnonzero(~done).tolist()
+            raise ConfigError(
+                f"Every Ray chunk task succeeded, but the cache shows chunks {missing[:10]} not "
+                "done: the workers wrote somewhere this process cannot see. Received: "
+                f"uri={job.uri!r}. Use a URI every Ray node reaches under the same name (an "
+                "object store such as s3://, or a shared filesystem)."
+            )
+
+
+@dataclasses.dataclass
+class _Job:
+    """The chunks still to write, and the bookkeeping shared by every runner."""
+
+    dataset: Any
+    uri: str
+    storage_options: Mapping[str, Any] | None
+    group: Any
+    meta: Mapping[str, Any]
+    spec: Mapping[str, ArraySpec]
+    todo: list[int]
+    report: Callable[[int], None]
+    finished: int
+
+    def merge_stats(self, delta: Mapping[str, int] | None) -> None:
+        """Add a worker's change of `dataset.stats` to the dataset here."""
+        stats = getattr(self.dataset, "stats", None)
+        if delta and isinstance(stats, dict):
+            for key, value in delta.items():
+                if key != "dropped":
+                    stats[key] = stats.get(key, 0) + int(value)
+
+    def chunk_done(self) -> None:
+        """Count a chunk written and report progress."""
+        self.finished += 1
+        self.report(self.finished)
 
 
 def _build(
@@ -186,15 +336,13 @@ def _build(
     uri: str,
     chunk_size: int | None,
     progress: Any,
-    workers: int,
     storage_options: Mapping[str, Any] | None,
     overwrite: bool,
-    mp_context: str,
-    pool: Any,
+    runner: _ProcessRunner | _RayRunner,
 ) -> None:
     scan = getattr(dataset, "scan", None)
-    if pool is not None and callable(scan) and getattr(dataset, "on_invalid", None) == "drop":
-        scan(workers=workers, mp_context=mp_context, pool=pool)  # scan in parallel
+    if callable(scan) and getattr(dataset, "on_invalid", None) == "drop":
+        runner.scan(dataset)  # in parallel
     n = len(dataset)
     if n < 1:
         raise ConfigError(
@@ -233,6 +381,7 @@ def _build(
     else:  # nothing there, or data that is not a pipekit cache (refused even with overwrite)
         _check_location_empty(uri, storage_options)
     # -- write -------------------------------------------------------------------------
+    runner.prepare()
     zarr = zarr_module()
     store = open_store(uri, storage_options, read_only=False)
     if meta is None:
@@ -242,63 +391,20 @@ def _build(
     else:
         group = zarr.open_group(store, mode="r+")
     _ensure_arrays(group, meta)
-    _write_chunks(dataset, group, meta, spec, progress, workers, mp_context, pool)
+    done = np.asarray(group[DONE_KEY][:], dtype=bool)
+    todo = np.flatnonzero(~done).tolist()
+    num_chunks = meta["num_chunks"]
+    report, bar = _progress_fn(progress, num_chunks, num_chunks - len(todo))
+    job = _Job(
+        dataset, uri, storage_options, group, meta, spec, todo, report, num_chunks - len(todo)
+    )
+    try:
+        runner.write(job)
+    finally:
+        if bar is not None:
+            bar.close()
     meta = {**meta, "complete": True}
     stats = getattr(dataset, "stats", None)
     if isinstance(stats, dict):
         meta["source_stats"] = {str(k): int(v) for k, v in stats.items()}
     group.attrs[META_KEY] = meta
-
-
-def _write_chunks(
-    dataset: Any,
-    group: Any,
-    meta: Mapping[str, Any],
-    spec: Mapping[str, ArraySpec],
-    progress: Any,
-    workers: int,
-    mp_context: str,
-    pool: Any,
-) -> None:
-    n, cs, num_chunks = meta["num_samples"], meta["chunk_size"], meta["num_chunks"]
-    done_array = group[DONE_KEY]
-    done = np.asarray(done_array[:], dtype=bool)
-    todo = [c for c in range(num_chunks) if not done[c]]
-    arrays = {k: group[k] for k in spec}
-    blocks: list[tuple[int, int]] = []
-    for c in todo:
-        start, stop = c * cs, min(n, (c + 1) * cs)
-        edges = np.unique(np.linspace(start, stop, max(1, workers) + 1).astype(np.int64))
-        blocks.extend(zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True))
-    report, bar = _progress_fn(progress, num_chunks, num_chunks - len(todo))
-    stats = getattr(dataset, "stats", None)
-    finished = num_chunks - len(todo)
-    parts: list[Mapping[str, np.ndarray]] = []
-    try:
-        results = compute_blocks(
-            dataset, "rows", blocks, workers=workers, mp_context=mp_context, pool=pool
-        )
-        for (start, stop), (batch, delta) in zip(blocks, results, strict=True):
-            if workers and delta and isinstance(stats, dict):
-                for key, value in delta.items():
-                    if key != "dropped":
-                        stats[key] = stats.get(key, 0) + int(value)
-            _check_batch(batch, spec, start, stop)
-            parts.append(batch)
-            if stop % cs == 0 or stop == n:
-                cid = (stop - 1) // cs
-                chunk_start = cid * cs
-                for key, zarray in arrays.items():
-                    values = (
-                        parts[0][key]
-                        if len(parts) == 1
-                        else np.concatenate([p[key] for p in parts])
-                    )
-                    zarray[chunk_start:stop] = values
-                done_array[cid] = True
-                parts = []
-                finished += 1
-                report(finished)
-    finally:
-        if bar is not None:
-            bar.close()

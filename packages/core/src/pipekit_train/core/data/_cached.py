@@ -8,25 +8,30 @@ the layout and whether the build completed.
 
 Reading is chunk-aware: each zarr read call costs ~1 ms, so rows are never read one
 by one. A cache whose arrays fit in `memory_budget_bytes` is loaded whole when
-opened (one read per key); a larger one keeps an LRU cache of whole chunks and
-declares a chunk-aware shuffle (`chunk_size`, `shuffle_window`) that `make_batches`
-uses, so a shuffled epoch reads each chunk about once.
+opened (one read per key); a larger one keeps an LRU cache of whole chunks
+(`_chunk_cache`: one `take` per gather), reads chunks straight from their files
+(`_chunk_files`), and declares a chunk-aware shuffle (`chunk_size`,
+`shuffle_window`) that `make_batches` uses, so a shuffled epoch reads each chunk
+about once.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError
 
+from ._chunk_cache import ChunkCache
+from ._chunk_files import ChunkFiles
 from ._dataset import ArraySpec, Batch, Sample, block_rows
+
+if TYPE_CHECKING:
+    from ._ray_build import RayBuildExecutor
 
 __all__ = ["CachedDataset"]
 
@@ -84,26 +89,6 @@ def read_meta(uri: str, storage_options: Mapping[str, Any] | None) -> tuple[Any,
     except (FileNotFoundError, zarr.errors.BaseZarrError):
         return None
     return group, group.attrs.get(META_KEY)
-
-
-class _Pending:
-    """A chunk being read by one thread while others wait for it."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self._value: dict[str, np.ndarray] | None = None
-        self._error: BaseException | None = None
-
-    def set(self, value: dict[str, np.ndarray] | None, error: BaseException | None) -> None:
-        self._value, self._error = value, error
-        self._event.set()
-
-    def result(self) -> dict[str, np.ndarray]:
-        self._event.wait()
-        if self._error is not None:
-            raise self._error
-        assert self._value is not None
-        return self._value
 
 
 def check_read_options(memory_budget_bytes: Any, shuffle_window: Any) -> None:
@@ -194,15 +179,27 @@ class CachedDataset:
             shuffle_window = None if self.in_memory else DEFAULT_SHUFFLE_WINDOW
         self.shuffle_window: int | None = None if shuffle_window is None else int(shuffle_window)
         self._data: dict[str, np.ndarray] | None = None
+        self._files: ChunkFiles | None = None
         if self.in_memory:
             self._data = {k: np.asarray(z[...]) for k, z in self._zarrays.items()}
+        else:
+            self._files = ChunkFiles.open(
+                _local_path(self.uri),
+                self.uri,
+                storage_options,
+                self._zarrays,
+                self._length,
+                self.chunk_size,
+            )
         window = self.shuffle_window or DEFAULT_SHUFFLE_WINDOW
         chunk_bytes = max(1, row_bytes * self.chunk_size)
-        self._capacity = max(2 * window, int(memory_budget_bytes) // chunk_bytes)
-        self._chunks: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
-        self._lock = threading.Lock()
-        self._loading: dict[int, _Pending] = {}
-        self.chunk_reads = 0
+        self._chunks = ChunkCache(
+            self._spec,
+            self._length,
+            self.chunk_size,
+            max(2 * window, int(memory_budget_bytes) // chunk_bytes),
+            self._read_chunks,
+        )
 
     # -- metadata ----------------------------------------------------------------------
     @property
@@ -233,37 +230,39 @@ class CachedDataset:
         return self._length
 
     # -- reading -----------------------------------------------------------------------
-    def _chunk(self, cid: int) -> dict[str, np.ndarray]:
-        """Chunk `cid` (all keys) from the LRU cache; each chunk is read once even when
-        several prefetch threads ask for it at the same time."""
-        with self._lock:
-            chunk = self._chunks.get(cid)
-            if chunk is not None:
-                self._chunks.move_to_end(cid)
-                return chunk
-            loading = self._loading.get(cid)
-            owner = loading is None
-            if loading is None:
-                loading = self._loading[cid] = _Pending()
-        if not owner:
-            return loading.result()
-        try:
-            start = cid * self.chunk_size
-            stop = min(self._length, start + self.chunk_size)
-            chunk = {k: np.asarray(z[start:stop]) for k, z in self._zarrays.items()}
-        except BaseException as exc:
-            with self._lock:
-                del self._loading[cid]
-            loading.set(None, exc)
-            raise
-        with self._lock:
-            self.chunk_reads += 1
-            self._chunks[cid] = chunk
-            while len(self._chunks) > self._capacity:
-                self._chunks.popitem(last=False)
-            del self._loading[cid]
-        loading.set(chunk, None)
-        return chunk
+    @property
+    def chunk_reads(self) -> int:
+        """Chunks read from the store so far (out-of-core reading)."""
+        return self._chunks.reads
+
+    def _read_chunks(
+        self, cids: Sequence[int], into: Sequence[dict[str, np.ndarray] | None]
+    ) -> list[dict[str, np.ndarray]]:
+        """Read whole chunks `cids` (all keys): straight from the chunk files (into
+        their slots `into`) when the arrays have the layout `build` writes, else
+        through zarr (concurrently)."""
+        if self._files is not None:
+            return self._files.read(cids, into)
+        return self._read_chunks_zarr(cids)
+
+    def _read_chunks_zarr(self, cids: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        """Read whole chunks `cids` (all keys) through zarr, concurrently in one call."""
+        import asyncio
+
+        sync = importlib.import_module("zarr.core.sync").sync
+        bounds = [(c * self.chunk_size, min(self._length, (c + 1) * self.chunk_size)) for c in cids]
+        arrays = [z.async_array for z in self._zarrays.values()]
+
+        async def read_all() -> list[Any]:
+            reads = [a.getitem(slice(s, e)) for s, e in bounds for a in arrays]
+            return list(await asyncio.gather(*reads))
+
+        flat = sync(read_all())
+        keys = list(self._zarrays)
+        return [
+            {k: np.asarray(flat[i * len(keys) + j]) for j, k in enumerate(keys)}
+            for i in range(len(bounds))
+        ]
 
     def get_batch(self, indices: np.ndarray) -> Batch:
         """Gather rows: from memory, or from whole chunks held in the LRU chunk cache."""
@@ -272,24 +271,7 @@ class CachedDataset:
             return {k: a.take(idx, axis=0) for k, a in self._data.items()}
         if idx.size and (idx.min() < 0 or idx.max() >= self._length):
             raise IndexError(f"indices out of range for a dataset of {self._length}")
-        cids = idx // self.chunk_size
-        first, last = int(cids.min(initial=0)), int(cids.max(initial=0))
-        if first == last:
-            chunk = self._chunk(first)
-            offsets = idx - first * self.chunk_size
-            return {k: a.take(offsets, axis=0) for k, a in chunk.items()}
-        out = {k: np.empty((idx.size, *s.shape), dtype=s.dtype) for k, s in self._spec.items()}
-        by_chunk = np.argsort(cids, kind="stable")
-        sorted_cids = cids[by_chunk]
-        unique, starts = np.unique(sorted_cids, return_index=True)
-        ends = [*starts[1:].tolist(), idx.size]
-        for cid, a, b in zip(unique.tolist(), starts.tolist(), ends, strict=True):
-            chunk = self._chunk(cid)
-            rows = by_chunk[a:b]
-            offsets = idx[rows] - cid * self.chunk_size
-            for k, values in chunk.items():
-                out[k][rows] = values.take(offsets, axis=0)
-        return out
+        return self._chunks.gather(idx)
 
     def __getitem__(self, index: int) -> Sample:
         i = int(index)
@@ -313,6 +295,7 @@ class CachedDataset:
         mp_context: str = "spawn",
         memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
         shuffle_window: int | str | None = "auto",
+        executor: str | RayBuildExecutor = "process",
     ) -> CachedDataset:
         """Write `dataset` into a zarr v3 cache at `uri` (resumable) and open it.
 
@@ -327,14 +310,21 @@ class CachedDataset:
             chunk_size: rows per chunk along axis 0; None picks about 1 MiB per chunk
                 of the widest key. Also the unit of resumption and of parallel work.
             progress: True shows a tqdm bar; a callable gets `(chunks_done, chunks)`.
-            workers: compute rows in this many processes (0: in this process). Meant
-                for expensive sources such as `SimulationDataset`; the bytes are the
-                same as a serial build. The dataset must be picklable.
+            workers: compute rows in this many local processes (0: in this process).
+                Meant for expensive sources such as `SimulationDataset`; the bytes are
+                the same as a serial build. The dataset must be picklable.
             storage_options: fsspec filesystem options for URLs.
             overwrite: delete an existing cache at `uri` (of any source) and rebuild.
             mp_context: `"spawn"` (default), `"forkserver"` or `"fork"`.
             memory_budget_bytes: forwarded to the returned `CachedDataset`.
             shuffle_window: forwarded to the returned `CachedDataset`.
+            executor: where chunks are computed. `"process"` (default): here, or in
+                `workers` local processes. `"ray"` or a `RayBuildExecutor` (address,
+                resources per task, retries): one Ray task per chunk, each writing
+                its chunk straight to `uri`, which every Ray node must reach (an
+                object store, a shared filesystem, or a local path on one machine).
+                Resumable and byte-identical to a serial build like the others.
+                Needs `pip install 'pipekit-train-core[ray]'`.
 
         Returns:
             The opened `CachedDataset`.
@@ -355,6 +345,7 @@ class CachedDataset:
             storage_options=storage_options,
             overwrite=overwrite,
             mp_context=mp_context,
+            executor=executor,
         )
         return cls(
             uri,

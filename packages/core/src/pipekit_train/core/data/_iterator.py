@@ -23,11 +23,17 @@ class BatchIterator(Iterator[Batch]):
       taken before `get_state()`, also mid-epoch.
     - `epoch` is the epoch of the next batch (after the last batch of epoch `e` it
       is `e + 1`); `index` the batches already taken in that epoch.
-    - `steps_per_epoch` is the number of batches per epoch of this shard (None for
-      streams).
+    - `steps_per_epoch` is the number of batches per epoch (None for streams); the
+      same on every shard.
+
+    The order and the state are global: `batch_size` is the global batch, shard
+    `(i, c)` takes rows `[i * batch_size // c, (i + 1) * batch_size // c)` of each
+    global batch, and the state (epoch, position) holds no shard. A state saved by
+    an iterator with `c` shards resumes an iterator with any other shard count
+    (elastic resume) and continues the same global sample sequence.
 
     Attributes:
-        batch_size: the batch size.
+        batch_size: the global batch size (all shards together).
         seed: the shuffle seed.
         shuffle: whether epochs are shuffled.
         drop_remainder: whether a final partial batch is dropped.
@@ -50,8 +56,13 @@ class BatchIterator(Iterator[Batch]):
 
     @property
     def steps_per_epoch(self) -> int | None:
-        """Batches per epoch for this shard, or None for a stream."""
+        """Batches per epoch (the same on every shard), or None for a stream."""
         raise NotImplementedError
+
+    @property
+    def local_batch_size(self) -> int:
+        """Rows of a full batch on this shard (`batch_size // shard count`)."""
+        return self.batch_size // self.shard[1]
 
     @property
     def epoch(self) -> int:
@@ -78,7 +89,6 @@ class BatchIterator(Iterator[Batch]):
             "batch_size": self.batch_size,
             "shuffle": self.shuffle,
             "drop_remainder": self.drop_remainder,
-            "shard": list(self.shard),
         }
 
     def _check_state(self, state: Any, identity: Mapping[str, Any]) -> None:
@@ -90,6 +100,15 @@ class BatchIterator(Iterator[Batch]):
         epoch = state["epoch"]
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"`state` has an invalid epoch. Received: epoch={epoch!r}.")
+        shard = state.get("shard")
+        if isinstance(shard, (list, tuple)) and len(shard) == 2 and shard[1] != 1:
+            # states of earlier versions counted per-shard batches of per-shard orders
+            raise ConfigError(
+                "`state` was saved by a per-shard iterator of an earlier version, whose "
+                "position cannot be mapped onto the global sample order. "
+                f"Received: shard={list(shard)!r} in state={dict(state)!r}. Start the run "
+                "afresh (a new checkpoint directory)."
+            )
         if self.num_epochs is not None and epoch > self.num_epochs:
             raise ConfigError(
                 f"`state` is past the end: this iterator runs num_epochs={self.num_epochs}. "
@@ -97,7 +116,7 @@ class BatchIterator(Iterator[Batch]):
             )
         for key, mine in identity.items():
             if key in state:
-                theirs = list(state[key]) if key == "shard" else state[key]
+                theirs = state[key]
                 if theirs != mine:
                     raise ConfigError(
                         f"`state` was saved by an iterator with {key}={theirs!r}, but this "

@@ -17,6 +17,10 @@ With `prefetch > 0` grain's iterator reads blocks with a thread pool; without,
 the `MapDataset` is indexed directly (grain's iterator bookkeeping costs about as
 much as gathering a small batch). The position is one integer — the next batch
 of the run — translated to and from the JSON state `{"epoch": e, "index": k, ...}`.
+
+The batches are global: batch `k` of epoch `e` is rows `[k * B, (k + 1) * B)` of the
+epoch order (`B = batch_size`), and shard `(i, c)` gathers its contiguous `B / c` of
+them, so the position, and the state, are the same on every shard.
 """
 
 from __future__ import annotations
@@ -69,10 +73,8 @@ class MapBatchIterator(BatchIterator):
         self.prefetch = prefetch
         self._dataset = dataset
         self._order_tag = order_kind(dataset, shuffle)[0]
-        self._per_shard = n // shard[1]
-        per = self._per_shard
-        self._steps = per // batch_size if drop_remainder else -(-per // batch_size)
-        self._k = min(block_batches(dataset, batch_size), self._steps)
+        self._steps = n // batch_size if drop_remainder else -(-n // batch_size)
+        self._k = min(block_batches(dataset, self.local_batch_size), self._steps)
         self._blocks = -(-self._steps // self._k)  # blocks per epoch
         get_batch = getattr(dataset, "get_batch", None)
         self._get_batch = (
@@ -98,35 +100,48 @@ class MapBatchIterator(BatchIterator):
 
     @property
     def steps_per_epoch(self) -> int:
-        """Batches per epoch for this shard."""
+        """Batches per epoch (the same on every shard)."""
         return self._steps
 
     # -- producing blocks --------------------------------------------------------------
-    def _shard_order(self, epoch: int) -> np.ndarray:
+    def _epoch_order(self, epoch: int) -> np.ndarray:
         order = self._orders.get(epoch)
         if order is None:
             with self._lock:
                 order = self._orders.get(epoch)
                 if order is None:
-                    full = epoch_order(
+                    order = epoch_order(
                         self._dataset, self.num_samples, self.seed, epoch, self.shuffle
                     )
-                    start = self.shard[0] * self._per_shard
-                    order = full[start : start + self._per_shard].copy()
                     if len(self._orders) >= 2:
                         self._orders.pop(min(self._orders))
                     self._orders[epoch] = order
         return order
 
+    def _shard_rows(self, rows: np.ndarray, count: int) -> np.ndarray:
+        """This shard's part of the `count` consecutive global batches in `rows`."""
+        index, shards = self.shard
+        if shards == 1:
+            return rows
+        bs, local = self.batch_size, self.local_batch_size
+        full = min(count, len(rows) // bs)
+        parts = [rows[: full * bs].reshape(full, shards, local)[:, index].ravel()]
+        tail = rows[full * bs :]  # a final partial batch (drop_remainder=False)
+        if len(tail):
+            share = len(tail) // shards
+            parts.append(tail[index * share : (index + 1) * share])
+        return np.concatenate(parts)
+
     def _gather(self, block_id: int, block: int) -> list[Batch]:
-        order = self._shard_order(block_id // self._blocks)
+        order = self._epoch_order(block_id // self._blocks)
         first = block * self._k
         count = min(self._k, self._steps - first)
         bs = self.batch_size
-        rows = self._get_batch(order[first * bs : (first + count) * bs])
+        rows = self._get_batch(self._shard_rows(order[first * bs : (first + count) * bs], count))
         if count == 1:
             return [rows]
-        return [{k: v[i * bs : (i + 1) * bs] for k, v in rows.items()} for i in range(count)]
+        local = self.local_batch_size
+        return [{k: v[i * local : (i + 1) * local] for k, v in rows.items()} for i in range(count)]
 
     def _read_block(self) -> None:
         if self._iter is not None:

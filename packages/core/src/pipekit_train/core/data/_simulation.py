@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -13,7 +14,7 @@ from ._dataset import ArraySpec, Batch, Sample, as_sample, check_key, spec_of, s
 from ._hashing import Hasher, describe_callable
 from ._workers import check_workers, compute_blocks
 
-__all__ = ["SimulationDataset", "SimulationError"]
+__all__ = ["SimulationDataset", "SimulationError", "simulator_seed"]
 
 OnInvalid = Literal["raise", "resample", "drop"]
 _POLICIES = ("raise", "resample", "drop")
@@ -21,6 +22,31 @@ _POLICIES = ("raise", "resample", "drop")
 
 class SimulationError(PipekitError, RuntimeError):
     """A simulation failed (raised, or returned non-finite values) and the policy says raise."""
+
+
+def _takes_rng(simulator: Callable[..., Any]) -> bool:
+    """Whether `simulator` has a parameter named `rng` (positional or keyword)."""
+    try:
+        params = inspect.signature(simulator).parameters
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        return False
+    rng = params.get("rng")
+    return rng is not None and rng.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+
+def simulator_seed(seed: int, index: int, attempt: int = 0) -> np.random.SeedSequence:
+    """The seed sequence of the generator a stochastic simulator gets for raw item `index`.
+
+    It is the first child (`spawn_key=(0,)`) of the sampler's seed sequence
+    `SeedSequence([seed, index])` (`[seed, index, attempt]` on a resampling attempt), so
+    the simulator's noise is independent of the sampler's draws and depends only on
+    `(seed, index, attempt)`.
+    """
+    entropy = [int(seed), int(index)] if attempt == 0 else [int(seed), int(index), int(attempt)]
+    return np.random.SeedSequence(entropy, spawn_key=(0,))
 
 
 def _check_int(name: str, value: Any, *, minimum: int, hint: str) -> int:
@@ -42,11 +68,25 @@ class SimulationDataset:
     out = simulator(params)        # an array, or a dict of arrays
     ```
 
-    and the sample is `{param_key: params, output_key: out}`. When `sampler` (or
-    `simulator`) returns a dict, its keys are used as they are instead of
-    `param_key` (or `output_key`). Choose the keys for the task: an emulator learns
-    parameters → outputs (`param_key="x", output_key="y"`); amortized inference learns
-    observations → parameters (`param_key="y", output_key="x"`).
+    and the sample is `{param_key: params, output_key: out}` (by default
+    `{"theta": params, "x": out}`). When `sampler` (or `simulator`) returns a dict, its
+    keys are used as they are instead of `param_key` (or `output_key`).
+
+    `TrainingLoop` trains on samples `{"x": input, "y": target}`, and which of the two
+    keys is the input depends on the task, so say it: an emulator learns parameters →
+    outputs (`as_supervised(ds, input="theta", target="x")`, or build the dataset with
+    `param_key="x", output_key="y"`); amortized inference learns observations →
+    parameters (`as_supervised(ds, input="x", target="theta")`, or
+    `param_key="y", output_key="x"`).
+
+    **Stochastic simulators.** A simulator with a parameter named `rng`
+    (`def simulate(params, rng): ...`) is called as `simulator(params, rng=sim_rng)`
+    with its own generator for the item,
+    `sim_rng = np.random.default_rng(simulator_seed(seed, i))`: the first child of the
+    sampler's seed sequence, independent of the sampler's draws. The noise of item `i`
+    then depends only on `(seed, i)`: the same in every process, worker and resumed
+    run, whatever order items are read in. Never seed noise from `hash()`, time or a
+    global generator.
 
     A simulation is *invalid* when the simulator raises an `Exception` or returns
     non-finite floats. `on_invalid` decides what happens:
@@ -66,7 +106,8 @@ class SimulationDataset:
     needed at least one retry, `"dropped"` raw items dropped by the scan.
 
     Args:
-        simulator: any callable or `Operator` mapping parameters to outputs.
+        simulator: any callable or `Operator` mapping parameters to outputs; if it has a
+            parameter named `rng` it also gets the item's generator (see above).
         sampler: a callable `sampler(rng) -> params` drawing parameters from a
             `np.random.Generator`.
         n: the number of raw items (>= 1).
@@ -82,7 +123,7 @@ class SimulationDataset:
 
     def __init__(
         self,
-        simulator: Callable[[Any], Any],
+        simulator: Callable[..., Any],
         sampler: Callable[[np.random.Generator], Any],
         n: int,
         seed: int = 0,
@@ -120,6 +161,7 @@ class SimulationDataset:
         )
         self.simulator = simulator
         self.sampler = sampler
+        self.simulator_takes_rng = _takes_rng(simulator)
         self.on_invalid: OnInvalid = on_invalid
         self.param_key = param_key
         self.output_key = output_key
@@ -134,7 +176,11 @@ class SimulationDataset:
         entropy = [self.seed, raw] if attempt == 0 else [self.seed, raw, attempt]
         params = self.sampler(np.random.default_rng(entropy))
         try:
-            out = self.simulator(params)
+            if self.simulator_takes_rng:
+                rng = np.random.default_rng(simulator_seed(self.seed, raw, attempt))
+                out = self.simulator(params, rng=rng)
+            else:
+                out = self.simulator(params)
         except Exception as exc:  # an invalid simulation; the policy decides
             return None, f"the simulator raised {type(exc).__name__}: {exc}", exc
         sample: dict[str, Any] = {}
@@ -159,9 +205,14 @@ class SimulationDataset:
 
     def _error(self, raw: int, why: str, exc: BaseException | None, attempts: int = 1) -> None:
         tries = "" if attempts == 1 else f" in all {attempts} attempts"
+        sim_rng = (
+            f", simulator rng=np.random.default_rng(simulator_seed({self.seed}, {raw}))"
+            if self.simulator_takes_rng
+            else ""
+        )
         err = SimulationError(
             f"Simulation of item {raw} (seed={self.seed}, rng=np.random.default_rng("
-            f"[{self.seed}, {raw}])) was invalid{tries}: {why}. Fix the simulator, or pass "
+            f"[{self.seed}, {raw}]){sim_rng}) was invalid{tries}: {why}. Fix the simulator, or pass "
             "on_invalid='resample' or on_invalid='drop' to SimulationDataset."
         )
         raise err from exc
@@ -296,18 +347,19 @@ class SimulationDataset:
         """
         if self._fingerprint is None:
             h = Hasher("SimulationDataset")
-            h.update_json(
-                {
-                    "n": self.n,
-                    "seed": self.seed,
-                    "on_invalid": self.on_invalid,
-                    "param_key": self.param_key,
-                    "output_key": self.output_key,
-                    "max_attempts": self.max_attempts,
-                    "simulator": describe_callable(self.simulator),
-                    "sampler": describe_callable(self.sampler),
-                }
-            )
+            config: dict[str, Any] = {
+                "n": self.n,
+                "seed": self.seed,
+                "on_invalid": self.on_invalid,
+                "param_key": self.param_key,
+                "output_key": self.output_key,
+                "max_attempts": self.max_attempts,
+                "simulator": describe_callable(self.simulator),
+                "sampler": describe_callable(self.sampler),
+            }
+            if self.simulator_takes_rng:  # only then: older fingerprints stay valid
+                config["simulator_rng"] = "SeedSequence([seed, i], spawn_key=(0,))"
+            h.update_json(config)
             length = len(self)
             if self._valid is not None:
                 h.update_array(self._valid)

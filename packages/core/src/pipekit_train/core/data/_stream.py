@@ -15,19 +15,19 @@ __all__ = ["StreamBatchIterator"]
 
 
 class StreamBatchIterator(BatchIterator):
-    """Batches of consecutive stream samples; shard `i` of `c` takes every `c`-th batch.
+    """Global batches of consecutive stream samples; shard `i` of `c` takes part `i`.
 
-    The stream is read in *rounds* of `batch_size * count` samples and shard `i`
-    takes samples `[i * batch_size, (i + 1) * batch_size)` of each round, so every
+    The stream is read in global batches of `batch_size` samples and shard `i`
+    takes samples `[i * b, (i + 1) * b)` of each (`b = batch_size // c`), so every
     shard reads the whole stream and all shards yield the same number of batches.
-    At the end of the stream a partial round is dropped (`drop_remainder=True`) or
-    split equally, `len(round) // count` samples per shard.
+    At the end of the stream a partial batch is dropped (`drop_remainder=True`) or
+    split equally, `len(batch) // c` samples per shard.
 
     When the source is exhausted the epoch ends; with `num_epochs` not reached the
     source is called again for the next epoch. The state is
     `{"epoch", "samples", "index", ...}`: `samples` read from the source in this
     epoch (all shards' samples, so a resume skips exactly that many) and `index` the
-    batches taken.
+    batches taken; it is the same on every shard, so it resumes any shard count.
     """
 
     def __init__(
@@ -69,7 +69,7 @@ class StreamBatchIterator(BatchIterator):
 
     def __next__(self) -> Batch:
         index, count = self.shard
-        size = self.batch_size * count
+        size, local = self.batch_size, self.local_batch_size
         while self.num_epochs is None or self._epoch < self.num_epochs:
             if self._source is None:
                 self._source = self._open()
@@ -77,7 +77,7 @@ class StreamBatchIterator(BatchIterator):
             if len(chunk) == size:
                 self._samples += size
                 self._index += 1
-                return stack_samples(chunk[index * self.batch_size : (index + 1) * self.batch_size])
+                return stack_samples(chunk[index * local : (index + 1) * local])
             per = len(chunk) // count
             if chunk and per and not self.drop_remainder:
                 self._samples += len(chunk)
@@ -89,8 +89,8 @@ class StreamBatchIterator(BatchIterator):
                     raise ConfigError(
                         "`batch_size` must not exceed the number of samples when "
                         f"drop_remainder=True. Received: batch_size={self.batch_size}, but the "
-                        f"stream has {total} samples per pass for {count} shard(s). Use "
-                        f"batch_size <= {max(1, total // count)} or drop_remainder=False."
+                        f"stream has {total} samples per pass. Use "
+                        f"batch_size <= {max(1, total)} or drop_remainder=False."
                     )
                 raise ConfigError(
                     f"`shard` leaves no samples: the stream has {total} samples per pass for "

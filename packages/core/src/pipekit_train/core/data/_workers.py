@@ -22,7 +22,7 @@ from ._dataset import gather_batch
 if TYPE_CHECKING:  # imported lazily: multiprocessing costs ~50 ms at import
     from concurrent.futures import Future, ProcessPoolExecutor
 
-__all__ = ["check_workers", "compute_blocks", "open_pool"]
+__all__ = ["check_workers", "compute_blocks", "open_pool", "raw_indices", "run_block"]
 
 _MP_CONTEXTS = ("spawn", "forkserver", "fork")
 _WORKER_DATASET: Any = None
@@ -62,7 +62,7 @@ def _stats_of(dataset: Any) -> dict[str, int] | None:
     return dict(stats) if isinstance(stats, dict) else None
 
 
-def _raw_indices(dataset: Any, start: int, stop: int) -> np.ndarray | None:
+def raw_indices(dataset: Any, start: int, stop: int) -> np.ndarray | None:
     """For a scanned `"drop"` simulation: the raw item indices of rows `start:stop`.
 
     Workers hold an unscanned copy of the dataset, so the main process resolves the
@@ -135,7 +135,7 @@ def compute_blocks(
         return
 
     def submit(start: int, stop: int) -> Future[Any]:
-        raw = _raw_indices(dataset, start, stop) if kind == "rows" else None
+        raw = raw_indices(dataset, start, stop) if kind == "rows" else None
         return executor.submit(_run_in_worker, kind, start, stop, raw)
 
     executor = pool if pool is not None else open_pool(dataset, workers, mp_context)

@@ -140,6 +140,9 @@ class ModelRecord:
         lineage: where the model came from: `plan`, `sweep_id`, `versions`, `backend`, ... (JSON).
         created: registration time, ISO 8601 in UTC.
         normalizer: the normalizer's JSON, if one was registered with the model.
+        head: what the model's output means, if recorded: `"gaussian"` (a mean and a
+            log-variance per target value, as `gaussian_nll` trains) or `"point"`; None
+            (not recorded) reads as `"point"`. `NeuralForward.from_record` uses it.
         record_sha256: `record_digest` of the manifest (every field above but `uri`),
             checked on `record()`/`load()`; None for a record written before pipekit-train
             stored it (only its weights are then verified).
@@ -154,6 +157,7 @@ class ModelRecord:
     lineage: dict[str, Any] = field(default_factory=dict)
     created: str = ""
     normalizer: dict[str, Any] | None = None
+    head: str | None = None
     record_sha256: str | None = None
 
     def load_normalizer(self) -> Any:
@@ -186,16 +190,21 @@ class ModelRecord:
             "lineage": self.lineage,
             "created": self.created,
             "normalizer": self.normalizer,
+            "head": self.head,
             "record_sha256": self.record_sha256,
         }
 
     def to_manifest(self) -> dict[str, Any]:
         """The `manifest.json` content: every field but `uri`, plus the `format` tag.
 
-        `record_sha256` is left out while it is None (a record being built, or an old one).
+        `record_sha256` is left out while it is None (a record being built, or an old one),
+        and so is `head` (not recorded), so records written before either existed keep
+        their digest.
         """
         manifest = {"format": MANIFEST_FORMAT, **self.to_json()}
         del manifest["uri"]
+        if manifest["head"] is None:
+            del manifest["head"]
         if manifest["record_sha256"] is None:
             del manifest["record_sha256"]
         return manifest
@@ -248,6 +257,9 @@ class ModelRecord:
         if not isinstance(record_uri, str):
             raise ConfigError("A model record needs a `uri`. Received: uri=None. Pass `uri=`.")
         normalizer = data.get("normalizer")
+        head = data.get("head")
+        if head is not None and not isinstance(head, str):
+            raise ConfigError(f"`head` must be a string or absent. Received: head={head!r:.80}.")
         digest = data.get("record_sha256")
         if digest is not None and (not isinstance(digest, str) or len(digest) != 64):
             raise ConfigError(
@@ -263,5 +275,6 @@ class ModelRecord:
             lineage=dict(data.get("lineage") or {}),
             created=str(data["created"]),
             normalizer=None if normalizer is None else dict(normalizer),
+            head=head,
             record_sha256=digest,
         )

@@ -6,7 +6,7 @@ Layout under the registry root (a local folder or an object-store prefix):
 <root>/<name>/<version>/.claim          who claimed the version (JSON: token, host, pid, time)
 <root>/<name>/<version>/weights.bin     model_op.serialize_weights()
 <root>/<name>/<version>/manifest.json   config, weights SHA-256, metrics, lineage, created,
-                                        normalizer (written last: the commit point)
+                                        normalizer, head (written last: the commit point)
 ```
 
 `register()` picks `N = 1 + the highest version present`, claims it by an atomic
@@ -42,6 +42,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
 from pipekit_train.core._errors import ConfigError, IntegrityError, PipekitError
+from pipekit_train.core._heads import check_head
 from pipekit_train.core._imports import optional_import
 from pipekit_train.core._operators import model_op_from_config
 from pipekit_train.core._trust import TrustedList
@@ -86,6 +87,7 @@ class ModelRegistry(Protocol):
         metrics: Mapping[str, Any] | None = None,
         lineage: Mapping[str, Any] | None = None,
         normalizer: Any = None,
+        head: str | None = None,
     ) -> ModelRecord:
         """Store a new version of `name` and return its record."""
         ...
@@ -361,6 +363,7 @@ class FsspecModelRegistry:
         metrics: Mapping[str, Any] | None = None,
         lineage: Mapping[str, Any] | None = None,
         normalizer: Any = None,
+        head: str | None = None,
     ) -> ModelRecord:
         """Store `model_op` as a new version of `name` and return its record.
 
@@ -375,16 +378,23 @@ class FsspecModelRegistry:
                 with `to_dict()`/`to_json()`), its JSON dict, or its JSON string. It comes
                 back as `record.normalizer` (a dict); `record.load_normalizer()` rebuilds
                 a core `Normalizer`.
+            head: what the model's output means: `"gaussian"` (a mean and a log-variance
+                per target value, the layout `gaussian_nll` trains) or `"point"`; None
+                records nothing (read as `"point"`). It comes back as `record.head`, and
+                `NeuralForward.from_record` uses it to return a `Gaussian` in original
+                units.
 
         Returns:
             The new version's `ModelRecord`.
 
         Raises:
-            ConfigError: a bad name, or a model/metrics/lineage/normalizer that cannot be
-                stored as JSON — raised before anything is written.
+            ConfigError: a bad name or head, or a model/metrics/lineage/normalizer that
+                cannot be stored as JSON — raised before anything is written.
             RegistryError: no version could be claimed after many attempts.
         """
         _check_name(name)
+        if head is not None:
+            check_head(head)
         for attr in ("get_config", "serialize_weights"):
             if not callable(getattr(model_op, attr, None)):
                 raise ConfigError(
@@ -431,6 +441,7 @@ class FsspecModelRegistry:
                         lineage=lineage_json,
                         created=datetime.now(UTC).isoformat(timespec="microseconds"),
                         normalizer=normalizer_json,
+                        head=head,
                     )
                     record = dataclasses.replace(record, record_sha256=record.digest())
                     manifest = json.dumps(

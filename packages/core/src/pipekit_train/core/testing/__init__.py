@@ -4,6 +4,8 @@
 - `NumpyAdapter`, `NumpyLinearOp`: a pure-numpy reference backend (linear model,
   analytic gradients) that runs the suite without any framework.
 - `regression_task`, `oscillator_task`, `damped_oscillator_step`: the shared toy tasks.
+- `loopback_s3`, `LoopbackS3`: a moto S3 API server on 127.0.0.1 for cloud-checkpoint and
+  registry tests (development dependencies `moto[server]`, `boto3`, `s3fs`).
 - `run_golden`, `compare_golden`, `GOLDEN_CASES`, ...: the cross-backend golden-run suite
   (the same description and initial weights give the same loss curve on every backend).
 """
@@ -27,6 +29,7 @@ from ._golden import (
 )
 from ._numpy_adapter import NumpyAdapter
 from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arrays, linear
+from ._s3 import LoopbackS3, loopback_s3
 from ._tasks import damped_oscillator_step, oscillator_task, regression_task
 
 __all__ = [
@@ -47,12 +50,14 @@ __all__ = [
     "mlp_sizes",
     "run_golden",
     "LinearModel",
+    "LoopbackS3",
     "NumpyAdapter",
     "NumpyLinearOp",
     "damped_oscillator_step",
     "decode_arrays",
     "encode_arrays",
     "linear",
+    "loopback_s3",
     "oscillator_task",
     "regression_task",
 ]

@@ -9,7 +9,8 @@ class TestEquinoxConformance(AdapterConformance):
                               out_size=out_size, seed=seed)
 ```
 
-It checks that loss falls, determinism, exact resume after SIGKILL, torn checkpoints,
+It checks that loss falls, determinism, exact resume after SIGKILL (to a local folder and
+to S3 on a loopback moto server), torn checkpoints, checkpoints at a `memory://` URI,
 callback order, writers, retention, early stopping, the NaN guard, the registry
 round-trip, and a table of bad inputs that must fail before any work.
 """
@@ -21,8 +22,9 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from pipekit_train.core._checkpointing import TornCheckpointWarning, step_dirs
 from pipekit_train.core._errors import ConfigError, IntegrityError
 from pipekit_train.core._loop import TrainingLoop
 
+from ._s3 import LoopbackS3, loopback_s3
 from ._tasks import oscillator_task, regression_task
 
 __all__ = ["AdapterConformance", "BAD_INPUTS", "HookRecorder"]
@@ -408,6 +411,8 @@ class AdapterConformance:
         optimizer_config: the optimizer every test uses.
         batch_size: the batch size every test uses.
         subprocess_env: extra environment for the kill-and-resume subprocess.
+        cloud_resume: whether to run the kill-and-resume test against S3 too (a second
+            subprocess; a variant of a backend already covered may switch it off).
     """
 
     optimizer_config: dict[str, Any] = {"name": "adam", "lr": 0.05}
@@ -415,6 +420,8 @@ class AdapterConformance:
     subprocess_env: dict[str, str] = {}
     resume_steps: int = 24
     kill_at: int = 14
+    cloud_resume: bool = True
+    s3_bucket: str = "pipekit-conformance"
 
     # -- hooks for subclasses -----------------------------------------------------------
     def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
@@ -497,8 +504,10 @@ class AdapterConformance:
         adapter = self.make_adapter()
         return None if adapter is None else adapter.get_config()
 
-    def test_exact_resume_after_sigkill(self, tmp_path: Path) -> None:
-        directory = tmp_path / "ckpt"
+    def _kill_and_resume(
+        self, tmp_path: Path, directory: str, storage_options: dict[str, Any] | None = None
+    ) -> Checkpoint:
+        """SIGKILL a run that checkpoints to `directory`, resume it, compare the bytes."""
         spec = {
             "model": self.make_model(4, 1, seed=0).get_config(),
             "adapter": self._adapter_config(),
@@ -509,7 +518,8 @@ class AdapterConformance:
             "every_n_steps": 4,
             "validate_every_n_steps": 8,
             "kill_at": self.kill_at,
-            "directory": str(directory),
+            "directory": directory,
+            "storage_options": storage_options,
             "seed": 0,
             "sys_path": [p for p in sys.path if p],
         }
@@ -524,14 +534,15 @@ class AdapterConformance:
             timeout=600,
         )
         assert proc.returncode == -9, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
-        assert step_dirs(directory), (
+        policy = Checkpoint(
+            directory, every_n_steps=4, max_to_keep=None, storage_options=storage_options
+        )
+        assert step_dirs(policy), (
             f"no checkpoint was written before the kill: {proc.stderr[-2000:]}"
         )
 
         resumed = self.loop(
-            max_steps=self.resume_steps,
-            checkpoint=Checkpoint(directory, every_n_steps=4, max_to_keep=None),
-            validate_every_n_steps=8,
+            max_steps=self.resume_steps, checkpoint=policy, validate_every_n_steps=8
         ).run()
         assert resumed.resumed_from_step is not None and resumed.resumed_from_step >= 8
         reference = self.loop(max_steps=self.resume_steps, validate_every_n_steps=8).run()
@@ -541,6 +552,54 @@ class AdapterConformance:
         steps, losses = resumed.history.series("loss")
         assert steps == list(range(1, self.resume_steps + 1))
         np.testing.assert_array_equal(losses, reference.history["loss"])
+        return policy
+
+    def test_exact_resume_after_sigkill(self, tmp_path: Path) -> None:
+        self._kill_and_resume(tmp_path, str(tmp_path / "ckpt"))
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def loopback(cls) -> Iterator[LoopbackS3]:
+        """A moto S3 server on loopback with `s3_bucket`, shared by the class's tests."""
+        for module in ("moto.server", "boto3", "s3fs"):
+            pytest.importorskip(module)
+        with loopback_s3(cls.s3_bucket) as server:
+            yield server
+
+    def test_exact_resume_after_sigkill_on_s3(self, tmp_path: Path, loopback: LoopbackS3) -> None:
+        if not self.cloud_resume:
+            pytest.skip("cloud_resume is off for this variant (its backend runs it elsewhere)")
+        prefix = f"{type(self).__name__}-{uuid.uuid4().hex[:8]}"
+        uri = f"s3://{self.s3_bucket}/{prefix}/ckpt"
+        policy = self._kill_and_resume(tmp_path, uri, loopback.storage_options)
+        assert step_dirs(policy)[-1] == self.resume_steps
+        fs, root = policy.filesystem()
+        fs.rm(root, recursive=True)
+
+    def test_memory_uri_torn_step_and_retention(self) -> None:
+        uri = f"memory://pipekit-conformance/{uuid.uuid4().hex}"
+        policy = Checkpoint(uri, every_n_steps=2, max_to_keep=2, async_save=False)
+        fs, root = policy.filesystem()
+        try:
+            self.loop(max_steps=8, checkpoint=policy).run()
+            assert step_dirs(policy) == [6, 8]  # retention deleted steps 2 and 4
+            found = fs.find(f"{root}/8", detail=True)
+            biggest = max(found.values(), key=lambda e: e["size"])["name"]
+            data = bytearray(fs.cat_file(biggest))
+            data[len(data) // 2] ^= 0xFF
+            fs.pipe_file(biggest, bytes(data))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                resumed = self.loop(max_steps=10, checkpoint=policy).run()
+            torn = [str(w.message) for w in caught if issubclass(w.category, TornCheckpointWarning)]
+            assert len(torn) == 1 and f"{uri}/8" in torn[0], torn
+            assert resumed.resumed_from_step == 6
+            assert resumed.checkpoint_dir == uri
+            reference = self.loop(max_steps=10).run()
+            assert resumed.model.serialize_weights() == reference.model.serialize_weights()
+            assert step_dirs(policy) == [8, 10]  # step 8 written again, from the right timeline
+        finally:
+            fs.rm(root, recursive=True)
 
     def test_torn_latest_checkpoint_is_skipped(self, tmp_path: Path) -> None:
         directory = tmp_path / "ckpt"

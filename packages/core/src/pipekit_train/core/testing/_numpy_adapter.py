@@ -19,6 +19,7 @@ from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.adapter import (
     Capabilities,
     DirectoryCheckpointer,
+    HostBuffers,
     NotSupportedError,
     Plan,
     StepAdapter,
@@ -211,14 +212,23 @@ class _NumpyBackend(StepBackend[_State]):
         )
 
     # -- checkpointing -------------------------------------------------------------------
-    def _encode(self, state: _State) -> dict[str, bytes]:
+    @staticmethod
+    def _snapshot(state: _State, buffers: HostBuffers) -> dict[str, Any]:
+        """Training thread: copy the arrays into reused host buffers, the rest as JSON."""
         arrays = {f"params/{k}": v for k, v in state.params.items()}
         arrays.update({f"opt/{k}": v for k, v in state.opt.items()})
-        rng_state = json.dumps(state.rng.bit_generator.state, sort_keys=True).encode()
         return {
-            "arrays.bin": encode_arrays(arrays),
-            "train.json": json.dumps({"t": state.t}).encode(),
-            "rng.json": rng_state,
+            "arrays": {k: buffers.copy(k, v) for k, v in arrays.items()},
+            "t": state.t,
+            "rng": json.dumps(state.rng.bit_generator.state, sort_keys=True).encode(),
+        }
+
+    def _encode(self, snapshot: Mapping[str, Any]) -> dict[str, bytes]:
+        """Writer thread: the blobs of a snapshot."""
+        return {
+            "arrays.bin": encode_arrays(snapshot["arrays"]),
+            "train.json": json.dumps({"t": snapshot["t"]}).encode(),
+            "rng.json": snapshot["rng"],
         }
 
     def _decode(self, blobs: Mapping[str, bytes], template: _State) -> _State:
@@ -235,4 +245,10 @@ class _NumpyBackend(StepBackend[_State]):
 
     def checkpointer(self) -> DirectoryCheckpointer:
         assert self.plan.checkpoint is not None
-        return DirectoryCheckpointer(self.plan.checkpoint, encode=self._encode, decode=self._decode)
+        buffers = HostBuffers()
+        return DirectoryCheckpointer(
+            self.plan.checkpoint,
+            encode=self._encode,
+            decode=self._decode,
+            snapshot=lambda state: self._snapshot(state, buffers),
+        )

@@ -2,6 +2,7 @@
 
 `python -m pipekit_train.core.testing._worker spec.json` trains per the spec and kills
 itself with SIGKILL at `kill_at` (after at least one checkpoint), like a preempted job.
+`directory` may be a URI, with the fsspec `storage_options` to reach it.
 """
 
 from __future__ import annotations
@@ -52,7 +53,10 @@ def main(path: str) -> None:
         batch_size=spec["batch_size"],
         max_steps=spec["max_steps"],
         checkpoint=Checkpoint(
-            spec["directory"], every_n_steps=spec["every_n_steps"], max_to_keep=None
+            spec["directory"],
+            every_n_steps=spec["every_n_steps"],
+            max_to_keep=None,
+            storage_options=spec.get("storage_options"),
         ),
         validate_every_n_steps=spec.get("validate_every_n_steps"),
         seed=spec["seed"],

@@ -1,0 +1,125 @@
+"""The `pipekit-train` command line: argument parsing and error reporting."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pipekit_train.core._errors import ConfigError, PipekitError
+
+from ._config import BACKENDS
+
+__all__ = ["main"]
+
+_EPILOG = """\
+examples:
+  pipekit-train run examples/cli_direct.toml --backend keras
+  pipekit-train run run.toml --set max_steps=5000 --set optimizer.lr=3e-4
+  pipekit-train registry list runs/models
+  pipekit-train registry show runs/models emulator:3
+  pipekit-train checkpoint inspect runs/exp1/checkpoints
+
+docs: https://pipekit.github.io/pipekit-train/cli/
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pipekit-train",
+        description="Train from a config file, read a model registry, inspect checkpoints.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = commands.add_parser(
+        "run",
+        help="train what a TOML/JSON config describes (resumes from its checkpoint)",
+        description="Train what a TOML/JSON config describes; resume from the latest "
+        "complete checkpoint if one exists; register the result if [registry] is set.",
+    )
+    run.add_argument("config", help="the run config (.toml or .json)")
+    run.add_argument("--backend", choices=BACKENDS, help="override the config's backend")
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value (dotted key, TOML value), e.g. --set optimizer.lr=1e-3",
+    )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the config, build the data and model, then stop before training",
+    )
+
+    registry = commands.add_parser("registry", help="list or show registered models")
+    parser.set_defaults(usage=parser)
+    registry.set_defaults(usage=registry)
+    registry_commands = registry.add_subparsers(dest="registry_command", metavar="COMMAND")
+    listing = registry_commands.add_parser("list", help="every model name and its versions")
+    listing.add_argument("uri", help="the registry: a folder, file://, s3://, ...")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    show = registry_commands.add_parser("show", help="one version's record, verified")
+    show.add_argument("uri", help="the registry: a folder, file://, s3://, ...")
+    show.add_argument("ref", metavar="NAME[:VERSION]", help="the model (default: latest version)")
+    show.add_argument("--json", action="store_true", help="print JSON")
+
+    checkpoint = commands.add_parser("checkpoint", help="inspect a checkpoint folder")
+    checkpoint.set_defaults(usage=checkpoint)
+    checkpoint_commands = checkpoint.add_subparsers(dest="checkpoint_command", metavar="COMMAND")
+    inspect = checkpoint_commands.add_parser(
+        "inspect", help="steps, which are complete (verified), their metadata"
+    )
+    inspect.add_argument("directory", help="the checkpoint folder (checkpoint.directory)")
+    inspect.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `pipekit-train` command line; returns the exit status.
+
+    Exit status: 0 on success, 2 for a bad config or command line (nothing was done),
+    1 when a command found a problem (a torn checkpoint folder, a damaged registry
+    record) or a run failed with a pipekit-train error.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        import importlib.metadata
+
+        print(f"pipekit-train {importlib.metadata.version('pipekit-train-core')}")
+        return 0
+    try:
+        if args.command == "run":
+            from ._run import run_command
+
+            return run_command(
+                args.config, backend=args.backend, overrides=args.overrides, dry_run=args.dry_run
+            )
+        if args.command == "registry" and args.registry_command == "list":
+            from ._registry_cmd import registry_list
+
+            return registry_list(args.uri, as_json=args.json)
+        if args.command == "registry" and args.registry_command == "show":
+            from ._registry_cmd import registry_show
+
+            return registry_show(args.uri, args.ref, as_json=args.json)
+        if args.command == "checkpoint" and args.checkpoint_command == "inspect":
+            from ._inspect import checkpoint_inspect
+
+            return checkpoint_inspect(args.directory, as_json=args.json)
+    except ConfigError as exc:
+        print(f"pipekit-train: error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:  # an optional extra (tensorboard, wandb, s3fs, ...) is missing
+        print(f"pipekit-train: error: {exc}", file=sys.stderr)
+        return 2
+    except PipekitError as exc:
+        print(f"pipekit-train: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    args.usage.print_help(sys.stderr)  # no (sub)command given
+    return 2

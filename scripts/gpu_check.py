@@ -1,0 +1,623 @@
+"""GPU check: train on every backend on a CUDA GPU, then run the benchmarks' GPU cases.
+
+On a Linux x86-64 machine with an NVIDIA GPU and a driver for CUDA 13 (580 or newer),
+from the repository root, one command (a few minutes on one H200):
+
+    uv run --extra gpu python scripts/gpu_check.py --output benchmarks/gpu-check.md
+
+`--extra gpu` adds jax's CUDA 13 plugin from PyPI (`jax[cuda13]`, the version of the
+locked jaxlib; see the workspace `pyproject.toml`); torch's Linux x86-64 wheels on PyPI
+are CUDA 13 builds already and share the same `nvidia-*` libraries. Without a CUDA GPU
+the script stops at once with exit status 2. The same checks run on CPU, in seconds,
+with small sizes (this is what `tests-integration/test_gpu_check.py` runs):
+
+    uv run python scripts/gpu_check.py --device cpu --quick --backends equinox --skip-bench
+
+Per backend (Equinox, Lightning, Keras on jax; `--backends` also takes `keras-torch`),
+in a fresh interpreter each, on the same MLP 8->256->256->1 regression (batch 256, Adam):
+
+- **placement**: where the trained parameters live (jax: the arrays' devices; Lightning:
+  the module's parameters during `fit`, read by a Lightning callback). Passes when every
+  parameter is on the GPU (`--device cpu`: on the CPU).
+- **bf16**: the run with `precision="bfloat16-mixed"` (the spec's name; every adapter
+  translates it) trains (finite, lower final loss than its first step) and differs
+  from the float32 run (a float32 run in disguise would match it bit for bit), with the
+  framework's own evidence (Equinox's jmp policy, the dtype a Lightning layer computes
+  in under autocast, the Keras dtype policy).
+- **resume**: a float32 run stopped after `k` steps (checkpoint) and resumed to `n`,
+  compared with an uninterrupted run of `n` steps with the same checkpoint policy, and
+  a second uninterrupted run (is the backend deterministic on this device at all?):
+  "bit-exact" (same `weights_sha256`) or the largest absolute weight difference. The
+  children ask for deterministic kernels (`XLA_FLAGS=--xla_gpu_deterministic_ops=true`,
+  `CUBLAS_WORKSPACE_CONFIG=:4096:8`, `Lightning(deterministic=True)`). Resume passes when
+  it is bit-exact, or when the repeated uninterrupted run differs too (the backend is
+  not deterministic there) and the resumed run is as close as the repeat.
+
+Then the side-by-side benchmarks, on the GPU: `benchmarks/bench_equinox.py --quick
+--skip-rss`, `bench_lightning.py --quick --accelerator gpu` and `bench_keras.py --quick`
+(jax): the adapter's steps/s against the hand-written loops (`ratio`). The output is
+Markdown (a machine line and two tables); `--output benchmarks/gpu-check.md` keeps it
+where `benchmarks/run_all.py` puts it on `docs/performance.md` ("On a GPU").
+
+Exit status: 0 all checks pass, 1 a check failed (the tables say which), 2 no CUDA GPU
+(or a framework that cannot see it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime as _dt
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+BACKENDS = ("equinox", "lightning", "keras-jax", "keras-torch")
+DEFAULT_BACKENDS = ("equinox", "lightning", "keras-jax")
+INSTALL = "uv run --extra gpu python scripts/gpu_check.py"
+NO_GPU = 2
+
+
+# -- the GPU, without importing a framework ----------------------------------------------------
+def cuda_devices() -> tuple[list[str], str]:
+    """The CUDA devices the driver shows (names) and the driver's CUDA version, via libcuda.
+
+    Returns `([], why)` when there is no driver or no device (`CUDA_VISIBLE_DEVICES`
+    is honoured).
+    """
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1" if sys.platform.startswith("linux") else "nvcuda.dll")
+    except OSError:
+        return [], "no NVIDIA driver (libcuda not found)"
+    if cuda.cuInit(0) != 0:
+        return [], "the NVIDIA driver found no usable GPU (cuInit failed)"
+    count, version = ctypes.c_int(0), ctypes.c_int(0)
+    cuda.cuDriverGetVersion(ctypes.byref(version))
+    if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
+        return [], "the NVIDIA driver shows no GPU (check CUDA_VISIBLE_DEVICES)"
+    names = []
+    for i in range(count.value):
+        device, name = ctypes.c_int(0), ctypes.create_string_buffer(256)
+        cuda.cuDeviceGet(ctypes.byref(device), i)
+        cuda.cuDeviceGetName(name, 256, device)
+        names.append(name.value.decode(errors="replace"))
+    v = version.value
+    return names, f"CUDA {v // 1000}.{v % 1000 // 10} driver"
+
+
+# -- one backend, in a child process -----------------------------------------------------------
+def _data(rows: int) -> Any:
+    import numpy as np
+
+    from pipekit_train.core.data import ArrayDataset
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows, 8)).astype(np.float32)
+    y = (np.sin(x).sum(axis=1, keepdims=True) + 0.1 * rng.standard_normal((rows, 1))).astype(
+        np.float32
+    )
+    return ArrayDataset(x=x, y=y)
+
+
+def _probe() -> Any:
+    """A Lightning callback: parameter devices and a layer's output dtype during `fit`."""
+    import lightning as L
+    import torch
+
+    class Probe(L.Callback):
+        def __init__(self) -> None:
+            self.devices: set[str] = set()
+            self.dtypes: set[str] = set()
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            layer = next(m for m in pl_module.modules() if isinstance(m, torch.nn.Linear))
+            layer.register_forward_hook(lambda m, i, out: self.dtypes.add(str(out.dtype)))
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+            if not self.devices:
+                self.devices = {p.device.type for p in pl_module.parameters()}
+
+    return Probe()
+
+
+def _operator(backend: str, width: int) -> Any:
+    kwargs = {"in_size": 8, "out_size": 1, "width": width, "depth": 2, "seed": 0}
+    if backend == "equinox":
+        from pipekit_train.equinox import EquinoxModelOp
+
+        return EquinoxModelOp("pipekit_train.equinox.testing:mlp", **kwargs)
+    if backend == "lightning":
+        from pipekit_train.lightning import LightningModelOp
+
+        return LightningModelOp("pipekit_train.lightning.testing:mlp", **kwargs)
+    from pipekit_train.keras import KerasModelOp
+
+    return KerasModelOp("pipekit_train.keras.testing:mlp", **kwargs)
+
+
+def _adapter(backend: str, device: str, precision: str, probe: Any) -> Any:
+    if backend == "equinox":
+        from pipekit_train.equinox import Equinox
+
+        return Equinox(precision=precision)
+    if backend == "lightning":
+        from pipekit_train.lightning import Lightning
+
+        return Lightning(
+            accelerator="gpu" if device == "cuda" else "cpu",
+            devices=1,
+            precision=precision,
+            deterministic=True,
+            callbacks=[probe],
+        )
+    from pipekit_train.keras import Keras
+
+    return Keras(precision=precision)
+
+
+def _placement(backend: str, op: Any, probe: Any) -> set[str]:
+    """Where the parameters live: `"gpu"`/`"cuda"` or `"cpu"` per parameter, as a set."""
+    if backend == "lightning":
+        return set(probe.devices)
+    if backend == "equinox":
+        import equinox as eqx
+        import jax
+
+        leaves = jax.tree.leaves(eqx.filter(op.model, eqx.is_array))
+        return {d.platform for leaf in leaves for d in leaf.devices()}
+    if backend == "keras-jax":
+        return {d.platform for v in op.model.weights for d in v.value.devices()}
+    return {v.value.device.type for v in op.model.weights}
+
+
+def _weights(backend: str, op: Any) -> list[Any]:
+    import numpy as np
+
+    if backend == "equinox":
+        import equinox as eqx
+        import jax
+
+        return [np.asarray(x) for x in jax.tree.leaves(eqx.filter(op.model, eqx.is_array))]
+    if backend == "lightning":
+        return [t.detach().float().cpu().numpy() for t in op.model.state_dict().values()]
+    import keras
+
+    return [np.asarray(keras.ops.convert_to_numpy(v.value)) for v in op.model.weights]
+
+
+def _max_abs_diff(a: list[Any], b: list[Any]) -> float:
+    import numpy as np
+
+    return max(float(np.max(np.abs(x.astype(np.float64) - y))) for x, y in zip(a, b, strict=True))
+
+
+def _bf16_evidence(backend: str, adapter: Any, probe: Any) -> str:
+    if backend == "equinox":
+        return f"jmp policy {adapter.policy}"
+    if backend == "lightning":
+        return f"Linear output dtype under autocast: {', '.join(sorted(probe.dtypes)) or '?'}"
+    return f"Keras dtype policy {adapter.precision}"
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    """Train `args.child` four times and check placement, bf16 and resume (see the docstring)."""
+    backend, device = args.child, args.device
+    t_start = time.perf_counter()
+    from pipekit_train.core import Checkpoint, TrainingLoop
+
+    data = _data(args.rows)
+    if device == "cpu":
+        expected = {"cpu"}
+    else:  # jax names the platform "gpu", torch the device type "cuda"
+        expected = {"gpu"} if backend in ("equinox", "keras-jax") else {"cuda"}
+    out: dict[str, Any] = {"backend": backend, "device": device}
+    seen = _framework_devices(backend, device)
+    out["framework_device"] = seen
+    work = Path(tempfile.mkdtemp(prefix=f"gpu-check-{backend}-"))
+
+    def train(precision: str, steps: int, ckpt: str | None) -> tuple[Any, Any, Any, float]:
+        probe = _probe() if backend == "lightning" else None
+        adapter = _adapter(backend, device, precision, probe)
+        loop = TrainingLoop(
+            model=_operator(backend, args.width),
+            data=data,
+            loss="mse",
+            optimizer_config={"name": "adam", "lr": 1e-3},
+            batch_size=args.batch,
+            max_steps=steps,
+            seed=0,
+            checkpoint=None
+            if ckpt is None
+            else Checkpoint(work / ckpt, every_n_steps=args.stop_at, async_save=False),
+            adapter=adapter,
+            progress=False,
+        )
+        t0 = time.perf_counter()
+        artifact = loop.run()
+        return artifact, adapter, probe, time.perf_counter() - t0
+
+    n, k = args.steps, args.stop_at
+    first, _, probe, first_s = train("float32", n, "uninterrupted")
+    out["placement"] = sorted(_placement(backend, first.model, probe))
+    out["placement_ok"] = set(out["placement"]) == expected
+    out["float32_loss"] = first.final_metrics["loss"]
+    out["first_run_s"] = first_s
+    again, _, _, _ = train("float32", n, "repeat")
+    stopped, _, _, _ = train("float32", k, "resumed")
+    resumed, _, _, _ = train("float32", n, "resumed")
+    out["resumed_from_step"] = resumed.resumed_from_step
+    w_first = _weights(backend, first.model)
+    out["repeat_bit_exact"] = again.weights_sha256 == first.weights_sha256
+    out["repeat_max_abs_diff"] = _max_abs_diff(w_first, _weights(backend, again.model))
+    out["resume_bit_exact"] = resumed.weights_sha256 == first.weights_sha256
+    out["resume_max_abs_diff"] = _max_abs_diff(w_first, _weights(backend, resumed.model))
+    out["resume_ok"] = resumed.resumed_from_step == k and (
+        out["resume_bit_exact"]
+        or (
+            not out["repeat_bit_exact"]
+            and out["resume_max_abs_diff"] <= 10 * max(out["repeat_max_abs_diff"], 1e-7)
+        )
+    )
+    del stopped
+    bf16, adapter, probe, _ = train("bfloat16-mixed", n, None)
+    loss = bf16.final_metrics["loss"]
+    start_loss = bf16.history["loss"][0]
+    out["bf16_loss"] = loss
+    out["bf16_rel_diff"] = abs(loss - out["float32_loss"]) / max(abs(out["float32_loss"]), 1e-12)
+    out["bf16_evidence"] = _bf16_evidence(backend, adapter, probe)
+    if backend == "lightning":
+        out["bf16_placement"] = sorted(probe.devices)
+    out["bf16_ok"] = (
+        math.isfinite(loss)
+        and loss < start_loss
+        and bf16.weights_sha256 != first.weights_sha256
+        and out["bf16_rel_diff"] < 0.25
+    )
+    out["child_s"] = time.perf_counter() - t_start
+    return out
+
+
+def _framework_devices(backend: str, device: str) -> str:
+    """What the framework sees; raises `_NoGpu` when it sees no GPU and one was asked for."""
+    if backend in ("equinox", "keras-jax"):
+        import jax
+
+        try:
+            devices = jax.devices()
+        except RuntimeError as exc:  # e.g. a broken CUDA plugin
+            raise _NoGpu(
+                f"jax cannot start its CUDA backend ({exc}). Install it: {INSTALL}"
+            ) from exc
+        if device == "cuda" and devices[0].platform != "gpu":
+            raise _NoGpu(
+                f"jax sees no GPU (devices: {devices}). Install jax's CUDA plugin: {INSTALL}"
+            )
+        return f"jax {jax.__version__}: {devices[0].device_kind} ({devices[0].platform})"
+    import torch
+
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise _NoGpu(
+                f"torch {torch.__version__} sees no GPU (a CPU-only build?). Install the CUDA "
+                f"build from PyPI: {INSTALL}"
+            )
+        return f"torch {torch.__version__}: {torch.cuda.get_device_name(0)} (cuda)"
+    return f"torch {torch.__version__}: cpu"
+
+
+class _NoGpu(RuntimeError):
+    pass
+
+
+def _child_env(backend: str, device: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if backend.startswith("keras"):
+        env["KERAS_BACKEND"] = backend.split("-", 1)[1]
+    if device == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:  # jax picks the GPU by default; the child checks that it did
+        flags = env.get("XLA_FLAGS", "")
+        if "xla_gpu_deterministic_ops" not in flags:
+            env["XLA_FLAGS"] = f"{flags} --xla_gpu_deterministic_ops=true".strip()
+        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    return env
+
+
+def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run the checks of one backend in a fresh interpreter; its result, or the error."""
+    cmd = [sys.executable, __file__, "--child", backend, "--device", args.device]
+    cmd += ["--steps", str(args.steps), "--stop-at", str(args.stop_at), "--width", str(args.width)]
+    cmd += ["--batch", str(args.batch), "--rows", str(args.rows)]
+    print(f"== {backend}: {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
+    try:
+        proc = subprocess.run(
+            cmd,
+            env=_child_env(backend, args.device),
+            capture_output=True,
+            text=True,
+            timeout=args.timeout,
+            cwd=ROOT,
+        )
+    except subprocess.TimeoutExpired:
+        return {"backend": backend, "error": f"timed out after {args.timeout:.0f} s"}
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode == 0 and lines:
+        result = json.loads(lines[-1][len("RESULT ") :])
+        print(f"   {backend}: {result['child_s']:.0f} s", file=sys.stderr, flush=True)
+        return result
+    nogpu = [x for x in proc.stdout.splitlines() if x.startswith("NOGPU ")]
+    if nogpu:
+        return {"backend": backend, "error": nogpu[-1][len("NOGPU ") :], "no_gpu": True}
+    tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+    print(proc.stderr[-3000:], file=sys.stderr)
+    return {"backend": backend, "error": f"exit {proc.returncode}: {tail}"}
+
+
+# -- the benchmarks ----------------------------------------------------------------------------
+def bench_commands(device: str) -> list[tuple[str, list[str], dict[str, str]]]:
+    """The benchmark scripts to run on `device`, with their flags and environment."""
+    jax_env = {"JAX_PLATFORMS": "cpu"} if device == "cpu" else {}  # else jax's default: the GPU
+    accelerator = "cpu" if device == "cpu" else "gpu"
+    return [
+        ("bench_equinox", ["--quick", "--skip-rss"], jax_env),
+        ("bench_lightning", ["--quick", "--accelerator", accelerator], {}),
+        ("bench_keras", ["--quick", "--backend", "jax"], jax_env),
+    ]
+
+
+def run_benchmarks(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Run the benchmark scripts (run_all's `--json` convention); their rows."""
+    rows: list[dict[str, Any]] = []
+    for name, flags, extra in bench_commands(args.device):
+        fd, path = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        cmd = [sys.executable, str(BENCHMARKS / f"{name}.py"), *flags, "--json", path]
+        print(f"== {name} {' '.join(flags)}", file=sys.stderr, flush=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
+        try:
+            proc = subprocess.run(
+                cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=args.bench_timeout
+            )
+            ok = proc.returncode == 0
+            why = f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1]}"
+        except subprocess.TimeoutExpired:
+            ok, why = False, f"timed out after {args.bench_timeout:.0f} s"
+        try:
+            if ok:
+                rows += json.loads(Path(path).read_text())
+            else:
+                rows.append(
+                    {
+                        "benchmark": name.removeprefix("bench_"),
+                        "case": "(the script)",
+                        "value": None,
+                        "unit": "",
+                        "ratio": None,
+                        "ok": False,
+                        "note": why,
+                    }
+                )
+        finally:
+            Path(path).unlink(missing_ok=True)
+    return rows
+
+
+# -- the report --------------------------------------------------------------------------------
+def _fmt(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        if x == 0:
+            return "0"
+        return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.{digits}g}"
+    return str(x)
+
+
+def _mark(ok: Any) -> str:
+    return {True: "✅", False: "❌"}.get(ok, "")
+
+
+def machine_line(device: str, gpus: list[str], driver: str) -> str:
+    versions = []
+    for name in ("jax", "jaxlib", "jax-cuda13-plugin", "torch", "lightning", "keras"):
+        try:
+            versions.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    where = (
+        f"{gpus[0]} ({driver})"
+        if device == "cuda"
+        else f"CPU ({platform.processor() or platform.machine()})"
+    )
+    return (
+        f"{where}; {os.cpu_count()} CPUs; Python {platform.python_version()}; "
+        f"{', '.join(versions)}; {_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M UTC}"
+    )
+
+
+def backend_table(results: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    lines = [
+        f"| backend | framework sees | params on | bf16-mixed: loss vs float32 | resume at {args.stop_at} of {args.steps} | "
+        "repeat run | first run s | all runs s | OK |",
+        "| --- | --- | --- | --- | --- | --- | ---: | ---: | :---: |",
+    ]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['backend']} | {r['error']} | | | | | | | ❌ |")
+            continue
+        bf16 = (
+            f"{_fmt(r['bf16_loss'], 4)} vs {_fmt(r['float32_loss'], 4)} "
+            f"(rel. diff {_fmt(r['bf16_rel_diff'], 2)}); {r['bf16_evidence']}"
+        )
+        resume = (
+            "bit-exact"
+            if r["resume_bit_exact"]
+            else f"max abs diff {_fmt(r['resume_max_abs_diff'], 2)}"
+        )
+        repeat = (
+            "bit-exact"
+            if r["repeat_bit_exact"]
+            else f"max abs diff {_fmt(r['repeat_max_abs_diff'], 2)}"
+        )
+        ok = r["placement_ok"] and r["bf16_ok"] and r["resume_ok"]
+        lines.append(
+            f"| {r['backend']} | {r['framework_device']} | {', '.join(r['placement'])} "
+            f"{_mark(r['placement_ok'])} | {bf16} {_mark(r['bf16_ok'])} | {resume} "
+            f"{_mark(r['resume_ok'])} | {repeat} | {r['first_run_s']:.1f} | {r['child_s']:.0f} | "
+            f"{_mark(ok)} |"
+        )
+    return lines
+
+
+def bench_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| benchmark | case | steps/s | ratio | target | OK | note |",
+        "| --- | --- | ---: | ---: | --- | :---: | --- |",
+    ]
+    for r in rows:
+        note = str(r.get("note") or "").replace("|", "\\|")
+        lines.append(
+            f"| {r.get('benchmark')} | {r.get('case')} | {_fmt(r.get('value'))} | "
+            f"{_fmt(r.get('ratio'))} | {r.get('target') or ''} | {_mark(r.get('ok'))} | {note} |"
+        )
+    return lines
+
+
+def report(
+    results: list[dict[str, Any]],
+    bench: list[dict[str, Any]] | None,
+    args: argparse.Namespace,
+    machine: str,
+) -> str:
+    title = "GPU" if args.device == "cuda" else "CPU (--device cpu)"
+    lines = [
+        f"### Backends on the {title}",
+        "",
+        f"Command: `{' '.join(['python', 'scripts/gpu_check.py', *args.argv])}`  ",
+        f"Machine: {machine}",
+        "",
+        f"MLP 8→{args.width}→{args.width}→1, batch {args.batch}, Adam 1e-3, {args.steps} steps; "
+        f"resume: stopped after {args.stop_at} steps and resumed, against an uninterrupted run "
+        '("repeat run": a second uninterrupted run against the first).',
+        "",
+        *backend_table(results, args),
+        "",
+    ]
+    if bench is not None:
+        lines += [
+            f"### Benchmarks on the {title}",
+            "",
+            "`benchmarks/bench_equinox.py --quick --skip-rss`, `bench_lightning.py --quick "
+            f"--accelerator {'gpu' if args.device == 'cuda' else 'cpu'}`, `bench_keras.py --quick` "
+            "(ratio: the case's steps/s ÷ its reference loop, see each script).",
+            "",
+            *bench_table(bench),
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--quick", action="store_true", help="small sizes: 20 steps, width 32")
+    p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(DEFAULT_BACKENDS))
+    p.add_argument("--skip-bench", action="store_true", help="only the backend checks")
+    p.add_argument("--steps", type=int, default=None, help="steps per run (default 200)")
+    p.add_argument(
+        "--stop-at", type=int, default=None, help="where the resumed run stops (steps/2)"
+    )
+    p.add_argument("--width", type=int, default=None, help="MLP width (default 256)")
+    p.add_argument("--batch", type=int, default=None, help="batch size (default 256)")
+    p.add_argument("--rows", type=int, default=None, help="training samples (default 16384)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per backend")
+    p.add_argument("--bench-timeout", type=float, default=600.0, help="seconds per benchmark")
+    p.add_argument("--output", type=Path, default=None, help="also write the Markdown here")
+    p.add_argument("--json", type=Path, default=None, help="also write every result as JSON")
+    p.add_argument("--child", choices=BACKENDS, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    small = {"steps": 20, "width": 32, "batch": 32, "rows": 1024}
+    large = {"steps": 200, "width": 256, "batch": 256, "rows": 16384}
+    for name, value in (small if args.quick else large).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.stop_at is None:
+        args.stop_at = args.steps // 2
+    for name in ("steps", "width", "batch", "rows"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be positive. Received: {getattr(args, name)}.")
+    if not 0 < args.stop_at < args.steps:
+        p.error(
+            f"--stop-at must be between 1 and --steps - 1. Received: --stop-at {args.stop_at}, "
+            f"--steps {args.steps}."
+        )
+    if args.batch > args.rows:
+        p.error(
+            f"--batch must not exceed --rows. Received: --batch {args.batch}, --rows {args.rows}."
+        )
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.child:
+        try:
+            result = child(args)
+        except _NoGpu as exc:
+            print(f"NOGPU {exc}", flush=True)
+            return NO_GPU
+        print("RESULT " + json.dumps(result), flush=True)
+        return 0
+    gpus, driver = cuda_devices() if args.device == "cuda" else ([], "")
+    if args.device == "cuda" and not gpus:
+        print(
+            f"gpu_check: no CUDA GPU: {driver}. This script checks training on a CUDA GPU; run "
+            f"it on a machine with one ({INSTALL}), or `--device cpu --quick` to try its logic "
+            "on the CPU.",
+            file=sys.stderr,
+        )
+        return NO_GPU
+    machine = machine_line(args.device, gpus, driver)
+    t0 = time.perf_counter()
+    results = [run_backend(b, args) for b in args.backends]
+    no_gpu = [r for r in results if r.get("no_gpu")]
+    if no_gpu:
+        for r in no_gpu:
+            print(f"gpu_check: {r['backend']}: {r['error']}", file=sys.stderr)
+        return NO_GPU
+    bench = None if args.skip_bench else run_benchmarks(args)
+    text = report(results, bench, args, machine)
+    print(text)
+    print(f"gpu_check: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    if args.output:
+        args.output.write_text(text)
+    if args.json:
+        args.json.write_text(
+            json.dumps({"machine": machine, "backends": results, "benchmarks": bench}, indent=2)
+        )
+    failed = [
+        r
+        for r in results
+        if "error" in r or not (r["placement_ok"] and r["bf16_ok"] and r["resume_ok"])
+    ]
+    failed_bench = [r for r in bench or [] if r.get("value") is None and r.get("ok") is False]
+    return 1 if failed or failed_bench else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
