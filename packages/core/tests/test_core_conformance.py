@@ -21,3 +21,11 @@ class TestNumpyConformance(AdapterConformance):
     def make_adapter(self) -> Any:
         # gradient noise draws from the run's RNG, so exact resume covers RNG state
         return NumpyAdapter(gradient_noise=1e-3)
+
+
+def test_the_bad_input_table() -> None:
+    """At least 45 distinct cases (each runs on every backend's conformance class)."""
+    from pipekit_train.core.testing import BAD_INPUTS
+
+    ids = [case[0] for case in BAD_INPUTS]
+    assert len(ids) >= 45 and len(set(ids)) == len(ids)

@@ -3,7 +3,9 @@
 `python ddp_worker.py OUT_DIR STRATEGY [elastic]`: Lightning's script launcher re-runs
 this file as global rank 1. Both ranks train 6 steps, then 10 (a resume from the first
 run's checkpoints), then 10 from scratch in another directory (the reference), then one
-epoch (256 samples in global batches of 16: 16 steps), and write `OUT_DIR/rank<k>.json`.
+epoch (256 samples in global batches of 16: 16 steps), then one epoch under
+`on_nonfinite="skip"` with a NaN in one sample (one process's shard), and write
+`OUT_DIR/rank<k>.json`.
 
 With `elastic` the same launch also resumes across process counts (a model without
 dropout, whose per-process RNG streams would differ): before the first DDP run, the
@@ -87,6 +89,7 @@ def main(out: Path, strategy: str, elastic: bool) -> None:
     import numpy as np
 
     from pipekit_train.core import Checkpoint, TrainingLoop
+    from pipekit_train.core.data import ArrayDataset
     from pipekit_train.core.testing import regression_task
     from pipekit_train.core.writers import JsonlWriter
     from pipekit_train.lightning import Lightning, LightningModelOp
@@ -143,6 +146,29 @@ def main(out: Path, strategy: str, elastic: bool) -> None:
         progress=False,
     ).run()
     results.append({"rank": epoch.extra["global_rank"], "steps": epoch.steps})
+    # on_nonfinite="skip" with a NaN in one process's shard only: both drop that update
+    batch = train.get_batch(np.arange(len(train)))
+    batch["x"][37] = np.nan
+    skipped = TrainingLoop(
+        model=LightningModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1),
+        data=ArrayDataset(**batch),
+        batch_size=16,
+        max_epochs=1,
+        on_nonfinite="skip",
+        checkpoint=Checkpoint(out / "skip", every_n_steps=1, max_to_keep=None),
+        adapter=Lightning(accelerator="cpu", devices=2, strategy=strategy),
+        progress=False,
+    ).run()
+    results.append(
+        {
+            "steps": skipped.steps,
+            "skipped": skipped.history.series("nonfinite_skipped")[0]
+            if "nonfinite_skipped" in skipped.history
+            else [],
+            "sha": hashlib.sha256(skipped.model.serialize_weights()).hexdigest(),
+            "finite": bool(np.isfinite(np.asarray(skipped.model(batch["x"][:4]))).all()),
+        }
+    )
     rank = results[0]["rank"]
     (out / f"rank{rank}.json").write_text(json.dumps(results))
     if elastic:

@@ -36,7 +36,7 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_ddp_two_processes_train_checkpoint_and_resume_exactly(ddp_run: Path) -> None:
     rank0 = json.loads((ddp_run / "rank0.json").read_text())
     rank1 = json.loads((ddp_run / "rank1.json").read_text())
-    first, resumed, reference, epoch = rank0
+    first, resumed, reference, epoch, skipped = rank0
     assert epoch["steps"] == 16  # one epoch: 256 samples in global batches of 16
     assert [r["world"] for r in rank0[:3]] == [2, 2, 2]
     assert (
@@ -58,6 +58,14 @@ def test_ddp_two_processes_train_checkpoint_and_resume_exactly(ddp_run: Path) ->
         for line in (ddp_run / "metrics-reference-10.jsonl").read_text().splitlines()
     ]
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, 11))
+    # on_nonfinite="skip", the NaN in one process's shard: both dropped the same update,
+    # counted it, and postponed the same checkpoint (no process waits in a lone save)
+    other = rank1[4]
+    assert skipped["steps"] == other["steps"] == epoch["steps"]
+    assert len(skipped["skipped"]) == 1 and other["skipped"] == skipped["skipped"]
+    assert skipped["sha"] == other["sha"] and skipped["finite"]
+    ckpts = step_dirs(ddp_run / "skip")
+    assert skipped["skipped"][0] not in ckpts and len(ckpts) == epoch["steps"] - 1
 
 
 def _global(*ranks: list[list[int]]) -> list[list[int]]:

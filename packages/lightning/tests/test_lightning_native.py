@@ -181,3 +181,19 @@ def test_model_op_with_native_loader(regression: Any) -> None:
     ).run()
     assert art.history.series("val_rmse")[0] == [10, 20]
     assert art.steps == 20
+
+
+def test_skip_is_refused_for_a_user_module(regression: Any) -> None:
+    """`on_nonfinite="skip"` needs the generated training step: refused before any work."""
+    from pipekit_train.core.adapter import NotSupportedError
+
+    train, _ = regression
+    with pytest.raises(NotSupportedError, match=r"model=Regressor, on_nonfinite='skip'"):
+        TrainingLoop(
+            model=Regressor(),
+            data=train,
+            max_steps=4,
+            on_nonfinite="skip",
+            adapter=Lightning(accelerator="cpu"),
+            progress=False,
+        )

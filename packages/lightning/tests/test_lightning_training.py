@@ -152,7 +152,12 @@ def test_bf16_mixed_trains(regression: Any) -> None:
 def test_learning_rate_reported_per_core_schedule(regression: Any) -> None:
     mem = MemoryWriter()
     loop = make_loop(
-        regression, max_steps=12, callbacks=[LearningRateLogger()], writers=[mem], validation=None
+        regression,
+        max_steps=12,
+        callbacks=[LearningRateLogger()],
+        writers=[mem],
+        validation=None,
+        validate_every_n_steps=None,
     )
     loop.run()
     spec = loop.plan.optimizer_config["learning_rate"]
@@ -170,6 +175,7 @@ def test_native_optimizer_callable(regression: Any) -> None:
         regression,
         max_steps=5,
         validation=None,
+        validate_every_n_steps=None,
         optimizer_config=functools.partial(torch.optim.SGD, lr=0.01, momentum=0.9),
     ).run()
     assert art.steps == 5
@@ -234,7 +240,7 @@ def test_trainer_banners_and_the_litlogger_tip_are_dropped(regression: Any) -> N
     parent = logging.getLogger("lightning.pytorch")
     parent.addHandler(handler)
     try:
-        make_loop(regression, max_steps=2, validation=None).run()
+        make_loop(regression, max_steps=2, validation=None, validate_every_n_steps=None).run()
     finally:
         parent.removeHandler(handler)
     assert not [m for m in seen if m.startswith(("GPU available", "TPU available"))], seen

@@ -63,6 +63,12 @@ class Capabilities:
         accumulation: supports `TrainingLoop(accumulate_grad_batches=k)` (a step-based
             backend then receives `k` stacked batches per update in `train_steps`).
         precisions: the canonical precision names it runs.
+        skip_nonfinite: honours `TrainingLoop(on_nonfinite="skip")`: when a step's
+            training loss (with accumulation: the loss of any of its batches) is not
+            finite, the step leaves the parameters and the optimizer state (including its
+            step count) as they were and layer state (e.g. BatchNorm statistics) is not
+            updated from that batch; the step still counts. Core's `RunContext` counts
+            the skips, stops after `max_consecutive_skips` and postpones checkpoints.
     """
 
     native_data: bool = False
@@ -71,6 +77,7 @@ class Capabilities:
     sharding: bool = False
     accumulation: bool = False
     precisions: tuple[str, ...] = ("float32",)
+    skip_nonfinite: bool = False
 
 
 class Adapter(abc.ABC):
@@ -113,6 +120,12 @@ class Adapter(abc.ABC):
                 "Gradient accumulation",
                 f"accumulate_grad_batches={plan.accumulate_grad_batches}",
                 "Use a larger batch_size instead.",
+            )
+        if plan.on_nonfinite == "skip" and not caps.skip_nonfinite:
+            raise self._unsupported(
+                "Skipping non-finite steps",
+                "on_nonfinite='skip'",
+                "Use on_nonfinite='stop' (the default) or 'ignore'.",
             )
         from ._plan import is_core_dataset
 

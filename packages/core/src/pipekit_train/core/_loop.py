@@ -20,7 +20,8 @@ from ._spec import resolve_optimizer_config
 
 __all__ = ["TrainingLoop"]
 
-_NONFINITE = ("stop", "ignore")
+_NONFINITE = ("stop", "skip", "ignore")
+_DEFAULT_MAX_SKIPS = 10
 
 
 def _is_int(value: Any) -> bool:
@@ -118,6 +119,32 @@ def _keys_message(name: str, sample: Any) -> str:
     )
 
 
+def _check_normalizer(normalizer: Any, name: str, data: Any) -> None:
+    """A fitted normalizer's keys and feature shapes must fit the samples of `data`."""
+    mean = getattr(normalizer, "mean", None)
+    if not isinstance(mean, Mapping) or data is None or not is_core_dataset(data):
+        return
+    if not hasattr(data, "__len__") or len(data) == 0:
+        return  # a stream: its samples are not looked at before training
+    sample = data[0]
+    missing = sorted(str(k) for k in mean if k not in sample)
+    if missing:
+        raise ConfigError(
+            f"`normalizer` was fitted on keys {missing} that the `{name}` samples do not have. "
+            f"Received: normalizer keys={sorted(mean)}, {name} keys={sorted(sample)}. Fit it "
+            f"on this data, e.g. Normalizer.fit({name}, keys=('x', 'y'))."
+        )
+    for key, values in mean.items():
+        feature = tuple(np.shape(values))
+        shape = tuple(np.shape(sample[key]))
+        if len(shape) < len(feature) or shape[len(shape) - len(feature) :] != feature:
+            raise ConfigError(
+                f"`normalizer` was fitted on `{key}` features of shape {feature}, but the "
+                f"`{name}` samples of `{key}` have shape {shape}. Received: normalizer with "
+                f"mean[{key!r}] of shape {feature}. Fit it on this data."
+            )
+
+
 def _check_callbacks(callbacks: Any) -> tuple[Any, ...]:
     if callbacks is None:
         return ()
@@ -184,7 +211,15 @@ class TrainingLoop:
         on_nonfinite: what a non-finite training loss does. `"stop"` (the default) ends
             the run with `NonFiniteLossError` naming the first such step; no checkpoint is
             ever written from a state whose loss history contains it, so the last good
-            checkpoint survives rotation and resumes exactly. `"ignore"` trains on.
+            checkpoint survives rotation and resumes exactly. `"skip"` drops the update of a
+            step whose loss is not finite (parameters, optimizer state and layer state stay
+            as they were; the batch is consumed and the step counted), records the running
+            number of skipped steps as the metric `nonfinite_skipped` on each skipped step,
+            and stops with `NonFiniteLossError` after `max_consecutive_skips` consecutive
+            skips; a checkpoint due on a skipped step is postponed to the next step whose
+            loss is finite. `"ignore"` trains on.
+        max_consecutive_skips: with `on_nonfinite="skip"`, how many consecutive skipped
+            steps end the run (default 10). Only valid with `"skip"`.
         shuffle: shuffle the training data each epoch.
         drop_remainder: drop the last partial batch of each epoch.
         sweep_id: set by sweeps; recorded on the artifact.
@@ -217,6 +252,7 @@ class TrainingLoop:
         log_every_n_steps: int = 50,
         accumulate_grad_batches: int = 1,
         on_nonfinite: str = "stop",
+        max_consecutive_skips: int | None = None,
         shuffle: bool = True,
         drop_remainder: bool = True,
         sweep_id: str | None = None,
@@ -241,6 +277,17 @@ class TrainingLoop:
                 f"`on_nonfinite` must be one of {list(_NONFINITE)}. Received: "
                 f"on_nonfinite={on_nonfinite!r}."
             )
+        max_consecutive_skips = _positive_int(
+            "max_consecutive_skips", max_consecutive_skips, allow_none=True
+        )
+        if max_consecutive_skips is not None and on_nonfinite != "skip":
+            raise ConfigError(
+                "`max_consecutive_skips` only applies with on_nonfinite='skip'. Received: "
+                f"max_consecutive_skips={max_consecutive_skips}, on_nonfinite={on_nonfinite!r}. "
+                "Drop it, or set on_nonfinite='skip'."
+            )
+        if on_nonfinite == "skip" and max_consecutive_skips is None:
+            max_consecutive_skips = _DEFAULT_MAX_SKIPS
         if not _is_int(seed) or seed < 0:
             raise ConfigError(f"`seed` must be a non-negative int. Received: seed={seed!r}.")
         for flag, value in (("shuffle", shuffle), ("drop_remainder", drop_remainder)):
@@ -277,16 +324,27 @@ class TrainingLoop:
         if checkpoint is not None and checkpoint.resume == "never" and has_checkpoints(checkpoint):
             raise ConfigError(
                 f"`Checkpoint.resume='never'` but {checkpoint.location} already holds checkpoints. "
-                "Use resume='auto' to continue from them, or an empty directory."
+                f"Received: resume='never', directory={str(checkpoint.directory)!r}. Use "
+                "resume='auto' to continue from them, or an empty directory."
             )
         _check_dataset("data", data, batch_size, drop_remainder, adapter)
         _check_dataset("validation", validation, batch_size, False, adapter)
+        if validate_every_n_steps is not None and validation is None and is_core_dataset(data):
+            raise ConfigError(
+                "`validate_every_n_steps` schedules validation, but there is no validation data. "
+                f"Received: validate_every_n_steps={validate_every_n_steps}, validation=None. "
+                "Pass validation=..., or drop validate_every_n_steps."
+            )
+        if normalizer is not None:
+            _check_normalizer(normalizer, "data", data)
+            _check_normalizer(normalizer, "validation", validation)
         loss_fn = _resolve_loss(loss)
         metric_fns = _resolve_metrics(metrics)
         if metric_fns and validation is None:
             raise ConfigError(
                 f"`metrics` are computed on validation data, but `validation` is None. "
-                f"Received: metrics={list(metric_fns)}. Pass validation=... or drop the metrics."
+                f"Received: metrics={list(metric_fns)}, validation=None. Pass validation=... "
+                "or drop the metrics."
             )
         callbacks = _check_callbacks(callbacks)
         writers = _check_writers(writers)
@@ -340,6 +398,7 @@ class TrainingLoop:
             log_every_n_steps=log_every_n_steps,
             accumulate_grad_batches=accumulate_grad_batches,
             on_nonfinite=on_nonfinite,
+            max_consecutive_skips=max_consecutive_skips,
             shuffle=shuffle,
             drop_remainder=drop_remainder,
             sweep_id=sweep_id,

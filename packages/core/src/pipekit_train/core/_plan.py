@@ -97,6 +97,7 @@ class Plan:
     validate_every_n_steps: int | None = None
     accumulate_grad_batches: int = 1
     on_nonfinite: str = "stop"
+    max_consecutive_skips: int | None = None
     log_every_n_steps: int = 50
     shuffle: bool = True
     drop_remainder: bool = True
@@ -156,6 +157,7 @@ class Plan:
             "validate_every_n_steps": self.validate_every_n_steps,
             "accumulate_grad_batches": self.accumulate_grad_batches,
             "on_nonfinite": self.on_nonfinite,
+            "max_consecutive_skips": self.max_consecutive_skips,
             "shuffle": self.shuffle,
             "drop_remainder": self.drop_remainder,
             "sweep_id": self.sweep_id,

@@ -23,7 +23,10 @@ from ._artifact import TrainingArtifact
 from ._history import History, loss_label
 from ._plan import Plan
 
-__all__ = ["RunContext", "RunState", "default_fetch"]
+__all__ = ["SKIPPED_METRIC", "RunContext", "RunState", "default_fetch"]
+
+SKIPPED_METRIC = "nonfinite_skipped"
+"""Under `on_nonfinite="skip"`: written on each skipped step, the run's skips so far."""
 
 HOOKS = ("on_train_start", "on_step_end", "on_validation_end", "on_checkpoint", "on_train_end")
 
@@ -207,6 +210,12 @@ class RunContext:
         self._active: _PendingGroup | None = None
         self.steps_per_epoch: int | None = plan.steps_per_epoch
         self.total_steps: int | None = plan.total_steps
+        # on_nonfinite="skip": skips so far, the current run of consecutive ones, the
+        # latest skipped step, and a checkpoint postponed from a skipped step
+        self.skipped_steps = 0
+        self._consecutive_skips = 0
+        self._last_skipped: int | None = None
+        self._checkpoint_owed = False
 
     # -- data --------------------------------------------------------------------------
     def train_batches(
@@ -274,6 +283,8 @@ class RunContext:
         self.best_metric = run.get("best_metric")
         self.best_step = run.get("best_step")
         self._latest = {k: float(v) for k, v in run.get("latest", {}).items()}
+        # a checkpoint is never written right after a skipped step: no run of skips is open
+        self.skipped_steps = int(self.history.last(SKIPPED_METRIC) or 0)
         states = run.get("callbacks", {})
         for key, obj in self._stateful():
             if key in states and callable(getattr(obj, "load_state_dict", None)):
@@ -324,6 +335,8 @@ class RunContext:
         ck = self.plan.checkpoint
         if ck is not None:
             k = min(k, ck.every_n_steps - self.step % ck.every_n_steps)
+            if self._checkpoint_owed:  # postponed from a skipped step: retry after the next
+                k = 1
         if self.plan.validation is not None:
             every = self.plan.validate_every_n_steps or self.steps_per_epoch
             if every:
@@ -418,18 +431,31 @@ class RunContext:
             return
         groups, self._pending, self._pending_steps = self._pending, [], 0
         self._fetch_rows(groups)
-        stop = self.plan.on_nonfinite == "stop"
+        policy = self.plan.on_nonfinite
         for group in groups:
             for offset, row in enumerate(group.rows or ()):
                 step = group.first_step + offset
-                self._write(step, row)
                 loss = row.get("loss")
-                if stop and loss is not None and not math.isfinite(loss):
+                bad = loss is not None and not math.isfinite(loss)
+                if policy == "skip" and loss is not None:
+                    if bad:  # the backend's step left the state as it was
+                        self.skipped_steps += 1
+                        self._consecutive_skips += 1
+                        self._last_skipped = step
+                        row = {**row, SKIPPED_METRIC: float(self.skipped_steps)}
+                    else:
+                        self._consecutive_skips = 0
+                self._write(step, row)
+                if not bad or policy == "ignore":
+                    continue
+                limit = self.plan.max_consecutive_skips
+                if policy == "stop" or (limit is not None and self._consecutive_skips >= limit):
                     # every flush comes before a validation or a checkpoint is recorded, so
                     # nothing is ever saved from a state whose history holds this step
                     from .callbacks import NonFiniteLossError
 
-                    raise NonFiniteLossError(step, "loss", loss)
+                    streak = self._consecutive_skips if policy == "skip" else None
+                    raise NonFiniteLossError(step, "loss", loss, streak)  # type: ignore[arg-type]
 
     def _fetch_rows(self, groups: Sequence[_PendingGroup]) -> None:
         """Fill `group.rows` for every group that lacks them, with one fetch call."""
@@ -557,7 +583,17 @@ class RunContext:
     def due_checkpoint(self) -> bool:
         """Whether a checkpoint is due after the current step."""
         ck = self.plan.checkpoint
-        return ck is not None and ck.due(self.step, final=self.done)
+        if ck is None:
+            return False
+        due = ck.due(self.step, final=self.done) or self._checkpoint_owed
+        if not due or self.plan.on_nonfinite != "skip":
+            return due
+        # under "skip", never checkpoint right after a skipped step: postpone to the next
+        # step whose loss is finite (so a run stopped by consecutive skips keeps the last
+        # checkpoint from before them, and a resume never opens inside a run of skips)
+        self.flush_metrics()
+        self._checkpoint_owed = self._last_skipped == self.step
+        return not self._checkpoint_owed
 
     def checkpoint_meta(self, data_state: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The JSON saved with every checkpoint: step, data iterator state, run state, plan."""

@@ -82,6 +82,7 @@ class Equinox(StepAdapter):
         sharding=True,
         accumulation=True,
         precisions=SPEC_PRECISIONS,
+        skip_nonfinite=True,
     )
 
     def __init__(
@@ -310,6 +311,8 @@ class EquinoxBackend(StepBackend[FlatState]):
             data_sharding=self.placement.data_sharding,
             stacked_sharding=self.placement.stacked_sharding,
             replicated=self.placement.replicated,
+            skip_nonfinite=plan.on_nonfinite == "skip",
+            accumulate=plan.accumulate_grad_batches,
         )
         self._copy = (
             _copy_leaves if shardings is None else jax.jit(_fresh_copies, out_shardings=shardings)

@@ -4,6 +4,15 @@ One `jax.jit` per function, over the flat list of the state's array leaves (the
 non-array parts of the state are closed over, so nothing is hashed per call, unlike
 `eqx.filter_jit`). The state argument is donated; the batch is not.
 `train_steps` fuses K steps with `jax.lax.scan` over K stacked batches.
+
+With `skip_nonfinite` (`TrainingLoop(on_nonfinite="skip")`) a step whose loss is not
+finite keeps the model, the optimizer state and the loss scale of before the step
+(`jnp.where` on every leaf, inside the compiled step: no host sync), and layer state is
+not updated from that batch; the step counter and the PRNG key still advance. With
+gradient accumulation (`optax.MultiSteps`, `accumulate` batches per update) the update
+is dropped when any of its batches has a non-finite loss: `train_steps` then scans
+updates, each a scan over its batches, and restores the model and optimizer state of
+the update's start (accumulated gradients and the update count included).
 """
 
 from __future__ import annotations
@@ -62,6 +71,8 @@ class StepFunctions:
         data_sharding: the sharding of a training batch.
         stacked_sharding: the sharding of K stacked training batches.
         replicated: the sharding of scalar outputs and evaluation batches.
+        skip_nonfinite: drop the update of a step whose loss is not finite.
+        accumulate: batches per update (the optimizer is an `optax.MultiSteps`).
     """
 
     def __init__(
@@ -77,8 +88,12 @@ class StepFunctions:
         data_sharding: Any = None,
         stacked_sharding: Any = None,
         replicated: Any = None,
+        skip_nonfinite: bool = False,
+        accumulate: int = 1,
     ):
         leaves, self.treedef, self.static = flatten_state(template)
+        self.skip_nonfinite = bool(skip_nonfinite)
+        self.accumulate = int(accumulate)
         self.avals = [(x.shape, x.dtype) for x in leaves]
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -161,6 +176,16 @@ class StepFunctions:
             if mstate is not None:
                 mstate = _select(finite, mstate, state.model_state)
             scale = scale.adjust(finite)
+        if self.skip_nonfinite:
+            ok = jnp.isfinite(metrics["loss"])
+            if mstate is not None:
+                mstate = _select(ok, mstate, state.model_state)
+            if self.accumulate == 1:  # else `_flat_steps` drops the whole update
+                model = _select(ok, model, state.model)
+                opt_state = _select(ok, opt_state, state.opt_state)
+                if scale is not None:
+                    scale = _select(ok, scale, state.loss_scale)
+        if scale is not None:
             metrics["loss_scale"] = scale.scale
         new = TrainState(model, opt_state, state.step + 1, key, mstate, scale)
         return new, metrics
@@ -170,7 +195,33 @@ class StepFunctions:
         return self.flatten(state), metrics
 
     def _flat_steps(self, leaves: list[Any], stacked: Batch) -> tuple[list[Any], Metrics]:
-        return jax.lax.scan(self._flat_step, leaves, stacked)
+        m = self.accumulate
+        if not (self.skip_nonfinite and m > 1):
+            return jax.lax.scan(self._flat_step, leaves, stacked)
+        # K updates of m batches: an update with a non-finite loss in any batch is dropped
+        groups = jax.tree.map(lambda a: a.reshape(a.shape[0] // m, m, *a.shape[1:]), stacked)
+
+        def micro(carry: tuple[list[Any], Array], batch: Batch) -> tuple[Any, Metrics]:
+            leaves, ok = carry
+            leaves, metrics = self._flat_step(leaves, batch)
+            return (leaves, ok & jnp.isfinite(metrics["loss"])), metrics
+
+        def update(leaves: list[Any], group: Batch) -> tuple[list[Any], Metrics]:
+            start = self.unflatten(leaves)
+            (leaves, ok), metrics = jax.lax.scan(micro, (leaves, jnp.asarray(True)), group)
+            end = self.unflatten(leaves)
+            kept = TrainState(
+                _select(ok, end.model, start.model),
+                _select(ok, end.opt_state, start.opt_state),
+                end.step,
+                end.key,
+                end.model_state,
+                end.loss_scale,
+            )
+            return self.flatten(kept), metrics
+
+        leaves, metrics = jax.lax.scan(update, leaves, groups)
+        return leaves, jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), metrics)
 
     # -- evaluation --------------------------------------------------------------------
     def _flat_eval(self, leaves: list[Any], batch: Batch) -> tuple[Array, Array]:
@@ -214,6 +265,8 @@ def step_functions(
         str(kwargs["policy"]),
         kwargs["batched"],
         kwargs["use_key"],
+        kwargs.get("skip_nonfinite", False),
+        kwargs.get("accumulate", 1),
         None if shardings is None else tuple(shardings),
         kwargs.get("data_sharding"),
         kwargs.get("stacked_sharding"),

@@ -80,7 +80,13 @@ def build_train_handle(
     # the ring buffer also covers a whole metrics group, so one snapshot serves a flush
     # (Keras runs batches: with accumulation, `micro` per optimizer step)
     capacity = (steps_per_execution + (plan.log_every_n_steps if deferred else 0)) * micro
-    install_tracker(model, capacity, deferred=deferred and keras.backend.backend() == "jax")
+    tracker = install_tracker(
+        model, capacity, deferred=deferred and keras.backend.backend() == "jax"
+    )
+    if plan.on_nonfinite == "skip":
+        from ._skip import install_skip
+
+        install_skip(model, tracker, micro)
     sync = getattr(model, "jax_state_sync", None)
     return TrainHandle(
         model=model, optimizer=optimizer, seed=plan.seed, sync=sync, defer_rng=deferred

@@ -136,10 +136,19 @@ class StepLossTracker(keras.metrics.Metric):
             (self.capacity,), initializer="zeros", name="step_losses", dtype="float32"
         )
         self.steps = self.add_variable((), initializer="zeros", name="step_count", dtype="int32")
+        # on_nonfinite="skip" (see `_skip`): the latest loss, and whether a batch of the
+        # update being accumulated had a non-finite loss (1.0) or not (0.0)
+        self.latest = self.add_variable(
+            (), initializer="zeros", name="latest_loss", dtype="float32"
+        )
+        self.update_bad = self.add_variable(
+            (), initializer="zeros", name="update_bad", dtype="float32"
+        )
 
     def update_state(self, values: Any, sample_weight: Any = None) -> None:
         """Record one step's (unscaled) loss."""
         value = ops.cast(values, "float32")
+        self.latest.assign(ops.reshape(value, ()))
         steps = self.steps.value
         hit = ops.equal(ops.arange(self.capacity, dtype="int32"), ops.mod(steps, self.capacity))
         self.buffer.assign(ops.where(hit, value, self.buffer.value))

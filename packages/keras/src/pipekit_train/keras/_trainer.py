@@ -75,6 +75,7 @@ class Keras(Adapter):
         sharding=True,
         accumulation=True,
         precisions=SPEC_PRECISIONS,
+        skip_nonfinite=True,
     )
 
     def __init__(

@@ -56,8 +56,11 @@ def mlp(
     depth: int = 1,
     activation: str = "tanh",
     dropout: float = 0.0,
+    batch_norm: bool = False,
 ) -> Any:
     """An MLP: `depth` hidden layers of `width` with `activation`, optional dropout.
+
+    `batch_norm` puts a `BatchNormalization` before each hidden activation.
 
     The same architecture and initialisation family (uniform `±1/sqrt(fan_in)`, see
     `dense`) as `mlp` in `pipekit_train.equinox.testing` and `pipekit_train.lightning.testing`.
@@ -68,7 +71,11 @@ def mlp(
     layers: list[Any] = [keras.Input((in_size,))]
     size = in_size
     for _ in range(depth):
-        layers.append(dense(width, size, activation))
+        if batch_norm:
+            layers += [dense(width, size), keras.layers.BatchNormalization()]
+            layers.append(keras.layers.Activation(activation))
+        else:
+            layers.append(dense(width, size, activation))
         if dropout:
             layers.append(keras.layers.Dropout(dropout))
         size = width

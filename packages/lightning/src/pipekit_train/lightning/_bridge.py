@@ -185,6 +185,11 @@ class RunBridge(L.Callback):
                 self._acc.append(loss)
             loss = torch.stack([v.detach().reshape(()) for v in self._acc]).sum()
             self._acc.clear()
+        if loss is not None and self.world > 1 and getattr(pl_module, "skipped_update", False):
+            # on_nonfinite="skip": every process dropped the update a non-finite loss on one
+            # of them caused; each records it as non-finite, so all count the same skips
+            # and postpone the same checkpoints (their saves are collective)
+            loss = torch.full_like(loss.detach(), float("nan"))
         ctx = self.ctx
         assert ctx is not None
         if self.feed is None and self.plan.steps_per_epoch is None:  # a native loader's epochs

@@ -37,11 +37,21 @@ class PlanModule(L.LightningModule):
     (≈5 µs per callback and hook, ~7 hooks per step), while module hooks are called
     anyway.
 
+    With `skip_nonfinite` (`TrainingLoop(on_nonfinite="skip")`) an update whose loss (with
+    accumulation: the loss of any of its batches) is not finite is dropped: in
+    `on_before_optimizer_step` (after backward, before clipping and the step) the
+    gradients are set to None, so the torch optimizer leaves those parameters and their
+    state (moments, step count) alone, and the step-interval schedule is not advanced
+    (`lr_scheduler_step`); floating buffers (BatchNorm statistics) updated by a
+    non-finite batch's forward are restored after its backward. Lightning still counts the step. Reading the flag costs
+    one host sync per update, only under this policy.
+
     Args:
         model: the network.
         loss: `loss(pred, target) -> scalar tensor` (core array-API losses work on torch).
         build_optimizer: `params -> (optimizer, scheduler or None)`.
         bridge: the run bridge (`RunBridge`) whose hooks this module forwards.
+        skip_nonfinite: drop updates with a non-finite loss (see above).
     """
 
     def __init__(
@@ -50,12 +60,17 @@ class PlanModule(L.LightningModule):
         loss: Callable[[Any, Any], Any],
         build_optimizer: Callable[[Any], tuple[Any, Any]],
         bridge: Any = None,
+        skip_nonfinite: bool = False,
     ):
         super().__init__()
         self.model = model
         self._loss = loss
         self._build_optimizer = build_optimizer
         self._bridge = bridge
+        self._skip_nonfinite = bool(skip_nonfinite)
+        self._update_finite: Any = None  # a device bool: every loss of this update finite
+        self.skipped_update = False  # the latest update was dropped (read by the bridge)
+        self._restore: Any = None  # (buffers, values before the forward, loss finite)
 
     def setup(self, stage: str) -> None:
         """Forward to the bridge (context, resume, data position)."""
@@ -78,10 +93,49 @@ class PlanModule(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         """The plan's loss on one (micro-)batch."""
-        if isinstance(batch, dict):
-            return self._loss(self.model(batch["x"]), batch["y"])
-        x, y = unpack(batch)
-        return self._loss(self.model(x), y)
+        x, y = (batch["x"], batch["y"]) if isinstance(batch, dict) else unpack(batch)
+        if not self._skip_nonfinite:
+            return self._loss(self.model(x), y)
+        # floating buffers (BatchNorm statistics) are not updated from a non-finite batch
+        buffers = [b for b in self.model.buffers() if b.is_floating_point()]
+        with torch.no_grad():
+            saved = [b.clone() for b in buffers]
+        loss = self._loss(self.model(x), y)
+        finite = torch.isfinite(loss.detach())
+        if buffers:  # restored after backward, which may still read them
+            self._restore = (buffers, saved, finite)
+        seen = self._update_finite
+        self._update_finite = finite if seen is None else seen & finite
+        return loss
+
+    def on_after_backward(self) -> None:
+        """Under `skip_nonfinite`: undo a non-finite batch's update of the floating buffers."""
+        restore, self._restore = self._restore, None
+        if restore is not None:
+            buffers, saved, finite = restore
+            with torch.no_grad():
+                for buffer, before in zip(buffers, saved, strict=True):
+                    buffer.copy_(torch.where(finite, buffer, before))
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        """Under `skip_nonfinite`: drop the update (gradients to None) if a loss was not finite."""
+        if not self._skip_nonfinite:
+            return
+        finite, self._update_finite = self._update_finite, None
+        skip = finite is not None and not bool(finite)
+        if self.trainer.world_size > 1:  # every process skips the same updates
+            skip = bool(self.trainer.strategy.reduce_boolean_decision(skip, all=False))
+        self.skipped_update = skip
+        if skip:
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    param.grad = None
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        """Step the schedule, except after a skipped update (it follows applied updates)."""
+        if self.skipped_update:
+            return
+        super().lr_scheduler_step(scheduler, metric)
 
     def configure_optimizers(self) -> Any:
         """The plan's optimizer, and its schedule stepped every optimizer step."""

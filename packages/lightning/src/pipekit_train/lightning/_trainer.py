@@ -251,6 +251,7 @@ class Lightning(Adapter):
         online=True,
         accumulation=True,
         precisions=SPEC_PRECISIONS,
+        skip_nonfinite=True,
     )
 
     def __init__(self, **trainer_kwargs: Any):
@@ -330,6 +331,13 @@ class Lightning(Adapter):
                 f"`optimizer_config['{key}']` and Lightning(gradient_clip_val=...) both clip. "
                 f"Received: {key}={clip[0]}, gradient_clip_val={given}. Set only `{key}` "
                 "(it means the same on every backend)."
+            )
+        if plan.on_nonfinite == "skip" and is_lightning_module(plan.model):
+            raise self._unsupported(
+                "on_nonfinite='skip' with your own LightningModule",
+                f"model={type(plan.model).__name__}, on_nonfinite='skip'",
+                "Pass the network (a torch.nn.Module or LightningModelOp) so the adapter's "
+                "training step can drop non-finite updates, or use on_nonfinite='stop'.",
             )
         if is_datamodule(plan.data) and plan.validation is not None:
             raise ConfigError(
@@ -455,7 +463,9 @@ class Lightning(Adapter):
         if is_lightning_module(net):
             callbacks = [bridge]  # your module's hooks stay yours: the bridge is a Callback
         else:
-            module = PlanModule(net, loss, build, bridge=bridge)
+            module = PlanModule(
+                net, loss, build, bridge=bridge, skip_nonfinite=plan.on_nonfinite == "skip"
+            )
             callbacks = []  # the generated module forwards its hooks to the bridge
         with _without_advert():
             trainer = L.Trainer(**self._trainer_kwargs(plan, native, callbacks))

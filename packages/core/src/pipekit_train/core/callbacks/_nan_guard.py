@@ -21,21 +21,36 @@ class NonFiniteLossError(PipekitError, FloatingPointError):
         step: the step whose metric was non-finite.
         metric: the metric name.
         value: the offending value (`nan`, `inf` or `-inf`).
+        consecutive: under `on_nonfinite="skip"`, how many consecutive steps were
+            skipped when the run stopped (`max_consecutive_skips`); None otherwise.
     """
 
-    def __init__(self, step: int, metric: str, value: float):
+    def __init__(self, step: int, metric: str, value: float, consecutive: int | None = None):
         self.step = step
         self.metric = metric
         self.value = value
-        super().__init__(
-            f"Non-finite `{metric}` at step {step}: {metric}={value!r}. Training stopped; the "
-            "last good checkpoint (written before this step) is kept and nothing from this step "
-            "is saved. Lower the learning rate, clip gradients (optimizer_config['clip_norm']), "
-            "or check the data for NaN/inf, then resume."
-        )
+        self.consecutive = consecutive
+        if consecutive is None:
+            message = (
+                f"Non-finite `{metric}` at step {step}: {metric}={value!r}. Training stopped; the "
+                "last good checkpoint (written before this step) is kept and nothing from this "
+                "step is saved. Lower the learning rate, clip gradients "
+                "(optimizer_config['clip_norm']), or check the data for NaN/inf, then resume."
+            )
+        else:
+            first = step - consecutive + 1
+            message = (
+                f"Non-finite `{metric}` at step {step}: {metric}={value!r}, the last of "
+                f"{consecutive} consecutive skipped steps ({first}..{step}); on_nonfinite='skip' "
+                f"stops after max_consecutive_skips={consecutive}. Training stopped; the updates of these "
+                "steps were skipped and no checkpoint was written after the last finite step. "
+                "Check the data for NaN/inf, lower the learning rate or clip gradients "
+                "(optimizer_config['clip_norm']), then resume."
+            )
+        super().__init__(message)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.step, self.metric, self.value))
+        return (type(self), (self.step, self.metric, self.value, self.consecutive))
 
 
 class NaNGuard:

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,47 +72,335 @@ class _NoWrite:
     def flush(self) -> None: ...
 
 
-# (id, overrides applied to the TrainingLoop keyword arguments, fragment of the message)
+class BadInputContext:
+    """What a bad-input case builds its values from (see `Make`).
+
+    Attributes:
+        suite: the conformance test class instance (its `make_model`, `make_adapter`).
+        tmp_path: the test's empty directory; every case must leave it as it found it,
+            apart from what the case itself put there (`file`, `checkpoint_dir`).
+        train: the shared regression training set (4 inputs, 1 target).
+        validation: the shared regression validation set.
+    """
+
+    def __init__(self, suite: Any, tmp_path: Path, train: Any, validation: Any):
+        self.suite = suite
+        self.tmp_path = tmp_path
+        self.train = train
+        self.validation = validation
+        self.prepared: dict[Path, bytes | None] = {}
+
+    def file(self, name: str) -> Path:
+        """An existing file under `tmp_path` (part of the case's set-up)."""
+        path = self.tmp_path / name
+        path.write_bytes(b"not a directory")
+        self.prepared[path] = path.read_bytes()
+        return path
+
+    def checkpoint_dir(self, name: str, step: int = 4) -> Path:
+        """A directory under `tmp_path` holding one (empty) step folder."""
+        path = self.tmp_path / name
+        (path / str(step)).mkdir(parents=True)
+        self.prepared[path] = None
+        self.prepared[path / str(step)] = None
+        return path
+
+    def dataset(self, n: int = 64, x: int = 4, y: int = 1, *, keys: tuple[str, ...] = ()) -> Any:
+        """An `ArrayDataset` of `n` rows with `x` input and `y` target features.
+
+        `keys`: name the two arrays differently (e.g. `("inputs", "y")`).
+        """
+        from pipekit_train.core.data import ArrayDataset
+
+        rng = np.random.default_rng(0)
+        names = keys or ("x", "y")
+        arrays = (rng.standard_normal((n, x)), rng.standard_normal((n, y)))
+        return ArrayDataset(**{k: a.astype(np.float32) for k, a in zip(names, arrays, strict=True)})
+
+
+class Make:
+    """A bad-input value built when the case runs, inside its `pytest.raises`.
+
+    Args:
+        build: `BadInputContext -> value` (it may raise the expected error itself).
+        label: shown in the case's repr.
+    """
+
+    def __init__(self, build: Callable[[BadInputContext], Any], label: str):
+        self.build = build
+        self.label = label
+
+    def __repr__(self) -> str:
+        return f"<{self.label}>"
+
+
+def _checkpoint(**kwargs: Any) -> Make:
+    def build(ctx: BadInputContext) -> Checkpoint:
+        return Checkpoint(ctx.tmp_path / "ck", **kwargs)
+
+    return Make(build, f"Checkpoint(tmp/'ck', {kwargs})")
+
+
+def _normalizer(mean: dict[str, Any], std: dict[str, Any]) -> Make:
+    def build(ctx: BadInputContext) -> Any:
+        from pipekit_train.core.data import Normalizer
+
+        return Normalizer(mean, std)
+
+    return Make(build, f"Normalizer(keys={sorted(mean)})")
+
+
+def _stream(ctx: BadInputContext) -> Any:
+    from pipekit_train.core.data import IterableDataset
+
+    batch = ctx.train.get_batch(np.arange(len(ctx.train)))
+    rows = [{"x": batch["x"][i], "y": batch["y"][i]} for i in range(len(ctx.train))]
+    return IterableDataset(lambda: iter(rows))
+
+
+def _model_class(ctx: BadInputContext) -> Any:
+    return type(ctx.suite.make_model(4, 1, seed=0))
+
+
+def _early_stopping(ctx: BadInputContext) -> list[Any]:
+    from pipekit_train.core.callbacks import EarlyStopping
+
+    return [EarlyStopping("val_loss")]
+
+
+# (id, overrides of the TrainingLoop keyword arguments, regex the ConfigError must match).
+# Every case must raise a `ConfigError` (or subclass) naming what was received, when the
+# loop (or the object passed to it) is built: before any work, nothing written to disk.
 BAD_INPUTS: list[tuple[str, dict[str, Any], str]] = [
-    ("batch_size_zero", {"batch_size": 0}, "batch_size"),
-    ("batch_size_negative", {"batch_size": -4}, "batch_size"),
-    ("batch_size_float", {"batch_size": 8.0}, "batch_size"),
-    ("batch_size_bool", {"batch_size": True}, "batch_size"),
-    ("batch_size_too_large", {"batch_size": 10_000}, "batch_size"),
-    ("max_steps_zero", {"max_steps": 0}, "max_steps"),
-    ("no_stopping_rule", {"max_steps": None}, "max_steps"),
-    ("max_epochs_negative", {"max_epochs": -1}, "max_epochs"),
+    # sizes and schedules of the run
+    ("batch_size_zero", {"batch_size": 0}, "batch_size=0"),
+    ("batch_size_negative", {"batch_size": -4}, "batch_size=-4"),
+    ("batch_size_float", {"batch_size": 8.0}, r"batch_size=8\.0"),
+    ("batch_size_bool", {"batch_size": True}, "batch_size=True"),
+    ("batch_size_too_large", {"batch_size": 10_000}, "batch_size=10000, but the dataset has 256"),
+    ("max_steps_zero", {"max_steps": 0}, "max_steps=0"),
+    ("max_steps_float", {"max_steps": 12.5}, r"max_steps=12\.5"),
+    ("no_stopping_rule", {"max_steps": None}, "max_steps=None, max_epochs=None"),
+    ("max_epochs_negative", {"max_epochs": -1}, "max_epochs=-1"),
+    (
+        "max_epochs_on_a_stream",
+        {"data": Make(_stream, "IterableDataset"), "max_steps": None, "max_epochs": 2},
+        "max_epochs=2",
+    ),
+    ("validate_every_zero", {"validate_every_n_steps": 0}, "validate_every_n_steps=0"),
+    (
+        "validate_every_without_validation",
+        {"validation": None, "validate_every_n_steps": 5},
+        "validate_every_n_steps=5, validation=None",
+    ),
+    ("log_every_zero", {"log_every_n_steps": 0}, "log_every_n_steps=0"),
+    ("accumulate_zero", {"accumulate_grad_batches": 0}, "accumulate_grad_batches=0"),
+    ("accumulate_float", {"accumulate_grad_batches": 2.0}, r"accumulate_grad_batches=2\.0"),
+    ("shuffle_not_bool", {"shuffle": "yes"}, "shuffle='yes'"),
+    ("drop_remainder_not_bool", {"drop_remainder": 1}, "drop_remainder=1"),
+    ("sweep_id_not_string", {"sweep_id": 7}, "sweep_id=7"),
+    # seeds
+    ("negative_seed", {"seed": -1}, "seed=-1"),
+    ("seed_string", {"seed": "zero"}, "seed='zero'"),
+    ("seed_bool", {"seed": True}, "seed=True"),
+    (
+        "model_seed_negative",
+        {"model": Make(lambda ctx: ctx.suite.make_model(4, 1, seed=-1), "model(seed=-1)")},
+        "seed=-1",
+    ),
+    # the model and the adapter
+    ("model_not_a_model", {"model": "linear"}, "model=str"),
+    (
+        "model_factory_not_importable",
+        {
+            "model": Make(
+                lambda ctx: _model_class(ctx)("no_such_module_xyz:net", in_size=4, out_size=1),
+                "ModelOp('no_such_module_xyz:net')",
+            )
+        },
+        "factory='no_such_module_xyz:net'",
+    ),
+    ("adapter_not_adapter", {"adapter": "equinox"}, "adapter='equinox'"),
+    ("sharding_not_a_spec", {"sharding": "bogus"}, "sharding='bogus'"),
+    # loss and metrics
     ("unknown_loss", {"loss": "msee"}, "msee"),
-    ("loss_not_callable", {"loss": 3}, "loss"),
+    ("loss_not_callable", {"loss": 3}, "loss=3"),
     ("unknown_metric", {"metrics": ["maee"]}, "maee"),
-    ("negative_learning_rate", {"optimizer_config": {"name": "adam", "lr": -1.0}}, "learning_rate"),
+    ("metrics_not_a_list", {"metrics": 3}, "metrics=3"),
+    ("metrics_without_validation", {"validation": None, "metrics": ["mae"]}, "validation=None"),
+    # the optimizer spec
+    (
+        "negative_learning_rate",
+        {"optimizer_config": {"name": "adam", "lr": -1.0}},
+        "learning_rate=-1.0",
+    ),
     (
         "nan_learning_rate",
         {"optimizer_config": {"name": "adam", "lr": float("nan")}},
-        "learning_rate",
+        "learning_rate=nan",
     ),
     (
         "conflicting_lr",
         {"optimizer_config": {"name": "adam", "lr": 0.1, "learning_rate": 0.2}},
-        "lr",
+        "lr=0.1, learning_rate=0.2",
     ),
     ("unknown_optimizer", {"optimizer_config": {"name": "adamw_typo", "lr": 0.01}}, "adamw_typo"),
-    ("negative_seed", {"seed": -1}, "seed"),
-    ("seed_string", {"seed": "zero"}, "seed"),
-    ("callback_without_hooks", {"callbacks": [_NoHooks()]}, "callback"),
-    ("writer_without_write", {"writers": [_NoWrite()]}, "write"),
-    ("data_not_dataset", {"data": [1, 2, 3]}, "data"),
-    ("data_wrong_keys", {"data": "__wrong_keys__"}, "'x'"),
-    ("metrics_without_validation", {"validation": None, "metrics": ["mae"]}, "validation"),
+    (
+        "unknown_optimizer_key",
+        {"optimizer_config": {"name": "adam", "lr": 0.01, "beta1": 0.8}},
+        "beta1=0.8",
+    ),
+    ("optimizer_config_not_a_dict", {"optimizer_config": "adam"}, "optimizer_config"),
+    (
+        "clip_norm_and_clip_value",
+        {"optimizer_config": {"name": "adam", "lr": 0.01, "clip_norm": 1.0, "clip_value": 0.5}},
+        "clip_norm=1.0, clip_value=0.5",
+    ),
+    (
+        "clip_norm_negative",
+        {"optimizer_config": {"name": "adam", "lr": 0.01, "clip_norm": -1.0}},
+        "clip_norm=-1.0",
+    ),
+    (
+        "momentum_out_of_range",
+        {"optimizer_config": {"name": "sgd", "lr": 0.01, "momentum": 1.5}},
+        "momentum=1.5",
+    ),
+    (
+        "weight_decay_negative",
+        {"optimizer_config": {"name": "adamw", "lr": 0.01, "weight_decay": -0.1}},
+        "weight_decay=-0.1",
+    ),
+    (
+        "accumulation_as_optimizer_option",
+        {"optimizer_config": {"name": "adam", "lr": 0.01, "gradient_accumulation_steps": 4}},
+        "gradient_accumulation_steps=4",
+    ),
+    (
+        "unknown_schedule",
+        {"optimizer_config": {"name": "adam", "lr": {"schedule": "cosinee", "init_value": 0.1}}},
+        "cosinee",
+    ),
+    (
+        "schedule_missing_steps",
+        {"optimizer_config": {"name": "adam", "lr": {"schedule": "cosine", "init_value": 0.1}}},
+        "decay_steps",
+    ),
+    # the non-finite policy
+    ("on_nonfinite_unknown", {"on_nonfinite": "skipp"}, "on_nonfinite='skipp'"),
+    (
+        "max_consecutive_skips_zero",
+        {"on_nonfinite": "skip", "max_consecutive_skips": 0},
+        "max_consecutive_skips=0",
+    ),
+    (
+        "max_consecutive_skips_float",
+        {"on_nonfinite": "skip", "max_consecutive_skips": 2.5},
+        r"max_consecutive_skips=2\.5",
+    ),
+    (
+        "max_consecutive_skips_without_skip",
+        {"max_consecutive_skips": 5},
+        "max_consecutive_skips=5, on_nonfinite='stop'",
+    ),
+    # data
+    ("data_none", {"data": None}, "data=None"),
+    ("data_not_dataset", {"data": [1, 2, 3]}, "data=list"),
+    (
+        "data_wrong_keys",
+        {"data": Make(lambda ctx: ctx.dataset(keys=("inputs", "y")), "inputs/y")},
+        r"keys=\['inputs', 'y'\]",
+    ),
+    (
+        "validation_wrong_keys",
+        {"validation": Make(lambda ctx: ctx.dataset(8, keys=("x", "target")), "x/target")},
+        r"keys=\['target', 'x'\]",
+    ),
+    (
+        "validation_empty",
+        {"validation": Make(lambda ctx: ctx.dataset(n=0), "0 rows")},
+        r"len\(validation\)=0",
+    ),
+    (
+        "data_feature_width",
+        {"data": Make(lambda ctx: ctx.dataset(x=5), "x width 5")},
+        r"data\['x'\] with samples of shape \(5,\).*the model expects inputs of shape \(4,\)",
+    ),
+    (
+        "validation_feature_width",
+        {"validation": Make(lambda ctx: ctx.dataset(x=5), "x width 5")},
+        r"validation\['x'\] with samples of shape \(5,\)",
+    ),
+    (
+        "data_target_width",
+        {"data": Make(lambda ctx: ctx.dataset(y=2), "y width 2")},
+        r"data\['y'\] with samples of shape \(2,\).*the model predicts samples of shape \(1,\)",
+    ),
+    (
+        "validation_target_width",
+        {"validation": Make(lambda ctx: ctx.dataset(y=2), "y width 2")},
+        r"validation\['y'\] with samples of shape \(2,\)",
+    ),
+    ("normalizer_not_a_normalizer", {"normalizer": "zscore"}, "normalizer='zscore'"),
+    (
+        "normalizer_unknown_key",
+        {"normalizer": _normalizer({"inputs": np.zeros(4)}, {"inputs": np.ones(4)})},
+        r"normalizer.*\['inputs'\]",
+    ),
+    (
+        "normalizer_feature_shape",
+        {"normalizer": _normalizer({"x": np.zeros(5)}, {"x": np.ones(5)})},
+        r"normalizer.*\(5,\)",
+    ),
+    # callbacks and writers
+    ("callback_without_hooks", {"callbacks": [_NoHooks()]}, "_NoHooks"),
+    ("callbacks_not_a_list", {"callbacks": _NoHooks()}, "callbacks="),
+    ("writer_without_write", {"writers": [_NoWrite()]}, "_NoWrite"),
+    ("writers_not_a_list", {"writers": "m.jsonl"}, "writers='m.jsonl'"),
     (
         "early_stopping_without_validation",
-        {"validation": None, "callbacks": "__early_stopping__"},
-        "val_loss",
+        {"validation": None, "callbacks": Make(_early_stopping, "[EarlyStopping('val_loss')]")},
+        "validation=None",
     ),
-    ("validate_every_zero", {"validate_every_n_steps": 0}, "validate_every_n_steps"),
-    ("checkpoint_every_zero", {"checkpoint": "__every_zero__"}, "every_n_steps"),
-    ("checkpoint_bad_resume", {"checkpoint": "__bad_resume__"}, "resume"),
-    ("adapter_not_adapter", {"adapter": "equinox"}, "adapter"),
+    # checkpoints
+    ("checkpoint_not_a_policy", {"checkpoint": 5}, "checkpoint=5"),
+    ("checkpoint_every_zero", {"checkpoint": _checkpoint(every_n_steps=0)}, "every_n_steps=0"),
+    ("checkpoint_max_to_keep_zero", {"checkpoint": _checkpoint(max_to_keep=0)}, "max_to_keep=0"),
+    (
+        "checkpoint_bad_resume",
+        {"checkpoint": _checkpoint(resume="sometimes")},
+        "resume='sometimes'",
+    ),
+    ("checkpoint_bad_mode", {"checkpoint": _checkpoint(mode="biggest")}, "mode='biggest'"),
+    (
+        "checkpoint_keep_best_without_validation",
+        {"validation": None, "checkpoint": _checkpoint(keep_best=1)},
+        "validation=None",
+    ),
+    (
+        "checkpoint_unknown_uri",
+        {"checkpoint": Make(lambda ctx: Checkpoint("nosuchproto://bucket/run"), "nosuchproto://")},
+        "nosuchproto://bucket/run",
+    ),
+    (
+        "checkpoint_path_is_a_file",
+        {"checkpoint": Make(lambda ctx: Checkpoint(ctx.file("ck")), "Checkpoint(file)")},
+        "existing file",
+    ),
+    (
+        "checkpoint_string_is_a_file",
+        {"checkpoint": Make(lambda ctx: str(ctx.file("ck")), "str(file)")},
+        "existing file",
+    ),
+    (
+        "checkpoint_resume_never_not_empty",
+        {
+            "checkpoint": Make(
+                lambda ctx: Checkpoint(ctx.checkpoint_dir("ck"), resume="never"), "resume='never'"
+            )
+        },
+        "resume='never'",
+    ),
 ]
 
 
@@ -487,34 +776,46 @@ class AdapterConformance:
         with pytest.raises(ConfigError, match=r"batch_size=16, but the dataset has 3 samples"):
             self.loop(data=tiny)
 
+    @pytest.fixture(scope="class")
+    @classmethod
+    def bad_input_parts(cls) -> tuple[Any, Any, Any]:
+        """The model and data every bad-input case starts from (built once per class)."""
+        train, val = regression_task()
+        return cls().make_model(4, 1, seed=0), train, val
+
     @pytest.mark.parametrize("case", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
-    def test_bad_input(self, case: tuple[str, dict[str, Any], str], tmp_path: Path) -> None:
-        from pipekit_train.core.callbacks import EarlyStopping
-        from pipekit_train.core.data import ArrayDataset
+    def test_bad_input(
+        self,
+        case: tuple[str, dict[str, Any], str],
+        bad_input_parts: tuple[Any, Any, Any],
+        tmp_path: Path,
+    ) -> None:
+        """A clear `ConfigError` when the loop is built: no training, nothing on disk."""
         from pipekit_train.core.writers import JsonlWriter
 
-        _, overrides, fragment = case
-        overrides = dict(overrides)
-        if overrides.get("data") == "__wrong_keys__":
-            overrides["data"] = ArrayDataset(
-                inputs=np.zeros((64, 4), np.float32), y=np.zeros((64, 1), np.float32)
-            )
-        if overrides.get("callbacks") == "__early_stopping__":
-            overrides["callbacks"] = [EarlyStopping("val_loss")]
-        special = overrides.get("checkpoint")
-        if special == "__every_zero__":
-            with pytest.raises(ConfigError, match=fragment):
-                Checkpoint(tmp_path / "ck", every_n_steps=0)
-            assert not any(tmp_path.iterdir())
-            return
-        if special == "__bad_resume__":
-            with pytest.raises(ConfigError, match=fragment):
-                Checkpoint(tmp_path / "ck", resume="sometimes")  # type: ignore[arg-type]
-            assert not any(tmp_path.iterdir())
-            return
-        overrides.setdefault("checkpoint", Checkpoint(tmp_path / "ck", every_n_steps=2))
-        overrides.setdefault("writers", [JsonlWriter(str(tmp_path / "m.jsonl"))])
-        with pytest.raises(ConfigError, match=fragment) as info:
-            self.loop(**overrides).run()
-        assert "Received" in str(info.value)
-        assert list(tmp_path.iterdir()) == [], "a bad input left files behind"
+        _, overrides, pattern = case
+        model, train, val = bad_input_parts
+        ctx = BadInputContext(self, tmp_path, train, val)
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "data": train,
+            "validation": val,
+            "loss": "mse",
+            "optimizer_config": dict(self.optimizer_config),
+            "batch_size": self.batch_size,
+            "max_steps": 40,
+            "seed": 0,
+            "adapter": self.make_adapter(),
+            "checkpoint": Checkpoint(tmp_path / "ck", every_n_steps=2),
+            "writers": [JsonlWriter(str(tmp_path / "m.jsonl"))],
+            "progress": False,
+        }
+        with pytest.raises(ConfigError) as info:
+            for key, value in overrides.items():
+                kwargs[key] = value.build(ctx) if isinstance(value, Make) else value
+            TrainingLoop(**kwargs)
+        message = str(info.value)
+        assert re.search(pattern, message, re.DOTALL), (pattern, message)
+        assert "Received" in message, message
+        left = {p: (p.read_bytes() if p.is_file() else None) for p in tmp_path.rglob("*")}
+        assert left == ctx.prepared, "a bad input left files behind (or changed the set-up)"

@@ -17,6 +17,7 @@ import numpy as np
 
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.adapter import (
+    Capabilities,
     DirectoryCheckpointer,
     HostBuffers,
     NotSupportedError,
@@ -50,6 +51,7 @@ class NumpyAdapter(StepAdapter):
     """
 
     name = "numpy"
+    capabilities = Capabilities(online=True, skip_nonfinite=True)
 
     def __init__(self, gradient_noise: float = 0.0):
         if (
@@ -136,6 +138,7 @@ class _NumpyBackend(StepBackend[_State]):
     def __init__(self, plan: Plan, noise: float):
         self.plan = plan
         self.noise = noise
+        self.skip_nonfinite = plan.on_nonfinite == "skip"
         cfg = plan.optimizer_config
         self.opt_name = cfg["name"]
         self.lr = float(cfg["learning_rate"])
@@ -175,6 +178,9 @@ class _NumpyBackend(StepBackend[_State]):
                 k: v + self.noise * state.rng.standard_normal(v.shape).astype(np.float32)
                 for k, v in grads.items()
             }
+        if self.skip_nonfinite and not np.isfinite(loss):
+            # on_nonfinite="skip": parameters and optimizer state (and its count) unchanged
+            return _State(state.params, state.opt, state.t, state.rng), {"loss": loss}
         t = state.t + 1
         params, opt = {}, dict(state.opt)
         for k, p in state.params.items():
