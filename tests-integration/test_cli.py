@@ -125,8 +125,11 @@ def test_equinox_orbax_checkpoints_are_inspected_as_the_adapter_restores_them(
     name = array.relative_to(ckpt / "30").as_posix()
     assert status == {
         10: (True, None),
-        20: (False, "no pipekit-digest.json (the save was interrupted before it was sealed)"),
-        30: (False, f"{name} does not match its SHA-256"),
+        20: (
+            False,
+            "it has no pipekit-digest.json (the save was interrupted before it was sealed)",
+        ),
+        30: (False, f"{name} does not match its SHA-256 digest"),
     }
     assert report["latest_complete"] == 10
 

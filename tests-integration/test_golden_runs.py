@@ -43,7 +43,9 @@ def golden(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 
     def run(label: str) -> tuple[str, dict]:
         package, keras_backend = SETUPS[label]
-        env = dict(os.environ)
+        # Two workers share two cores: one thread each, or torch's intra-op threads
+        # oversubscribe the machine (Lightning ran several times slower without this).
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
         if keras_backend:
             env["KERAS_BACKEND"] = keras_backend
         path = out / f"{label}.json"

@@ -14,7 +14,8 @@ classes here and uses the shared machinery, and imports nothing private from cor
   atomic SHA-256-verified store for backends without an engine, local or at any fsspec
   URI), `RemoteSteps` (step folders at a URI, committed by a marker written last),
   `HostBuffers` (reused host arrays for non-blocking snapshots), `Restored`,
-  `TornCheckpointWarning`, `step_dirs`, `fsync_dir`.
+  `TornCheckpointWarning`, `step_dirs`, `fsync_dir`; step-folder digests
+  (`FOLDER_DIGEST`, `seal_folder`, `check_folder`, `sha256_file`).
 - **The canonical spec**: `OptimizerSpec`/`optimizer_spec` and `OPTIMIZERS` (names and
   hyperparameters every backend runs the same way), `SCHEDULES`, `check_schedule`,
   `learning_rate_at`, `peak_learning_rate` (learning-rate curves in plain Python),
@@ -35,6 +36,7 @@ from ._checkpointing import (
     step_dirs,
 )
 from ._driver import abort_run, check_resume_key, restore_or_start, run_step_loop, stack_batches
+from ._folder_digest import FOLDER_DIGEST, check_folder, seal_folder, sha256_file
 from ._imports import import_string, object_path, optional_import
 from ._operators import check_seed
 from ._plan import Plan, describe_callable, is_core_dataset, steps_per_epoch
@@ -77,6 +79,10 @@ __all__ = [
     "default_fetch",
     "describe_callable",
     "fsync_dir",
+    "FOLDER_DIGEST",
+    "check_folder",
+    "seal_folder",
+    "sha256_file",
     "import_string",
     "is_core_dataset",
     "learning_rate_at",

@@ -16,7 +16,6 @@ writes (`.tmp-*`, `<step>.orbax-checkpoint-tmp-*`) are listed too.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -24,20 +23,11 @@ from typing import IO, Any
 
 from pipekit_train.core._checkpointing import MANIFEST, META
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core._folder_digest import FOLDER_DIGEST, check_folder, sha256_file
 
 __all__ = ["checkpoint_inspect", "inspect_checkpoints"]
 
-DIGEST = "pipekit-digest.json"
-_DIGEST_TMP = f".{DIGEST}.tmp-"
-_CHUNK = 1 << 20
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+DIGEST = FOLDER_DIGEST
 
 
 def _check_files(folder: Path, listed: dict[str, Any]) -> str | None:
@@ -50,7 +40,7 @@ def _check_files(folder: Path, listed: dict[str, Any]) -> str | None:
         size = info.get("size")
         if size is not None and path.stat().st_size != size:
             return f"{name} does not match its recorded size"
-        if _sha256(path) != info.get("sha256"):
+        if sha256_file(path) != info.get("sha256"):
             return f"{name} does not match its SHA-256"
     return None
 
@@ -73,31 +63,11 @@ def _directory_step(folder: Path) -> tuple[str | None, dict[str, Any] | None, di
     return None, meta, manifest
 
 
-def _orbax_files(folder: Path) -> dict[str, Path]:
-    return {
-        p.relative_to(folder).as_posix(): p
-        for p in folder.rglob("*")
-        if p.is_file() and p.name != DIGEST and not p.name.startswith(_DIGEST_TMP)
-    }
-
-
 def _orbax_step(folder: Path) -> tuple[str | None, dict[str, Any] | None, dict[str, Any]]:
     """(problem, meta, pipekit record) of an Orbax step sealed by the Equinox adapter."""
-    try:
-        digest = json.loads((folder / DIGEST).read_text())
-        files = digest["files"]
-        if not isinstance(files, dict) or not files:
-            raise ValueError
-    except FileNotFoundError:
-        return f"no {DIGEST} (the save was interrupted before it was sealed)", None, {}
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"its {DIGEST} is unreadable or damaged", None, {}
-    problem = _check_files(folder, files)
+    problem = check_folder(folder)
     if problem is not None:
         return problem, None, {}
-    extra = sorted(set(_orbax_files(folder)) - set(files))
-    if extra:
-        return f"{extra[0]} is not in its {DIGEST}", None, {}
     try:
         meta = json.loads((folder / "meta" / "metadata").read_text())
         record = json.loads((folder / "pipekit" / "metadata").read_text())
