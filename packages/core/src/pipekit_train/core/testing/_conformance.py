@@ -769,13 +769,6 @@ class AdapterConformance:
         assert "'mse'" in msg, msg
         assert not (tmp_path / "ck").exists()
 
-    def test_dataset_smaller_than_batch(self) -> None:
-        from pipekit_train.core.data import ArrayDataset
-
-        tiny = ArrayDataset(x=np.zeros((3, 4), np.float32), y=np.zeros((3, 1), np.float32))
-        with pytest.raises(ConfigError, match=r"batch_size=16, but the dataset has 3 samples"):
-            self.loop(data=tiny)
-
     @pytest.fixture(scope="class")
     @classmethod
     def bad_input_parts(cls) -> tuple[Any, Any, Any]:
