@@ -22,9 +22,13 @@ for _module in ("moto.server", "boto3", "s3fs"):
     pytest.importorskip(_module)
 
 from pipekit_train.core import Checkpoint, TornCheckpointWarning, TrainingLoop  # noqa: E402
-from pipekit_train.core.adapter import RemoteSteps, step_dirs  # noqa: E402
+from pipekit_train.core.adapter import (  # noqa: E402
+    FOLDER_DIGEST,
+    RemoteSteps,
+    step_dirs,
+)
 from pipekit_train.core.testing import LoopbackS3, loopback_s3  # noqa: E402
-from pipekit_train.equinox import EquinoxModelOp, _digest  # noqa: E402
+from pipekit_train.equinox import EquinoxModelOp  # noqa: E402
 
 BUCKET = "pipekit-ckpt-equinox"
 
@@ -93,9 +97,9 @@ def test_steps_on_s3_are_sealed_with_the_marker(saved: str, s3: LoopbackS3) -> N
     assert remote.steps() == [4, 8]
     for step in (4, 8):
         files = remote.files(step)
-        record = json.loads(remote.read(step, _digest.DIGEST))
+        record = json.loads(remote.read(step, FOLDER_DIGEST))
         assert record["step"] == step
-        assert sorted(record["files"]) == [f for f in files if f != _digest.DIGEST]
+        assert sorted(record["files"]) == [f for f in files if f != FOLDER_DIGEST]
         assert {"pipekit/metadata", "meta/metadata", "state/manifest.ocdbt"} <= set(files)
 
 
@@ -110,8 +114,8 @@ def test_a_torn_step_on_s3_is_skipped(
     policy = _copy_of(saved, s3)
     remote = RemoteSteps(policy)
     if damage == "marker_missing":  # the upload stopped before the marker went up
-        remote.fs.rm_file(remote.path(8, _digest.DIGEST))
-        problem = f"no {_digest.DIGEST}"
+        remote.fs.rm_file(remote.path(8, FOLDER_DIGEST))
+        problem = f"no {FOLDER_DIGEST}"
     else:
         name = next(f for f in remote.files(8) if f.startswith("state/d/"))
         blob = bytearray(remote.read(8, name))
@@ -126,7 +130,7 @@ def test_a_torn_step_on_s3_is_skipped(
     assert resumed.resumed_from_step == 4
     assert resumed.model.serialize_weights() == reference
     assert step_dirs(policy) == [4, 8, 12]  # step 8 written again, from the right timeline
-    assert json.loads(remote.read(8, _digest.DIGEST))["step"] == 8
+    assert json.loads(remote.read(8, FOLDER_DIGEST))["step"] == 8
     remote.fs.rm(remote.root, recursive=True)
 
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from pipekit_train.core import Checkpoint, TornCheckpointWarning, TrainingLoop
-from pipekit_train.core.adapter import step_dirs
-from pipekit_train.equinox import EquinoxModelOp, _digest
+from pipekit_train.core.adapter import FOLDER_DIGEST, check_folder, seal_folder, step_dirs
+from pipekit_train.equinox import EquinoxModelOp
 
 # Every file of an Orbax step directory (`_files_of`), by a stable pattern: the array
 # chunk files under `d/` have random names. `test_the_patterns_cover_every_file` keeps
@@ -112,28 +112,30 @@ def _resume_from_4(
     assert art.model.serialize_weights() == reference
     # Step 8 was written again, from the right timeline, and sealed.
     assert step_dirs(root) == [4, 8, 12]
-    assert all(_digest.check(root / str(s)) is None for s in (4, 8, 12))
+    assert all(check_folder(root / str(s)) is None for s in (4, 8, 12))
 
 
 def test_every_step_is_sealed_off_the_training_thread(
     build: Callable[..., TrainingLoop], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     threads: list[str] = []
-    seal = _digest.seal
+    seal = seal_folder
 
     def spy(folder: Path, step: int) -> None:
         threads.append(threading.current_thread().name)
         seal(folder, step)
 
-    monkeypatch.setattr(_digest, "seal", spy)
+    from pipekit_train.equinox import _checkpoint
+
+    monkeypatch.setattr(_checkpoint, "seal_folder", spy)
     build(8, Checkpoint(tmp_path, every_n_steps=4, max_to_keep=None)).run()
     assert len(threads) == 2 and threading.main_thread().name not in threads
     for step in (4, 8):
         folder = tmp_path / str(step)
-        record = json.loads((folder / _digest.DIGEST).read_text())
+        record = json.loads((folder / FOLDER_DIGEST).read_text())
         assert record["step"] == step
-        assert sorted(record["files"]) == [f for f in _files_of(folder) if f != _digest.DIGEST]
-        assert _digest.check(folder) is None
+        assert sorted(record["files"]) == [f for f in _files_of(folder) if f != FOLDER_DIGEST]
+        assert check_folder(folder) is None
 
 
 def test_the_patterns_cover_every_file(saved: Path) -> None:
@@ -155,7 +157,7 @@ def test_a_flipped_byte_in_any_file_is_never_resumed(
     for i, name in enumerate(names):  # one file at a time
         root = _copy(saved, tmp_path / str(i))
         _flip_byte(root / "8" / name)
-        problem = "digest" if name == _digest.DIGEST else name
+        problem = "digest" if name == FOLDER_DIGEST else name
         _resume_from_4(build, root, reference, problem)
 
 
@@ -163,16 +165,16 @@ def test_an_unsealed_step_is_skipped(
     build: Callable[..., TrainingLoop], saved: Path, reference: bytes, tmp_path: Path
 ) -> None:
     root = _copy(saved, tmp_path)
-    (root / "8" / _digest.DIGEST).unlink()
-    _resume_from_4(build, root, reference, f"no {_digest.DIGEST}")
+    (root / "8" / FOLDER_DIGEST).unlink()
+    _resume_from_4(build, root, reference, f"no {FOLDER_DIGEST}")
 
 
 def test_a_removed_or_added_file_is_torn(saved: Path, tmp_path: Path) -> None:
     root = _copy(saved, tmp_path)
     (root / "8" / "meta" / "metadata").unlink()
-    assert _digest.check(root / "8") == "meta/metadata is missing"
+    assert check_folder(root / "8") == "meta/metadata is missing"
     (root / "4" / "state" / "extra").write_bytes(b"x")
-    assert _digest.check(root / "4") == f"state/extra is not in its {_digest.DIGEST}"
+    assert check_folder(root / "4") == f"state/extra is not in its {FOLDER_DIGEST}"
 
 
 def test_sync_saves_are_sealed_and_nothing_unsealed_is_resumed(
@@ -181,8 +183,8 @@ def test_sync_saves_are_sealed_and_nothing_unsealed_is_resumed(
     policy = Checkpoint(tmp_path, every_n_steps=4, max_to_keep=None, async_save=False)
     build(8, policy).run()
     for step in (4, 8):
-        assert _digest.check(tmp_path / str(step)) is None
-        (tmp_path / str(step) / _digest.DIGEST).unlink()
+        assert check_folder(tmp_path / str(step)) is None
+        (tmp_path / str(step) / FOLDER_DIGEST).unlink()
     with pytest.warns(TornCheckpointWarning) as record:
         art = build(8, policy).run()
     assert sum(issubclass(w.category, TornCheckpointWarning) for w in record) == 2

@@ -12,7 +12,7 @@ import pytest
 
 from pipekit_train.core import Checkpoint, ConfigError
 from pipekit_train.equinox import Equinox
-from pipekit_train.equinox._native import GrainBatches
+from pipekit_train.equinox._data import GrainBatches
 
 
 def _samples(regression: tuple[Any, Any], part: int = 0) -> list[dict[str, np.ndarray]]:

@@ -166,7 +166,7 @@ def test_learning_rate_reported_from_the_schedule(make_loop) -> None:
 
 def test_learning_rate_sweep_shares_one_compiled_step(make_loop, monkeypatch) -> None:
     """Runs that differ only in a constant lr reuse the compiled step, with their own lr."""
-    from pipekit_train.equinox import _step
+    from pipekit_train.equinox import _compiled as _step
 
     built: list[object] = []
     original = _step.StepFunctions.__init__

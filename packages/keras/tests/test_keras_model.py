@@ -11,7 +11,7 @@ import pytest
 from pipekit_train.core import ConfigError, TrainingLoop, model_op_from_config
 from pipekit_train.core.testing import regression_task
 from pipekit_train.keras import Keras, KerasModelOp
-from pipekit_train.keras._optimizers import build_optimizer
+from pipekit_train.keras._optim import build_optimizer
 
 LINEAR = "pipekit_train.keras.testing:linear"
 MLP = "pipekit_train.keras.testing:mlp"

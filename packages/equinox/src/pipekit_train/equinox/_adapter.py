@@ -2,16 +2,13 @@
 
 Everything but the step lives in core (`run_step_loop`: batching, fused groups,
 validation, checkpoint schedule and retention, callbacks, writers, artifact); this
-module provides the `StepBackend`: build the state, place batches, run the compiled
-steps, evaluate, checkpoint.
+module checks the plan and builds the `EquinoxBackend` (`_step.py`) that core drives.
 """
 
 from __future__ import annotations
 
-import re
 import sys
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import jax
 import jax.numpy as jnp
@@ -24,19 +21,17 @@ from pipekit_train.core.adapter import (
     Capabilities,
     Plan,
     StepAdapter,
-    StepBackend,
-    is_core_dataset,
 )
 
-from ._checkpoint import OrbaxCheckpointer, abstract_of
-from ._model import EquinoxModelOp, _host_array, apply_model, has_stochastic_layers, takes_key
+from ._model import EquinoxModelOp, apply_model
 from ._optim import build_optimizer
 from ._precision import DynamicLossScale, Policy, parse_policy
-from ._sharding import Placement, ShardingSpec
-from ._state import FlatState, TrainState
-from ._step import flatten_state, step_functions
+from ._sharding import ShardingSpec
 
-__all__ = ["Equinox", "EquinoxBackend"]
+if TYPE_CHECKING:
+    from ._step import EquinoxBackend
+
+__all__ = ["Equinox"]
 
 _LOSS_SCALES: Final = ("auto", "dynamic", "none")
 
@@ -158,7 +153,7 @@ class Equinox(StepAdapter):
         """
         if "grain" not in sys.modules:  # a grain object means grain was imported
             return False
-        from ._native import is_grain_loader
+        from ._data import is_grain_loader
 
         return is_grain_loader(data)
 
@@ -201,7 +196,7 @@ class Equinox(StepAdapter):
                 f"{field}={type(data).__name__}, processes={jax.process_count()}. "
                 "Use a pipekit dataset (core shards it per process)."
             )
-        from ._native import check_first_batch
+        from ._data import check_first_batch
 
         check_first_batch(data, field)
 
@@ -241,207 +236,6 @@ class Equinox(StepAdapter):
     # -- running -----------------------------------------------------------------------
     def step_backend(self, plan: Plan) -> EquinoxBackend:
         """The `StepBackend` for `run_step_loop` and `OnlineTrainer`."""
+        from ._step import EquinoxBackend
+
         return EquinoxBackend(plan, self)
-
-
-def _fresh_copies(leaves: list[jax.Array]) -> list[jax.Array]:
-    # New buffers (a bare `x` output would forward the input buffer, which a later
-    # donated step deletes while an async checkpoint write may still read it).
-    return [x + jnp.zeros((), x.dtype) for x in leaves]
-
-
-_copy_leaves = jax.jit(_fresh_copies)
-
-
-def _leaf_names(template: TrainState) -> list[str]:
-    """Stable checkpoint names of the state's arrays, e.g. `model_layers_0_weight`."""
-    arrays = eqx.filter(template, eqx.is_array)
-    names: list[str] = []
-    seen: set[str] = set()
-    for path, _ in jax.tree_util.tree_flatten_with_path(arrays)[0]:
-        name = re.sub(r"[^0-9A-Za-z]+", "_", jax.tree_util.keystr(path)).strip("_") or "leaf"
-        base, i = name, 1
-        while name in seen:
-            i += 1
-            name = f"{base}_{i}"
-        seen.add(name)
-        names.append(name)
-    return names
-
-
-class EquinoxBackend(StepBackend[FlatState]):
-    """The `StepBackend` of one run (see `pipekit_train.core.StepBackend`).
-
-    The state it hands around is a `FlatState` (the `TrainState`'s array leaves);
-    `train_state(state)` rebuilds the `TrainState`.
-    """
-
-    name: Final = "equinox"
-
-    def __init__(self, plan: Plan, adapter: Equinox):
-        self.plan = plan
-        self.adapter = adapter
-        self.op: EquinoxModelOp = plan.model
-        self.optimizer = build_optimizer(
-            plan.optimizer_config, accumulate=plan.accumulate_grad_batches
-        )
-        self.policy = adapter.policy
-        self.placement = Placement(plan.sharding)
-        self.steps_per_execution = adapter.steps_per_execution
-        multi = self.placement.multiprocess
-        self.data_shard = (jax.process_index(), jax.process_count()) if multi else (0, 1)
-        self.is_chief = jax.process_index() == 0
-        self._template = self._host_state()
-        self._names = _leaf_names(self._template)
-        self._step_index = self._names.index("step")
-        shardings = None
-        if plan.sharding is not None:
-            shardings = self.placement.state_shardings(self._template, self.optimizer.transform)
-        self._shardings = shardings
-        model = self._template.model
-        self.fns = step_functions(
-            self._template,
-            optimizer_key=self.optimizer.cache_key(plan.optimizer_config),
-            loss_fn=plan.loss,
-            optimizer=self.optimizer.transform,
-            policy=self.policy,
-            batched=self.op.batched,
-            use_key=takes_key(model) and has_stochastic_layers(model),
-            state_shardings=shardings,
-            data_sharding=self.placement.data_sharding,
-            stacked_sharding=self.placement.stacked_sharding,
-            replicated=self.placement.replicated,
-            skip_nonfinite=plan.on_nonfinite == "skip",
-            accumulate=plan.accumulate_grad_batches,
-        )
-        self._copy = (
-            _copy_leaves if shardings is None else jax.jit(_fresh_copies, out_shardings=shardings)
-        )
-        self._stack_rank = self._sample_rank(plan.data)
-
-    # -- state -------------------------------------------------------------------------
-    def _host_state(self) -> TrainState:
-        model = self.policy.cast_to_param(self.op.model)
-        return TrainState.create(
-            model,
-            self.optimizer.transform,
-            key=jax.random.PRNGKey(self.plan.seed),
-            model_state=self.op.model_state,
-            loss_scale=self.adapter.make_loss_scale(),
-        )
-
-    def init_state(self) -> FlatState:
-        """The step-0 state on the device(s): fresh buffers, never the operator's own."""
-        leaves, _, _ = flatten_state(self._template)
-        return FlatState(self.placement.put_leaves(leaves, self._shardings))
-
-    def train_state(self, state: FlatState) -> TrainState:
-        """The `TrainState` of a loop state."""
-        return self.fns.unflatten(state.leaves)
-
-    # -- data --------------------------------------------------------------------------
-    @staticmethod
-    def _sample_rank(data: Any) -> int | None:
-        if data is None or not is_core_dataset(data):
-            return None
-        try:
-            spec = getattr(data, "element_spec", None)
-            if spec is not None and "x" in spec:
-                return len(spec["x"].shape)
-            return int(np.ndim(data[0]["x"]))
-        except Exception:
-            return None
-
-    def native_batches(
-        self, data: Any, data_state: Mapping[str, Any] | None
-    ) -> Iterator[Mapping[str, np.ndarray]]:
-        """Endless numpy batches from a grain loader, positioned by `data_state`.
-
-        Its `get_state()` (grain's iterator state and the epoch, as JSON) goes into every
-        checkpoint, so a resumed run continues with the same batches.
-        """
-        from ._native import GrainBatches
-
-        return GrainBatches(data, data_state)
-
-    def native_eval_batches(self, data: Any) -> Iterator[Mapping[str, np.ndarray]]:
-        """One pass over a grain validation loader."""
-        from ._native import eval_batches
-
-        return eval_batches(data)
-
-    def put(self, batch: Mapping[str, np.ndarray]) -> Any:
-        """A batch (or K stacked batches) ready for the step, moved to the device(s) once.
-
-        In one process the numpy batch goes to the compiled step as is, which transfers
-        it (split per `data_pspec`) on dispatch; in a multi-process run the global batch
-        is assembled here with `jax.make_array_from_process_local_data`.
-        """
-        if not self.placement.multiprocess:
-            return batch
-        stacked = self._stack_rank is not None and np.ndim(batch["x"]) == self._stack_rank + 2
-        return self.placement.put_batch(batch, stacked=stacked)
-
-    def fetch(self, values: Sequence[Any]) -> list[Any]:
-        """Device values to the host in one `jax.device_get`."""
-        return jax.device_get(list(values))
-
-    # -- steps -------------------------------------------------------------------------
-    def train_step(self, state: FlatState, batch: Any) -> tuple[FlatState, dict[str, Any]]:
-        """One optimizer step; the metrics stay on the device."""
-        leaves, metrics = self.fns.train_step(state.leaves, batch)
-        return FlatState(leaves), metrics
-
-    def train_steps(self, state: FlatState, stacked: Any) -> tuple[FlatState, dict[str, Any]]:
-        """K fused steps over K stacked batches; metrics of shape `(K,)`."""
-        leaves, metrics = self.fns.train_steps(state.leaves, stacked)
-        return FlatState(leaves), metrics
-
-    def eval_batch(self, state: FlatState, batch: Mapping[str, np.ndarray]) -> tuple[Any, Any]:
-        """`(predictions, mean loss)` in inference mode on one validation batch."""
-        return self.fns.eval_batch(state.leaves, self.placement.put_replicated(batch))
-
-    def learning_rate(self, state: FlatState) -> float | None:
-        """The learning rate of the next step (None for an optimizer object)."""
-        if self.optimizer.schedule is None:
-            return None
-        # the state counts batches; with accumulation an update takes several
-        batches = int(jax.device_get(state.leaves[self._step_index]))
-        return self.optimizer.learning_rate(batches // self.optimizer.accumulate)
-
-    def model_op(self, state: FlatState) -> EquinoxModelOp:
-        """The trained operator (host copies of the weights: later steps may donate them)."""
-        ts = self.train_state(state)
-        model = jax.tree.map(_host_array, ts.model)
-        mstate = None if ts.model_state is None else jax.tree.map(_host_array, ts.model_state)
-        return self.op.with_model(model, mstate)
-
-    # -- checkpoints -------------------------------------------------------------------
-    def _to_tree(self, state: FlatState) -> dict[str, Any]:
-        return dict(zip(self._names, self._copy(state.leaves), strict=True))
-
-    def _live_tree(self, state: FlatState) -> dict[str, Any]:
-        return dict(zip(self._names, state.leaves, strict=True))
-
-    def _template_tree(self, template: FlatState) -> dict[str, Any]:
-        return abstract_of(dict(zip(self._names, template.leaves, strict=True)))
-
-    def _from_tree(self, tree: Mapping[str, Any], template: FlatState) -> FlatState:
-        return FlatState([tree[name] for name in self._names])
-
-    def checkpointer(self) -> OrbaxCheckpointer:
-        """An Orbax checkpointer for `plan.checkpoint`."""
-        if self.plan.checkpoint is None:
-            raise ConfigError(
-                "checkpointer() needs `checkpoint=Checkpoint(...)`. Received: checkpoint=None."
-            )
-        return OrbaxCheckpointer(
-            self.plan.checkpoint,
-            to_tree=self._to_tree,
-            template_tree=self._template_tree,
-            from_tree=self._from_tree,
-            live_tree=self._live_tree,
-        )
-
-    def __repr__(self) -> str:
-        return f"EquinoxBackend({self.adapter!r}, arrays={len(self._names)})"

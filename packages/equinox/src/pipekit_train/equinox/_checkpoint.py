@@ -17,7 +17,7 @@ Orbax has committed it.
 
 Sealing: once Orbax has committed a step, a background thread of ours (on the primary
 process only) hashes every file of `<step>/` and writes `<step>/pipekit-digest.json`
-atomically (`_digest.seal`). The training thread only waits for it at the next save, at
+atomically (core's `seal_folder`). The training thread only waits for it at the next save, at
 `wait()` and at `close()`, as it already waited for Orbax's own commit.
 
 Cloud locations (`s3://`, `gs://`, `memory://`, any fsspec URI; one process only):
@@ -65,9 +65,14 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from pipekit_train.core import Checkpoint, CheckpointError, ConfigError, TornCheckpointWarning
-from pipekit_train.core.adapter import HostBuffers, RemoteSteps, Restored
-
-from . import _digest
+from pipekit_train.core.adapter import (
+    FOLDER_DIGEST,
+    HostBuffers,
+    RemoteSteps,
+    Restored,
+    check_folder,
+    seal_folder,
+)
 
 __all__ = ["OrbaxCheckpointer", "abstract_of"]
 
@@ -256,9 +261,9 @@ class OrbaxCheckpointer:
         del tree
         self._scores[step] = record["score"]
         folder = self.root / str(step)
-        _digest.seal(folder, step)
+        seal_folder(folder, step)
         if self.remote is not None:
-            self.remote.upload(step, folder, marker=_digest.DIGEST)
+            self.remote.upload(step, folder, marker=FOLDER_DIGEST)
             manager.delete(step)  # the staged copy is no longer needed
         self._prune(manager)
 
@@ -269,7 +274,7 @@ class OrbaxCheckpointer:
             self._scores.pop(stale, None)
         if self.remote is not None:
             for stale in [s for s in self.remote.steps() if s >= step]:
-                self.remote.clear(stale, marker=_digest.DIGEST)
+                self.remote.clear(stale, marker=FOLDER_DIGEST)
                 self._scores.pop(stale, None)
 
     def _save_on_device(
@@ -310,7 +315,7 @@ class OrbaxCheckpointer:
         manager.wait_until_finished()  # joins Orbax's finalize thread; safe from any thread
         folder = self.root / str(step)
         if folder.is_dir():  # else retention already removed it
-            _digest.seal(folder, step)
+            seal_folder(folder, step)
 
     def _wait_sealed(self) -> None:
         """Block until the pending digest is written; re-raise a failed save's error."""
@@ -345,7 +350,7 @@ class OrbaxCheckpointer:
         for s in steps:
             if s not in keep:
                 if self.remote is not None:
-                    self.remote.clear(s, marker=_digest.DIGEST)
+                    self.remote.clear(s, marker=FOLDER_DIGEST)
                 else:
                     manager.delete(s)
                 self._scores.pop(s, None)
@@ -413,7 +418,7 @@ class OrbaxCheckpointer:
         At a URI the step is downloaded into staging first (and removed afterwards).
         """
         if self.remote is None:
-            yield self.root, _digest.check(self.root / str(step))
+            yield self.root, check_folder(self.root / str(step))
             return
         assert self._staging is not None
         root = self._staging / "restore"
@@ -422,10 +427,10 @@ class OrbaxCheckpointer:
         try:
             problem: str | None = None
             try:
-                self.remote.read(step, _digest.DIGEST)
+                self.remote.read(step, FOLDER_DIGEST)
             except FileNotFoundError:
                 problem = (
-                    f"it has no {_digest.DIGEST} (the save was interrupted before its "
+                    f"it has no {FOLDER_DIGEST} (the save was interrupted before its "
                     "commit marker was written)"
                 )
             if problem is None:
@@ -434,7 +439,7 @@ class OrbaxCheckpointer:
                 except OSError as exc:
                     problem = f"it could not be downloaded ({type(exc).__name__}: {exc})"
             if problem is None:
-                problem = _digest.check(folder)
+                problem = check_folder(folder)
             yield root, problem
         finally:
             shutil.rmtree(folder, ignore_errors=True)

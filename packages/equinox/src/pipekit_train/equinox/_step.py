@@ -1,284 +1,234 @@
-"""The compiled train and eval steps.
+"""`EquinoxBackend`: the `StepBackend` core's run loop drives for the Equinox adapter.
 
-One `jax.jit` per function, over the flat list of the state's array leaves (the
-non-array parts of the state are closed over, so nothing is hashed per call, unlike
-`eqx.filter_jit`). The state argument is donated; the batch is not.
-`train_steps` fuses K steps with `jax.lax.scan` over K stacked batches.
-
-With `skip_nonfinite` (`TrainingLoop(on_nonfinite="skip")`) a step whose loss is not
-finite keeps the model, the optimizer state and the loss scale of before the step
-(`jnp.where` on every leaf, inside the compiled step: no host sync), and layer state is
-not updated from that batch; the step counter and the PRNG key still advance. With
-gradient accumulation (`optax.MultiSteps`, `accumulate` batches per update) the update
-is dropped when any of its batches has a non-finite loss: `train_steps` then scans
-updates, each a scan over its batches, and restores the model and optimizer state of
-the update's start (accumulated gradients and the update count included).
+It builds the training state, places batches on the devices, runs the compiled steps
+(`_compiled.py`), evaluates, and checkpoints through Orbax (`_checkpoint.py`).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from typing import Any
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, PyTree
+import numpy as np
 
 import equinox as eqx
+from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import Plan, StepBackend, is_core_dataset
 
-from ._model import apply_model
-from ._precision import Policy, all_finite
-from ._state import TrainState
+from ._checkpoint import OrbaxCheckpointer, abstract_of
+from ._compiled import flatten_state, step_functions
+from ._model import EquinoxModelOp, _host_array, has_stochastic_layers, takes_key
+from ._optim import build_optimizer
+from ._sharding import Placement
+from ._state import FlatState, TrainState
 
-__all__ = ["StepFunctions", "flatten_state", "step_functions"]
+if TYPE_CHECKING:
+    from ._adapter import Equinox
 
-Batch = Mapping[str, Array]
-Metrics = dict[str, Array]
-
-
-def flatten_state(state: TrainState) -> tuple[list[jax.Array], Any, Any]:
-    """`(array leaves, treedef of the array part, non-array part)` of a state."""
-    arrays, static = eqx.partition(state, eqx.is_array)
-    leaves, treedef = jax.tree.flatten(arrays)
-    return leaves, treedef, static
+__all__ = ["EquinoxBackend"]
 
 
-def _keep_dtypes(new: PyTree, old: PyTree) -> PyTree:
-    """`new` with the dtypes of `old` (layer state under a lower compute precision)."""
-    return jax.tree.map(
-        lambda n, o: n.astype(o.dtype) if eqx.is_array(n) and n.dtype != o.dtype else n, new, old
-    )
+def _fresh_copies(leaves: list[jax.Array]) -> list[jax.Array]:
+    # New buffers (a bare `x` output would forward the input buffer, which a later
+    # donated step deletes while an async checkpoint write may still read it).
+    return [x + jnp.zeros((), x.dtype) for x in leaves]
 
 
-def _select(pred: Array, on_true: PyTree, on_false: PyTree) -> PyTree:
-    return jax.tree.map(
-        lambda a, b: jnp.where(pred, a, b) if eqx.is_array(a) else a, on_true, on_false
-    )
+_copy_leaves = jax.jit(_fresh_copies)
 
 
-class StepFunctions:
-    """Builds and holds the jitted `train_step`, `train_steps` and `eval_batch`.
+def _leaf_names(template: TrainState) -> list[str]:
+    """Stable checkpoint names of the state's arrays, e.g. `model_layers_0_weight`."""
+    arrays = eqx.filter(template, eqx.is_array)
+    names: list[str] = []
+    seen: set[str] = set()
+    for path, _ in jax.tree_util.tree_flatten_with_path(arrays)[0]:
+        name = re.sub(r"[^0-9A-Za-z]+", "_", jax.tree_util.keystr(path)).strip("_") or "leaf"
+        base, i = name, 1
+        while name in seen:
+            i += 1
+            name = f"{base}_{i}"
+        seen.add(name)
+        names.append(name)
+    return names
 
-    Args:
-        template: a `TrainState` with the structure every call will have.
-        loss_fn: `loss(pred, target) -> scalar`, traced inside the step.
-        optimizer: the optax transform (`init`/`update`).
-        policy: the precision policy.
-        batched: the model takes a whole batch (else it is vmapped).
-        use_key: pass a fresh per-step key to the model (dropout).
-        state_shardings: the shardings of the state leaves (None: single device).
-        data_sharding: the sharding of a training batch.
-        stacked_sharding: the sharding of K stacked training batches.
-        replicated: the sharding of scalar outputs and evaluation batches.
-        skip_nonfinite: drop the update of a step whose loss is not finite.
-        accumulate: batches per update (the optimizer is an `optax.MultiSteps`).
+
+class EquinoxBackend(StepBackend[FlatState]):
+    """The `StepBackend` of one run (see `pipekit_train.core.StepBackend`).
+
+    The state it hands around is a `FlatState` (the `TrainState`'s array leaves);
+    `train_state(state)` rebuilds the `TrainState`.
     """
 
-    def __init__(
-        self,
-        template: TrainState,
-        *,
-        loss_fn: Callable[[Any, Any], Any],
-        optimizer: Any,
-        policy: Policy,
-        batched: bool,
-        use_key: bool,
-        state_shardings: list[Any] | None = None,
-        data_sharding: Any = None,
-        stacked_sharding: Any = None,
-        replicated: Any = None,
-        skip_nonfinite: bool = False,
-        accumulate: int = 1,
-    ):
-        leaves, self.treedef, self.static = flatten_state(template)
-        self.skip_nonfinite = bool(skip_nonfinite)
-        self.accumulate = int(accumulate)
-        self.avals = [(x.shape, x.dtype) for x in leaves]
-        self.loss_fn = loss_fn
-        self.optimizer = optimizer
-        self.policy = policy
-        self.batched = batched
-        self.use_key = use_key
-        if state_shardings is None:
-            step_kw: dict[str, Any] = {}
-            steps_kw: dict[str, Any] = {}
-            eval_kw: dict[str, Any] = {}
-        else:
-            # Numpy batches are placed by the jitted call itself (the C++ fast path).
-            out = (state_shardings, replicated)
-            step_kw = {"in_shardings": (state_shardings, data_sharding), "out_shardings": out}
-            steps_kw = {"in_shardings": (state_shardings, stacked_sharding), "out_shardings": out}
-            eval_kw = {
-                "in_shardings": (state_shardings, replicated),
-                "out_shardings": (replicated, replicated),
-            }
-        self.train_step = jax.jit(self._flat_step, donate_argnums=(0,), **step_kw)
-        self.train_steps = jax.jit(self._flat_steps, donate_argnums=(0,), **steps_kw)
-        self.eval_batch = jax.jit(self._flat_eval, **eval_kw)
+    name: Final = "equinox"
 
-    # -- structure ---------------------------------------------------------------------
-    def unflatten(self, leaves: list[Any]) -> TrainState:
-        """The `TrainState` of a flat leaf list."""
-        return eqx.combine(jax.tree.unflatten(self.treedef, leaves), self.static)
+    def __init__(self, plan: Plan, adapter: Equinox):
+        self.plan = plan
+        self.adapter = adapter
+        self.op: EquinoxModelOp = plan.model
+        self.optimizer = build_optimizer(
+            plan.optimizer_config, accumulate=plan.accumulate_grad_batches
+        )
+        self.policy = adapter.policy
+        self.placement = Placement(plan.sharding)
+        self.steps_per_execution = adapter.steps_per_execution
+        multi = self.placement.multiprocess
+        self.data_shard = (jax.process_index(), jax.process_count()) if multi else (0, 1)
+        self.is_chief = jax.process_index() == 0
+        self._template = self._host_state()
+        self._names = _leaf_names(self._template)
+        self._step_index = self._names.index("step")
+        shardings = None
+        if plan.sharding is not None:
+            shardings = self.placement.state_shardings(self._template, self.optimizer.transform)
+        self._shardings = shardings
+        model = self._template.model
+        self.fns = step_functions(
+            self._template,
+            optimizer_key=self.optimizer.cache_key(plan.optimizer_config),
+            loss_fn=plan.loss,
+            optimizer=self.optimizer.transform,
+            policy=self.policy,
+            batched=self.op.batched,
+            use_key=takes_key(model) and has_stochastic_layers(model),
+            state_shardings=shardings,
+            data_sharding=self.placement.data_sharding,
+            stacked_sharding=self.placement.stacked_sharding,
+            replicated=self.placement.replicated,
+            skip_nonfinite=plan.on_nonfinite == "skip",
+            accumulate=plan.accumulate_grad_batches,
+        )
+        self._copy = (
+            _copy_leaves if shardings is None else jax.jit(_fresh_copies, out_shardings=shardings)
+        )
+        self._stack_rank = self._sample_rank(plan.data)
 
-    def flatten(self, state: TrainState) -> list[Any]:
-        """The flat leaf list of a `TrainState` (structure and dtypes checked)."""
-        leaves, treedef, _ = flatten_state(state)
-        if treedef != self.treedef:
-            raise TypeError(
-                "The train step changed the structure of the state (a leaf became or stopped "
-                f"being an array): {treedef} != {self.treedef}."
+    # -- state -------------------------------------------------------------------------
+    def _host_state(self) -> TrainState:
+        model = self.policy.cast_to_param(self.op.model)
+        return TrainState.create(
+            model,
+            self.optimizer.transform,
+            key=jax.random.PRNGKey(self.plan.seed),
+            model_state=self.op.model_state,
+            loss_scale=self.adapter.make_loss_scale(),
+        )
+
+    def init_state(self) -> FlatState:
+        """The step-0 state on the device(s): fresh buffers, never the operator's own."""
+        leaves, _, _ = flatten_state(self._template)
+        return FlatState(self.placement.put_leaves(leaves, self._shardings))
+
+    def train_state(self, state: FlatState) -> TrainState:
+        """The `TrainState` of a loop state."""
+        return self.fns.unflatten(state.leaves)
+
+    # -- data --------------------------------------------------------------------------
+    @staticmethod
+    def _sample_rank(data: Any) -> int | None:
+        if data is None or not is_core_dataset(data):
+            return None
+        try:
+            spec = getattr(data, "element_spec", None)
+            if spec is not None and "x" in spec:
+                return len(spec["x"].shape)
+            return int(np.ndim(data[0]["x"]))
+        except Exception:
+            return None
+
+    def native_batches(
+        self, data: Any, data_state: Mapping[str, Any] | None
+    ) -> Iterator[Mapping[str, np.ndarray]]:
+        """Endless numpy batches from a grain loader, positioned by `data_state`.
+
+        Its `get_state()` (grain's iterator state and the epoch, as JSON) goes into every
+        checkpoint, so a resumed run continues with the same batches.
+        """
+        from ._data import GrainBatches
+
+        return GrainBatches(data, data_state)
+
+    def native_eval_batches(self, data: Any) -> Iterator[Mapping[str, np.ndarray]]:
+        """One pass over a grain validation loader."""
+        from ._data import eval_batches
+
+        return eval_batches(data)
+
+    def put(self, batch: Mapping[str, np.ndarray]) -> Any:
+        """A batch (or K stacked batches) ready for the step, moved to the device(s) once.
+
+        In one process the numpy batch goes to the compiled step as is, which transfers
+        it (split per `data_pspec`) on dispatch; in a multi-process run the global batch
+        is assembled here with `jax.make_array_from_process_local_data`.
+        """
+        if not self.placement.multiprocess:
+            return batch
+        stacked = self._stack_rank is not None and np.ndim(batch["x"]) == self._stack_rank + 2
+        return self.placement.put_batch(batch, stacked=stacked)
+
+    def fetch(self, values: Sequence[Any]) -> list[Any]:
+        """Device values to the host in one `jax.device_get`."""
+        return jax.device_get(list(values))
+
+    # -- steps -------------------------------------------------------------------------
+    def train_step(self, state: FlatState, batch: Any) -> tuple[FlatState, dict[str, Any]]:
+        """One optimizer step; the metrics stay on the device."""
+        leaves, metrics = self.fns.train_step(state.leaves, batch)
+        return FlatState(leaves), metrics
+
+    def train_steps(self, state: FlatState, stacked: Any) -> tuple[FlatState, dict[str, Any]]:
+        """K fused steps over K stacked batches; metrics of shape `(K,)`."""
+        leaves, metrics = self.fns.train_steps(state.leaves, stacked)
+        return FlatState(leaves), metrics
+
+    def eval_batch(self, state: FlatState, batch: Mapping[str, np.ndarray]) -> tuple[Any, Any]:
+        """`(predictions, mean loss)` in inference mode on one validation batch."""
+        return self.fns.eval_batch(state.leaves, self.placement.put_replicated(batch))
+
+    def learning_rate(self, state: FlatState) -> float | None:
+        """The learning rate of the next step (None for an optimizer object)."""
+        if self.optimizer.schedule is None:
+            return None
+        # the state counts batches; with accumulation an update takes several
+        batches = int(jax.device_get(state.leaves[self._step_index]))
+        return self.optimizer.learning_rate(batches // self.optimizer.accumulate)
+
+    def model_op(self, state: FlatState) -> EquinoxModelOp:
+        """The trained operator (host copies of the weights: later steps may donate them)."""
+        ts = self.train_state(state)
+        model = jax.tree.map(_host_array, ts.model)
+        mstate = None if ts.model_state is None else jax.tree.map(_host_array, ts.model_state)
+        return self.op.with_model(model, mstate)
+
+    # -- checkpoints -------------------------------------------------------------------
+    def _to_tree(self, state: FlatState) -> dict[str, Any]:
+        return dict(zip(self._names, self._copy(state.leaves), strict=True))
+
+    def _live_tree(self, state: FlatState) -> dict[str, Any]:
+        return dict(zip(self._names, state.leaves, strict=True))
+
+    def _template_tree(self, template: FlatState) -> dict[str, Any]:
+        return abstract_of(dict(zip(self._names, template.leaves, strict=True)))
+
+    def _from_tree(self, tree: Mapping[str, Any], template: FlatState) -> FlatState:
+        return FlatState([tree[name] for name in self._names])
+
+    def checkpointer(self) -> OrbaxCheckpointer:
+        """An Orbax checkpointer for `plan.checkpoint`."""
+        if self.plan.checkpoint is None:
+            raise ConfigError(
+                "checkpointer() needs `checkpoint=Checkpoint(...)`. Received: checkpoint=None."
             )
-        for leaf, (shape, dtype) in zip(leaves, self.avals, strict=True):
-            if leaf.shape != shape or leaf.dtype != dtype:
-                raise TypeError(
-                    f"The train step changed a state leaf from {dtype}{list(shape)} to "
-                    f"{leaf.dtype}{list(leaf.shape)}; keep parameters and layer state in their dtype."
-                )
-        return leaves
+        return OrbaxCheckpointer(
+            self.plan.checkpoint,
+            to_tree=self._to_tree,
+            template_tree=self._template_tree,
+            from_tree=self._from_tree,
+            live_tree=self._live_tree,
+        )
 
-    # -- the step ----------------------------------------------------------------------
-    def _forward(self, model: Any, x: Array, model_state: Any, key: Any) -> tuple[Array, Any]:
-        policy = self.policy
-        if not policy.is_full:
-            model = policy.cast_to_compute(model)
-            x = policy.cast_to_compute(x)
-        pred, new_state = apply_model(model, x, model_state, key, batched=self.batched)
-        if not policy.is_full:
-            pred = policy.cast_to_output(pred)
-        return pred, new_state
-
-    def one_step(self, state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        """One optimizer step on a `TrainState` (traced; call through `train_step`)."""
-        key, sub = jax.random.split(state.key) if self.use_key else (state.key, None)
-        scale = state.loss_scale
-
-        def loss_of(model: Any) -> tuple[Array, tuple[Array, Any]]:
-            pred, new_mstate = self._forward(model, batch["x"], state.model_state, sub)
-            loss = self.loss_fn(pred, batch["y"])
-            scaled = loss if scale is None else scale.scale_loss(loss)
-            return scaled, (loss, new_mstate)
-
-        (_, (loss, mstate)), grads = eqx.filter_value_and_grad(loss_of, has_aux=True)(state.model)
-        if mstate is not None:
-            mstate = _keep_dtypes(mstate, state.model_state)
-        params = eqx.filter(state.model, eqx.is_inexact_array)
-        if scale is not None:
-            grads = scale.unscale(grads)
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, params)
-        model = eqx.apply_updates(state.model, updates)
-        metrics: Metrics = {"loss": jnp.asarray(loss, jnp.float32)}
-        if scale is not None:
-            finite = all_finite(grads)
-            model = _select(finite, model, state.model)
-            opt_state = _select(finite, opt_state, state.opt_state)
-            if mstate is not None:
-                mstate = _select(finite, mstate, state.model_state)
-            scale = scale.adjust(finite)
-        if self.skip_nonfinite:
-            ok = jnp.isfinite(metrics["loss"])
-            if mstate is not None:
-                mstate = _select(ok, mstate, state.model_state)
-            if self.accumulate == 1:  # else `_flat_steps` drops the whole update
-                model = _select(ok, model, state.model)
-                opt_state = _select(ok, opt_state, state.opt_state)
-                if scale is not None:
-                    scale = _select(ok, scale, state.loss_scale)
-        if scale is not None:
-            metrics["loss_scale"] = scale.scale
-        new = TrainState(model, opt_state, state.step + 1, key, mstate, scale)
-        return new, metrics
-
-    def _flat_step(self, leaves: list[Any], batch: Batch) -> tuple[list[Any], Metrics]:
-        state, metrics = self.one_step(self.unflatten(leaves), batch)
-        return self.flatten(state), metrics
-
-    def _flat_steps(self, leaves: list[Any], stacked: Batch) -> tuple[list[Any], Metrics]:
-        m = self.accumulate
-        if not (self.skip_nonfinite and m > 1):
-            return jax.lax.scan(self._flat_step, leaves, stacked)
-        # K updates of m batches: an update with a non-finite loss in any batch is dropped
-        groups = jax.tree.map(lambda a: a.reshape(a.shape[0] // m, m, *a.shape[1:]), stacked)
-
-        def micro(carry: tuple[list[Any], Array], batch: Batch) -> tuple[Any, Metrics]:
-            leaves, ok = carry
-            leaves, metrics = self._flat_step(leaves, batch)
-            return (leaves, ok & jnp.isfinite(metrics["loss"])), metrics
-
-        def update(leaves: list[Any], group: Batch) -> tuple[list[Any], Metrics]:
-            start = self.unflatten(leaves)
-            (leaves, ok), metrics = jax.lax.scan(micro, (leaves, jnp.asarray(True)), group)
-            end = self.unflatten(leaves)
-            kept = TrainState(
-                _select(ok, end.model, start.model),
-                _select(ok, end.opt_state, start.opt_state),
-                end.step,
-                end.key,
-                end.model_state,
-                end.loss_scale,
-            )
-            return self.flatten(kept), metrics
-
-        leaves, metrics = jax.lax.scan(update, leaves, groups)
-        return leaves, jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), metrics)
-
-    # -- evaluation --------------------------------------------------------------------
-    def _flat_eval(self, leaves: list[Any], batch: Batch) -> tuple[Array, Array]:
-        state = self.unflatten(leaves)
-        model = eqx.nn.inference_mode(state.model)
-        pred, _ = self._forward(model, batch["x"], state.model_state, None)
-        return pred, jnp.asarray(self.loss_fn(pred, batch["y"]), jnp.float32)
-
-
-_CACHE: OrderedDict[tuple[Any, ...], list[StepFunctions]] = OrderedDict()
-_CACHE_SIZE = 16
-
-
-def _same_static(a: Any, b: Any) -> bool:
-    try:
-        return bool(eqx.tree_equal(a, b))
-    except Exception:
-        return False
-
-
-def step_functions(
-    template: TrainState, *, optimizer_key: str | None, **kwargs: Any
-) -> StepFunctions:
-    """`StepFunctions(template, **kwargs)`, reused across runs of the same structure.
-
-    Two runs share compiled steps when their states have the same structure, dtypes,
-    shapes and non-array parts, and they use the same loss object, the same optimizer
-    config (`optimizer_key`, its JSON; None disables sharing), precision, model
-    calling convention and shardings. Sharing saves the compilation (seconds on a
-    small CPU) when a process runs many short trainings (sweeps, tests, resumes).
-    """
-    if optimizer_key is None:
-        return StepFunctions(template, **kwargs)
-    shardings = kwargs.get("state_shardings")
-    leaves, treedef, static = flatten_state(template)
-    key = (
-        treedef,
-        tuple((x.shape, str(x.dtype)) for x in leaves),
-        id(kwargs["loss_fn"]),
-        optimizer_key,
-        str(kwargs["policy"]),
-        kwargs["batched"],
-        kwargs["use_key"],
-        kwargs.get("skip_nonfinite", False),
-        kwargs.get("accumulate", 1),
-        None if shardings is None else tuple(shardings),
-        kwargs.get("data_sharding"),
-        kwargs.get("stacked_sharding"),
-        kwargs.get("replicated"),
-    )
-    for fns in _CACHE.get(key, []):
-        if fns.loss_fn is kwargs["loss_fn"] and _same_static(fns.static, static):
-            _CACHE.move_to_end(key)
-            return fns
-    fns = StepFunctions(template, **kwargs)
-    _CACHE.setdefault(key, []).append(fns)
-    _CACHE.move_to_end(key)
-    while len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
-    return fns
+    def __repr__(self) -> str:
+        return f"EquinoxBackend({self.adapter!r}, arrays={len(self._names)})"

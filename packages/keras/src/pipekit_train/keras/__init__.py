@@ -15,8 +15,8 @@ from ._backend import configure as _configure
 
 _configure()
 
+from ._adapter import Keras  # noqa: E402
 from ._model import KerasModelOp  # noqa: E402
-from ._trainer import Keras  # noqa: E402
 
 __version__ = _metadata.version("pipekit-train-keras")
 

@@ -16,7 +16,7 @@ from ._backend import backend_name
 if TYPE_CHECKING:
     import keras
 
-    from ._trainer import Keras
+    from ._adapter import Keras
 
 __all__ = ["KerasModelOp", "build_model", "model_weights"]
 
@@ -160,6 +160,6 @@ class KerasModelOp(ModelOpBase):
 
     def default_adapter(self) -> Keras:
         """`Keras()`: the adapter `TrainingLoop` uses for this operator by default."""
-        from ._trainer import Keras
+        from ._adapter import Keras
 
         return Keras()

@@ -29,7 +29,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from ._step import StepLossTracker
+from ._tracker import StepLossTracker
 
 __all__ = ["install_skip"]
 

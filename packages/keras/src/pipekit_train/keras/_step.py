@@ -1,19 +1,9 @@
-"""What the adapter adds to Keras's own train step: the core loss and per-step losses.
+"""The step backend behind core's `OnlineTrainer` for Keras models.
 
-- `CoreLoss` wraps core's array-API `loss(pred, target)` as a `keras.losses.Loss`, so it
-  runs inside Keras's compiled step on the backend's tensors.
-- `StepLossTracker` replaces the compiled model's loss tracker (`Mean(name="loss")`).
-  Keras's train step (jax and torch alike) calls `self._loss_tracker.update_state(loss,
-  sample_weight=batch_size)` with the unscaled loss of every step; the tracker writes it
-  into a ring buffer of `capacity` slots and counts the steps, in metric variables that
-  stay on the device and travel through Keras's stateless jax state. With
-  `steps_per_execution=K` Keras hands callbacks only the last step's logs, but those
-  logs carry the buffer and the count, so every step's loss is recovered exactly. The
-  logs hold only that one array (no running-mean `loss`), and on jax it is wrapped in
-  `DeviceLogs`, which Keras's callback machinery does not convert: no device sync per
-  step; `RunContext` fetches the losses in groups (`fetch_values`).
-
-This module imports keras; import it only after the Keras backend is chosen.
+`OnlineTrainer(KerasModelOp(...))` asks `Keras().step_backend(plan)` for this object and
+calls `eval_batch` (predict before the update) and `train_step` (one
+`model.train_on_batch`, Keras's compiled step) per call; the state is a `TrainHandle`
+(compiled model + built optimizer) checkpointed like a `TrainingLoop`'s.
 """
 
 from __future__ import annotations
@@ -23,242 +13,70 @@ from typing import Any
 
 import numpy as np
 
-import keras
-from keras import ops
+from pipekit_train.core.adapter import DirectoryCheckpointer, Plan, StepBackend
 
-__all__ = [
-    "CoreLoss",
-    "DeviceLogs",
-    "StepLossTracker",
-    "StepSlice",
-    "eval_loss",
-    "fetch_values",
-    "install_tracker",
-    "keras_loss",
-    "last_loss",
-    "packed_losses",
-]
+from ._checkpoint import TrainHandle, checkpointer
+from ._loop import build_train_handle, learning_rate, output_model_op, predict
+from ._tracker import eval_loss, last_loss
 
-LOSSES_KEY = "pipekit_step_losses"
-COUNT_MODULUS = 2**24  # the step count travels as float32, exact below 2**24
+__all__ = ["KerasStepBackend"]
 
 
-class CoreLoss(keras.losses.Loss):
-    """A core `loss(pred, target)` (a mean over the batch) as a Keras loss.
+class KerasStepBackend(StepBackend[TrainHandle]):
+    """`init_state`/`put`/`train_step`/`eval_batch`/`model_op`/`checkpointer` for Keras.
 
     Args:
-        fn: core's loss callable; called as `fn(y_pred, y_true)` on backend tensors.
+        plan: the online trainer's plan.
+        precision: a Keras dtype policy name, or None.
+        jit_compile: forwarded to `model.compile`.
     """
 
-    def __init__(self, fn: Any):
-        name = getattr(fn, "name", None) or getattr(fn, "__name__", None) or "pipekit_loss"
-        super().__init__(name=str(name), reduction="sum_over_batch_size")
-        self.fn = fn
+    name = "keras"
 
-    def call(self, y_true: Any, y_pred: Any) -> Any:
-        """Keras's argument order in, core's out."""
-        return self.fn(y_pred, y_true)
+    def __init__(self, plan: Plan, *, precision: str | None = None, jit_compile: Any = "auto"):
+        self.plan = plan
+        self.precision = precision
+        self.jit_compile = jit_compile
 
-    def get_config(self) -> dict[str, Any]:
-        """Name only: the wrapped callable is not serialisable by Keras."""
-        return {"name": self.name}
-
-
-def _native(loss: Any) -> Any:
-    native = getattr(loss, "fn", loss)
-    return native if isinstance(native, keras.losses.Loss) else None
-
-
-def keras_loss(loss: Any) -> Any:
-    """The Keras loss for a plan's loss: a Keras `Loss` as is, else a `CoreLoss`."""
-    return _native(loss) or CoreLoss(loss)
-
-
-def eval_loss(loss: Any, pred: np.ndarray, target: np.ndarray) -> float:
-    """The plan's loss on host arrays (validation)."""
-    native = _native(loss)
-    if native is not None:
-        return float(ops.convert_to_numpy(native(target, pred)))
-    return float(np.asarray(loss(pred, target)))
-
-
-class DeviceLogs:
-    """A device array in Keras logs that Keras leaves alone.
-
-    Keras's callback list converts every tensor in the logs to a host float
-    (`pythonify_logs`), a device sync per execution. On jax this class is a registered
-    pytree node, so it passes out of the jitted train step holding a fresh array that
-    Keras neither converts nor donates; the adapter fetches it to the host in groups.
-    """
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def __repr__(self) -> str:
-        return f"DeviceLogs(shape={tuple(getattr(self.value, 'shape', ()))})"
-
-
-_REGISTERED = False
-
-
-def _register_pytree() -> None:
-    global _REGISTERED
-    if not _REGISTERED:
-        import jax
-
-        jax.tree_util.register_pytree_node(
-            DeviceLogs, lambda d: ((d.value,), None), lambda _, children: DeviceLogs(children[0])
+    def init_state(self) -> TrainHandle:
+        """A compiled copy of the model with a built optimizer (torch RNG seeded)."""
+        handle = build_train_handle(
+            self.plan, precision=self.precision, steps_per_execution=1, jit_compile=self.jit_compile
         )
-        _REGISTERED = True
+        handle.start_rng()
+        return handle
 
+    def put(self, batch: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        """Batches stay numpy: Keras moves them to the device inside its step."""
+        return batch
 
-class StepLossTracker(keras.metrics.Metric):
-    """A loss tracker keeping the last per-step losses and a step count on the device.
+    def train_step(
+        self, state: TrainHandle, batch: Mapping[str, np.ndarray]
+    ) -> tuple[TrainHandle, dict[str, Any]]:
+        """One optimizer step (`model.train_on_batch`); returns this step's loss."""
+        logs = state.model.train_on_batch(batch["x"], batch["y"], return_dict=True)
+        return state, {"loss": last_loss(logs)}
 
-    `result()` is one float32 array of `capacity + 1` values, the ring buffer followed by
-    the step count modulo 2**24 (exact in float32), wrapped in a `DeviceLogs` when
-    `deferred` (jax), so reading it costs no device sync.
+    def eval_batch(
+        self, state: TrainHandle, batch: Mapping[str, np.ndarray]
+    ) -> tuple[np.ndarray, float]:
+        """`(predictions, mean loss)` with the current weights."""
+        pred = predict(state, np.asarray(batch["x"]))
+        return pred, eval_loss(self.plan.loss, pred, np.asarray(batch["y"]))
 
-    Args:
-        capacity: the ring buffer size (the most steps between two callbacks).
-        deferred: wrap the result in `DeviceLogs` (jax backend only).
-    """
+    def learning_rate(self, state: TrainHandle) -> float | None:
+        """The optimizer's current learning rate."""
+        return learning_rate(state)
 
-    def __init__(self, capacity: int, deferred: bool = False):
-        super().__init__(name="loss")
-        self.capacity = int(capacity)
-        self.deferred = bool(deferred)
-        if self.deferred:
-            _register_pytree()
-        self.buffer = self.add_variable(
-            (self.capacity,), initializer="zeros", name="step_losses", dtype="float32"
-        )
-        self.steps = self.add_variable((), initializer="zeros", name="step_count", dtype="int32")
-        # on_nonfinite="skip" (see `_skip`): the latest loss, and whether a batch of the
-        # update being accumulated had a non-finite loss (1.0) or not (0.0)
-        self.latest = self.add_variable(
-            (), initializer="zeros", name="latest_loss", dtype="float32"
-        )
-        self.update_bad = self.add_variable(
-            (), initializer="zeros", name="update_bad", dtype="float32"
-        )
+    def fetch(self, values: Sequence[Any]) -> list[np.ndarray]:
+        """Values are host numpy already."""
+        return [np.asarray(v) for v in values]
 
-    def update_state(self, values: Any, sample_weight: Any = None) -> None:
-        """Record one step's (unscaled) loss."""
-        value = ops.cast(values, "float32")
-        self.latest.assign(ops.reshape(value, ()))
-        steps = self.steps.value
-        hit = ops.equal(ops.arange(self.capacity, dtype="int32"), ops.mod(steps, self.capacity))
-        self.buffer.assign(ops.where(hit, value, self.buffer.value))
-        self.steps.assign(ops.mod(steps + 1, COUNT_MODULUS))
+    def model_op(self, state: TrainHandle) -> Any:
+        """A new `KerasModelOp` holding the current weights."""
+        return output_model_op(self.plan.model, state.model)
 
-    def result(self) -> dict[str, Any]:
-        """`{LOSSES_KEY: [buffer..., count]}`."""
-        count = ops.reshape(ops.cast(self.steps.value, "float32"), (1,))
-        packed = ops.concatenate([self.buffer.value, count])
-        return {LOSSES_KEY: DeviceLogs(packed) if self.deferred else packed}
-
-    def reset_state(self) -> None:
-        """Zero everything (Keras calls this at the start of each epoch)."""
-        for var in self.variables:
-            var.assign(ops.zeros(var.shape, var.dtype))
-
-
-def install_tracker(model: Any, capacity: int, *, deferred: bool = False) -> StepLossTracker:
-    """Replace the compiled model's loss tracker with a `StepLossTracker`; return it.
-
-    Set without Keras's attribute tracking, as `compile` sets the original, so the
-    tracker is not listed twice in `model.metrics`.
-    """
-    tracker = StepLossTracker(capacity, deferred=deferred)
-    object.__setattr__(model, "_loss_tracker", tracker)
-    return tracker
-
-
-class StepSlice:
-    """Steps `[first, first + count)` of the tracker's ring buffer, still on the device.
-
-    Handed to `RunContext` as a metric value. `fetch_values` brings them to the host in
-    one transfer and checks that Keras ran exactly the steps the adapter scheduled.
-    """
-
-    __slots__ = ("packed", "first", "count")
-
-    def __init__(self, packed: Any, first: int, count: int):
-        self.packed, self.first, self.count = packed, first, count
-
-    @property
-    def end(self) -> int:
-        """The step count after these steps (mod `COUNT_MODULUS`)."""
-        return (self.first + self.count) % COUNT_MODULUS
-
-
-def _select(piece: StepSlice, owner: StepSlice, host: Any) -> np.ndarray:
-    """`piece`'s losses from the host copy of `owner.packed` (a later or the same snapshot)."""
-    host = np.asarray(host, dtype=np.float32).reshape(-1)
-    capacity = host.shape[0] - 1
-    seen = int(host[-1])
-    if seen != owner.end:
-        raise RuntimeError(
-            f"Keras ran {(seen - owner.first) % COUNT_MODULUS} steps in one execution where "
-            f"{owner.count} were scheduled; this Keras version does not honour a changed "
-            "`steps_per_execution`. Use Keras(steps_per_execution=1), or report this."
-        )
-    return host[[(piece.first + i) % capacity for i in range(piece.count)]]
-
-
-def fetch_values(values: Sequence[Any]) -> list[np.ndarray]:
-    """`RunContext` fetch: device values and `StepSlice`s to numpy in one transfer.
-
-    The ring buffer holds the last `capacity` steps, so the newest snapshot usually
-    covers every pending `StepSlice` and only that one array crosses to the host.
-    """
-    slices = [v for v in values if isinstance(v, StepSlice)]
-    newest = slices[-1] if slices else None
-    owners: dict[int, StepSlice] = {}
-    raw: list[Any] = []
-    index: dict[int, int] = {}  # id(owner.packed) -> position in raw
-
-    def need(owner: StepSlice) -> None:
-        if id(owner.packed) not in index:
-            index[id(owner.packed)] = len(raw)
-            raw.append(owner.packed)
-
-    for v in slices:
-        capacity = int(v.packed.shape[0]) - 1
-        covered = newest is not None and (newest.end - v.first) % COUNT_MODULUS <= capacity
-        owners[id(v)] = newest if covered else v  # type: ignore[assignment]
-        need(owners[id(v)])
-    plain = [v for v in values if not isinstance(v, StepSlice)]
-    for v in plain:
-        index[id(v)] = len(raw)
-        raw.append(v)
-    if keras.backend.backend() == "jax":
-        import jax
-
-        host = jax.device_get(raw)
-    else:
-        host = [ops.convert_to_numpy(v) for v in raw]
-    out = []
-    for v in values:
-        if isinstance(v, StepSlice):
-            owner = owners[id(v)]
-            out.append(_select(v, owner, host[index[id(owner.packed)]]))
-        else:
-            out.append(np.asarray(host[index[id(v)]]))
-    return out
-
-
-def packed_losses(logs: Mapping[str, Any]) -> Any:
-    """The tracker's packed array from Keras logs (a device array or host numpy)."""
-    value = logs[LOSSES_KEY]
-    return value.value if isinstance(value, DeviceLogs) else value
-
-
-def last_loss(logs: Mapping[str, Any]) -> np.float32:
-    """The loss of the latest step in host `logs` (`train_on_batch`)."""
-    packed = np.asarray(packed_losses(logs), dtype=np.float32).reshape(-1)
-    capacity = len(packed) - 1
-    return packed[(int(packed[-1]) - 1) % capacity]
+    def checkpointer(self) -> DirectoryCheckpointer:
+        """Core's atomic directory store for `plan.checkpoint`."""
+        assert self.plan.checkpoint is not None
+        return checkpointer(self.plan.checkpoint)

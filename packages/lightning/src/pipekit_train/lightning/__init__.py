@@ -11,8 +11,8 @@
 
 from typing import Any as _Any
 
+from ._adapter import Lightning
 from ._model import LightningModelOp
-from ._trainer import Lightning
 
 __all__ = ["Lightning", "LightningModelOp", "__version__"]
 

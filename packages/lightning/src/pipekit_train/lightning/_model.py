@@ -14,7 +14,7 @@ from pipekit_train.core import ConfigError, ModelOpBase
 from ._weights import decode_state_dict, encode_state_dict
 
 if TYPE_CHECKING:
-    from ._trainer import Lightning
+    from ._adapter import Lightning
 
 __all__ = ["LightningModelOp"]
 
@@ -187,6 +187,6 @@ class LightningModelOp(ModelOpBase):
 
     def default_adapter(self) -> Lightning:
         """`Lightning()` with default Trainer arguments."""
-        from ._trainer import Lightning
+        from ._adapter import Lightning
 
         return Lightning()

@@ -50,7 +50,7 @@ class PlanModule(L.LightningModule):
         model: the network.
         loss: `loss(pred, target) -> scalar tensor` (core array-API losses work on torch).
         build_optimizer: `params -> (optimizer, scheduler or None)`.
-        bridge: the run bridge (`RunBridge`) whose hooks this module forwards.
+        bridge: the run bridge (`LightningHooks`) whose hooks this module forwards.
         skip_nonfinite: drop updates with a non-finite loss (see above).
     """
 

@@ -17,10 +17,10 @@ import torch
 
 from pipekit_train.core.adapter import Plan, StepBackend
 
+from ._checkpoint import TorchState, checkpointer, derive_seed, fetch
 from ._losses import torch_loss
 from ._model import LightningModelOp, as_input, module_dtype
 from ._optim import build_optimizer, gradient_clip
-from ._state import TorchState, checkpointer, derive_seed, fetch
 
 __all__ = ["TorchStepBackend"]
 

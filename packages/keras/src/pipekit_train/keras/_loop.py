@@ -1,6 +1,6 @@
 """One training run through `model.fit`, driven by core's `RunContext`.
 
-Keras runs its own compiled loop; a Keras callback (`RunBridge`) reports every step to
+Keras runs its own compiled loop; a Keras callback (`FitCallback`) reports every step to
 the `RunContext` and asks it what is due:
 
 - after each execution (1 or K steps) it hands the steps' losses — still on the
@@ -35,11 +35,11 @@ from pipekit_train.core.adapter import (
 )
 
 from . import _weights
+from ._checkpoint import TrainHandle, checkpointer
 from ._data import FitFeed, native_batches, native_eval_batches
 from ._model import model_weights
-from ._optimizers import build_optimizer
-from ._state import TrainHandle, checkpointer
-from ._step import (
+from ._optim import build_optimizer
+from ._tracker import (
     COUNT_MODULUS,
     StepSlice,
     eval_loss,
@@ -49,7 +49,7 @@ from ._step import (
     packed_losses,
 )
 
-__all__ = ["FitSession", "RunBridge", "build_train_handle", "output_model_op"]
+__all__ = ["FitSession", "FitCallback", "build_train_handle", "output_model_op"]
 
 
 def build_train_handle(
@@ -121,7 +121,7 @@ def learning_rate(handle: TrainHandle) -> float | None:
         return None
 
 
-class RunBridge(keras.callbacks.Callback):
+class FitCallback(keras.callbacks.Callback):
     """The Keras callback that drives core's `RunContext` from inside `model.fit`."""
 
     def __init__(self, session: FitSession):
@@ -261,7 +261,7 @@ class FitSession:
                         epochs=1,
                         verbose=0,
                         shuffle=False,
-                        callbacks=[RunBridge(self)],
+                        callbacks=[FitCallback(self)],
                     )
             ctx.flush_metrics()  # fetches (and checks) the last steps' losses
             if ckpt is not None:

@@ -1,4 +1,4 @@
-"""`RunBridge`: drives core's `RunContext` from Lightning's hooks (imports lightning).
+"""`LightningHooks`: drives core's `RunContext` from Lightning's hooks (imports lightning).
 
 Lightning owns the loop (`Trainer.fit`); core owns everything around it. The generated
 `PlanModule` calls the bridge from its own hooks; for a user `LightningModule` the
@@ -35,12 +35,20 @@ import torch
 import lightning as L
 from pipekit_train.core.adapter import Plan, RunContext, is_core_dataset, restore_or_start
 
+from ._checkpoint import (
+    TorchState,
+    capture_rng,
+    checkpointer,
+    derive_seed,
+    fetch,
+    restore_rng,
+    seed_rng,
+)
 from ._data import BatchFeed
 from ._model import as_input, module_dtype
 from ._module import unpack
-from ._state import TorchState, capture_rng, checkpointer, derive_seed, fetch, restore_rng, seed_rng
 
-__all__ = ["RunBridge", "eval_mode"]
+__all__ = ["LightningHooks", "eval_mode"]
 
 
 @contextmanager
@@ -67,7 +75,7 @@ def _gather_json(trainer: L.Trainer, obj: Any) -> list[Any]:
     return [json.loads(bytes(gathered[r, : sizes[r]].tolist()).decode()) for r in range(len(sizes))]
 
 
-class RunBridge(L.Callback):
+class LightningHooks(L.Callback):
     """Drive a `RunContext` from Lightning's hooks (see the module docs).
 
     Args:

@@ -141,7 +141,7 @@ class Keras(Adapter):
     def validate_online(self, plan: Plan) -> None:
         """Checks shared by `TrainingLoop` and `OnlineTrainer` (model, backend, optimizer)."""
         from ._model import KerasModelOp
-        from ._optimizers import check_optimizer_config
+        from ._optim import check_optimizer_config
 
         if not isinstance(plan.model, KerasModelOp):
             raise ConfigError(
@@ -253,7 +253,7 @@ class Keras(Adapter):
     # -- running -------------------------------------------------------------------------
     def run(self, plan: Plan) -> TrainingArtifact:
         """Train per the plan with `model.fit` and return the artifact."""
-        from ._fit import FitSession
+        from ._loop import FitSession
 
         session = FitSession(
             plan,
@@ -266,6 +266,6 @@ class Keras(Adapter):
 
     def step_backend(self, plan: Plan) -> Any:
         """The step backend core's `OnlineTrainer` uses (one `train_on_batch` per call)."""
-        from ._online import KerasStepBackend
+        from ._step import KerasStepBackend
 
         return KerasStepBackend(plan, precision=self.precision, jit_compile=self.jit_compile)

@@ -429,7 +429,7 @@ class Lightning(Adapter):
         """Train with `Trainer.fit`, resuming from the latest complete checkpoint."""
         import lightning as L
 
-        from ._bridge import RunBridge
+        from ._loop import LightningHooks
         from ._module import PlanModule
 
         model = plan.model
@@ -459,7 +459,7 @@ class Lightning(Adapter):
                 patched = True
         dtype, _ = module_dtype(net)
         feed = None if native else BatchFeed(dtype=dtype, keep=16 * plan.accumulate_grad_batches)
-        bridge = RunBridge(plan, save_module=net, eval_module=net, loss=loss, feed=feed)
+        bridge = LightningHooks(plan, save_module=net, eval_module=net, loss=loss, feed=feed)
         if is_lightning_module(net):
             callbacks = [bridge]  # your module's hooks stay yours: the bridge is a Callback
         else:
