@@ -210,10 +210,10 @@ def run_raw(
 # -- profile ---------------------------------------------------------------------------------
 def time_layer(data: ArrayDataset, op: LightningModelOp, batch: int, steps: int) -> None:
     """Wall time inside the adapter's own per-step code, measured with perf_counter."""
-    from pipekit_train.lightning import _bridge, _data
+    from pipekit_train.lightning import _data, _loop
 
     spent = {"bridge": 0.0, "feed": 0.0}
-    hook = _bridge.RunBridge.on_train_batch_end
+    hook = _loop.LightningHooks.on_train_batch_end
     generate = _data.BatchFeed._generate
 
     def timed_hook(self: Any, *args: Any) -> None:
@@ -229,20 +229,20 @@ def time_layer(data: ArrayDataset, op: LightningModelOp, batch: int, steps: int)
             spent["feed"] += time.perf_counter() - t
             yield item
 
-    _bridge.RunBridge.on_train_batch_end = timed_hook  # type: ignore[method-assign]
+    _loop.LightningHooks.on_train_batch_end = timed_hook  # type: ignore[method-assign]
     _data.BatchFeed._generate = timed_generate  # type: ignore[method-assign]
     try:
         t0 = time.perf_counter()
         run_adapter(data, op, batch, steps // 5, steps)
         wall = time.perf_counter() - t0
     finally:
-        _bridge.RunBridge.on_train_batch_end = hook  # type: ignore[method-assign]
+        _loop.LightningHooks.on_train_batch_end = hook  # type: ignore[method-assign]
         _data.BatchFeed._generate = generate  # type: ignore[method-assign]
     print(
         f"\nthe adapter's own per-step code, MLP 2→32→1 b{batch}, {steps} steps (perf_counter, whole run)"
     )
     print(
-        f"  {spent['bridge'] / steps * 1e6:7.1f} µs/step  bridge.on_train_batch_end: record_step (+ a fetch "
+        f"  {spent['bridge'] / steps * 1e6:7.1f} µs/step  hooks.on_train_batch_end: record_step (+ a fetch "
         "every 50 steps), schedules, stop"
     )
     print(
@@ -262,8 +262,8 @@ def profile_adapter(data: ArrayDataset, op: LightningModelOp, batch: int, steps:
     raw = stats.stats  # type: ignore[attr-defined]
     total = sum(v[3] for k, v in raw.items() if k[2] == "run_adapter")
     groups = {
-        "bridge.on_train_batch_end (RunContext: record, schedules)": (
-            "_bridge.py",
+        "hooks.on_train_batch_end (RunContext: record, schedules)": (
+            "_loop.py",
             "on_train_batch_end",
         ),
         "feed: core make_batches next() + from_numpy + get_state": ("_data.py", "_generate"),

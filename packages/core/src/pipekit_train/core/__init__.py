@@ -15,6 +15,7 @@ from ._checkpoint import Checkpoint
 from ._checkpointing import TornCheckpointWarning
 from ._cycle import Cycle, NeuralForward, NonFiniteStateError
 from ._errors import CheckpointError, ConfigError, IntegrityError, PipekitError
+from ._evaluation import evaluate
 from ._heads import Gaussian
 from ._history import History
 from ._loop import TrainingLoop
@@ -132,6 +133,7 @@ __all__ = [
     "WandbWriter",
     "callbacks",
     "data",
+    "evaluate",
     "losses",
     "make_batches",
     "metrics",

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._errors import ConfigError
 from ._heads import head_for_loss
 from ._history import History
 
@@ -76,8 +78,60 @@ class TrainingArtifact:
             "wall_time_s": self.wall_time_s,
         }
 
+    def evaluate(
+        self, data: Any, *, metrics: Any = None, batch_size: int | None = None
+    ) -> dict[str, float]:
+        """The run's loss and metrics on `data` (e.g. a held-out test set).
+
+        ```python
+        test_metrics = artifact.evaluate(test, metrics=["mae"])  # {"loss": ..., "mae": ...}
+        artifact.register(registry, "emulator", test_metrics=test_metrics)
+        ```
+
+        Computed with core's loss and metric definitions on the trained operator's own
+        predictions (`artifact.model(x)` on numpy), in the units validation used (the
+        run's normalizer is applied to the batches), so every backend gives the same
+        numbers for the same weights. `pipekit_train.core.evaluate` does the same for an
+        operator loaded from a registry.
+
+        Args:
+            data: a sized pipekit dataset whose samples hold `x` and `y`.
+            metrics: metric names or callables; default: the run's metrics.
+            batch_size: rows per prediction call; default: the run's batch size.
+
+        Returns:
+            `{"loss": ..., <metric>: ...}` as floats.
+        """
+        from ._evaluation import evaluate
+
+        loss = self.plan.get("loss")
+        if not isinstance(loss, dict) or not ({"name", "import_path"} & set(loss)):
+            raise ConfigError(
+                "The run's loss cannot be rebuilt from the plan, so `evaluate` cannot compute "
+                f"it. Received: plan loss={loss!r}. Use pipekit_train.core.evaluate(artifact."
+                "model, data, loss=your_loss) instead."
+            )
+        if metrics is None:
+            metrics = _plan_metrics(self.plan.get("metrics") or {})
+        if batch_size is None:
+            batch_size = int(self.plan.get("batch_size") or 256)
+        return evaluate(
+            self.model,
+            data,
+            loss=loss,
+            metrics=metrics,
+            batch_size=batch_size,
+            normalizer=self.normalizer,
+        )
+
     def register(
-        self, registry: Any, name: str, *, normalizer: Any = None, head: str | None = None
+        self,
+        registry: Any,
+        name: str,
+        *,
+        normalizer: Any = None,
+        head: str | None = None,
+        test_metrics: Mapping[str, float] | None = None,
     ) -> Any:
         """Hand the trained model to a `ModelRegistry` and return its `ModelRecord`.
 
@@ -87,15 +141,27 @@ class TrainingArtifact:
             normalizer: a `Normalizer` to store with the model (default: the run's).
             head: what the model's output means (`"gaussian"` or `"point"`). Default:
                 `"gaussian"` when the run's loss was `gaussian_nll`, else not recorded.
+            test_metrics: held-out metrics (e.g. `artifact.evaluate(test)`), recorded
+                beside the run's final metrics with a `test_` prefix (covered by the
+                record's digest like every metric).
         """
         norm = normalizer if normalizer is not None else self.normalizer
         if head is None:
             head = head_for_loss(self.plan.get("loss"))
         extra = {} if head is None else {"head": head}
+        recorded = dict(self.final_metrics)
+        if test_metrics is not None:
+            if not isinstance(test_metrics, Mapping):
+                raise ConfigError(
+                    "`test_metrics` must be a dict of metric names to numbers, as "
+                    f"`artifact.evaluate(test)` returns. Received: test_metrics={test_metrics!r}."
+                )
+            for key, value in test_metrics.items():
+                recorded[key if str(key).startswith("test_") else f"test_{key}"] = value
         record = registry.register(
             name,
             self.model,
-            metrics=self.final_metrics,
+            metrics=recorded,
             lineage=self.lineage(),
             normalizer=norm.to_json() if norm is not None and hasattr(norm, "to_json") else norm,
             **extra,
@@ -110,3 +176,22 @@ class TrainingArtifact:
             f"{self.backend}: {self.steps} steps in {self.wall_time_s:.1f}s "
             f"({self.steps_per_s:.1f} steps/s); {metrics}; weights sha256 {self.weights_sha256[:12]}"
         )
+
+
+def _plan_metrics(described: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's metrics from the plan JSON: registered names, or importable callables."""
+    from . import metrics as metric_lib
+    from ._imports import import_string
+
+    out: dict[str, Any] = {}
+    for name, desc in described.items():
+        if name in metric_lib.names():
+            out[name] = name
+        elif isinstance(desc, str) and ":" in desc:
+            out[name] = import_string(desc, field=f"metrics[{name!r}]")
+        else:
+            raise ConfigError(
+                f"The run's metric {name!r} cannot be rebuilt from the plan. Received: "
+                f"{desc!r}. Pass metrics=[...] to evaluate()."
+            )
+    return out

@@ -18,6 +18,7 @@ examples:
   pipekit-train run run.toml --set max_steps=5000 --set optimizer.lr=3e-4
   pipekit-train registry list runs/models
   pipekit-train registry show runs/models emulator:3
+  pipekit-train evaluate runs/models emulator:3 --data mymodule:test_set --metrics mae
   pipekit-train checkpoint inspect runs/exp1/checkpoints
 
 docs: https://pipekit.github.io/pipekit-train/cli/
@@ -68,6 +69,34 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("ref", metavar="NAME[:VERSION]", help="the model (default: latest version)")
     show.add_argument("--json", action="store_true", help="print JSON")
 
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="a registered model's loss and metrics on a dataset",
+        description="Rebuild a registered model (verified) and compute its loss and metrics "
+        "on the dataset an importable factory returns (nothing is trained or written).",
+    )
+    evaluate.add_argument("uri", help="the registry: a folder, file://, s3://, ...")
+    evaluate.add_argument("ref", metavar="NAME[:VERSION]", help="the model (default: latest)")
+    evaluate.add_argument(
+        "--data", required=True, metavar="MODULE:FACTORY", help="returns the dataset (x, y)"
+    )
+    evaluate.add_argument("--data-kwargs", metavar="JSON", help="keyword arguments of --data")
+    evaluate.add_argument(
+        "--metrics", metavar="NAMES", help="comma-separated metrics (default: the run's)"
+    )
+    evaluate.add_argument("--loss", metavar="NAME", help="the loss (default: the run's)")
+    evaluate.add_argument(
+        "--batch-size", type=int, help="rows per prediction (default: the run's batch size)"
+    )
+    evaluate.add_argument(
+        "--trust",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="trust the model's factory (a module prefix or module:name), repeatable",
+    )
+    evaluate.add_argument("--json", action="store_true", help="print JSON")
+
     checkpoint = commands.add_parser("checkpoint", help="inspect a checkpoint folder")
     checkpoint.set_defaults(usage=checkpoint)
     checkpoint_commands = checkpoint.add_subparsers(dest="checkpoint_command", metavar="COMMAND")
@@ -108,6 +137,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ._registry_cmd import registry_show
 
             return registry_show(args.uri, args.ref, as_json=args.json)
+        if args.command == "evaluate":
+            from ._evaluate_cmd import evaluate_command
+
+            return evaluate_command(
+                args.uri,
+                args.ref,
+                data=args.data,
+                data_kwargs=args.data_kwargs,
+                metrics=args.metrics,
+                loss=args.loss,
+                batch_size=args.batch_size,
+                trust=args.trust,
+                as_json=args.json,
+            )
         if args.command == "checkpoint" and args.checkpoint_command == "inspect":
             from ._inspect import checkpoint_inspect
 

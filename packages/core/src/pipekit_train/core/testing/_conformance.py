@@ -736,6 +736,26 @@ class AdapterConformance:
         with pytest.raises(IntegrityError):
             registry.load("conformance-model")
 
+    def test_evaluate_matches_numpy_on_the_operators_predictions(self, tmp_path: Path) -> None:
+        from pipekit_train.core import evaluate
+        from pipekit_train.core.registry import LocalModelRegistry
+
+        art = self.loop(max_steps=8, metrics=["mae"]).run()
+        _, test = regression_task(n_train=8, n_val=70, seed=11)
+        got = art.evaluate(test, metrics=["mae"], batch_size=16)
+        whole = test.get_batch(np.arange(len(test)))
+        x, y = whole["x"], whole["y"]
+        pred = np.asarray(art.model(x), dtype=np.float64)
+        assert got["loss"] == pytest.approx(float(np.mean((pred - y) ** 2)), rel=1e-5)
+        assert got["mae"] == pytest.approx(float(np.mean(np.abs(pred - y))), rel=1e-5)
+        # the same numbers for the operator loaded back from a registry, with no backend code
+        registry = LocalModelRegistry(tmp_path / "registry")
+        record = art.register(registry, "evaluated", test_metrics=got)
+        assert record.metrics["test_mae"] == pytest.approx(got["mae"])
+        loaded = registry.load("evaluated")
+        again = evaluate(loaded, test, loss="mse", metrics=["mae"], batch_size=16)
+        assert again == pytest.approx(got, rel=1e-6)
+
     # -- bad input ----------------------------------------------------------------------
     @staticmethod
     def _mismatched(n: int, in_size: int, out_size: int) -> Any:
