@@ -19,6 +19,7 @@ from ._evaluation import evaluate
 from ._heads import Gaussian
 from ._history import History
 from ._loop import TrainingLoop
+from ._lr_find import LRFindResult, lr_find
 from ._online import OnlineTrainer
 from ._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
 from ._runtime import RunState
@@ -128,6 +129,7 @@ __all__ = [
     "TornCheckpointWarning",
     "TrainingArtifact",
     "TrainingLoop",
+    "LRFindResult",
     "UnverifiedRecordWarning",
     "UntrustedFactoryError",
     "WandbWriter",
@@ -135,6 +137,7 @@ __all__ = [
     "data",
     "evaluate",
     "losses",
+    "lr_find",
     "make_batches",
     "metrics",
     "is_model_factory",

@@ -756,6 +756,21 @@ class AdapterConformance:
         again = evaluate(loaded, test, loss="mse", metrics=["mae"], batch_size=16)
         assert again == pytest.approx(got, rel=1e-6)
 
+    def test_lr_find_suggests_a_rate_where_the_loss_falls(self, tmp_path: Path) -> None:
+        from pipekit_train.core import lr_find
+
+        loop = self.loop(checkpoint=Checkpoint(tmp_path / "ck", every_n_steps=5))
+        result = lr_find(loop, min_lr=1e-4, max_lr=3.0, num_steps=40)
+        rates = np.asarray(result.learning_rates)
+        np.testing.assert_allclose(rates[1:] / rates[:-1], (3.0 / 1e-4) ** (1 / 40), rtol=1e-6)
+        smoothed = np.asarray(result.smoothed)
+        best = int(np.nanargmin(smoothed))
+        start = float(np.median(smoothed[: len(smoothed) // 4]))
+        assert smoothed[best] < 0.8 * start, smoothed  # the loss falls over the ramp
+        assert rates[0] <= result.suggestion <= rates[best]  # ... and the suggestion is there
+        assert result.backend == loop.plan.backend
+        assert not (tmp_path / "ck").exists()  # the loop's checkpoint directory is untouched
+
     # -- bad input ----------------------------------------------------------------------
     @staticmethod
     def _mismatched(n: int, in_size: int, out_size: int) -> Any:

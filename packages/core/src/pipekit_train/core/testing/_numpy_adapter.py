@@ -25,6 +25,7 @@ from pipekit_train.core.adapter import (
     StepAdapter,
     StepBackend,
     describe_callable,
+    learning_rate_at,
 )
 
 from ._numpy_model import decode_arrays, encode_arrays
@@ -109,10 +110,6 @@ class NumpyAdapter(StepAdapter):
                 f"{', '.join(f'{k}={v!r}' for k, v in unsupported.items())}. Drop them, or use "
                 "a framework backend."
             )
-        if not isinstance(cfg["learning_rate"], (int, float)):
-            raise ConfigError(
-                f"NumpyAdapter supports a constant learning rate only. Received: learning_rate={cfg['learning_rate']!r}."
-            )
 
     def output_shape(
         self, model: Any, input_shape: tuple[int, ...], dtype: Any = np.float32
@@ -141,7 +138,10 @@ class _NumpyBackend(StepBackend[_State]):
         self.skip_nonfinite = plan.on_nonfinite == "skip"
         cfg = plan.optimizer_config
         self.opt_name = cfg["name"]
-        self.lr = float(cfg["learning_rate"])
+        spec = cfg["learning_rate"]
+        # a constant rate, or one of core's schedules evaluated in plain Python
+        self.lr_spec: Mapping[str, Any] | None = spec if isinstance(spec, Mapping) else None
+        self.lr = 0.0 if self.lr_spec is not None else float(spec)
         self.b1, self.b2, self.eps = (
             float(cfg.get("b1", 0.9)),
             float(cfg.get("b2", 0.999)),
@@ -181,19 +181,20 @@ class _NumpyBackend(StepBackend[_State]):
         if self.skip_nonfinite and not np.isfinite(loss):
             # on_nonfinite="skip": parameters and optimizer state (and its count) unchanged
             return _State(state.params, state.opt, state.t, state.rng), {"loss": loss}
+        lr = self.learning_rate(state)
         t = state.t + 1
         params, opt = {}, dict(state.opt)
         for k, p in state.params.items():
             gk = grads[k].astype(np.float32)
             if self.opt_name == "sgd":
-                params[k] = (p - self.lr * gk).astype(np.float32)
+                params[k] = (p - lr * gk).astype(np.float32)
             else:
                 m = self.b1 * opt[f"m/{k}"] + (1 - self.b1) * gk
                 v = self.b2 * opt[f"v/{k}"] + (1 - self.b2) * gk * gk
                 opt[f"m/{k}"], opt[f"v/{k}"] = m.astype(np.float32), v.astype(np.float32)
                 mhat = m / (1 - self.b1**t)
                 vhat = v / (1 - self.b2**t)
-                params[k] = (p - self.lr * mhat / (np.sqrt(vhat) + self.eps)).astype(np.float32)
+                params[k] = (p - lr * mhat / (np.sqrt(vhat) + self.eps)).astype(np.float32)
         return _State(params, opt, t, state.rng), {"loss": loss}
 
     def eval_batch(
@@ -204,7 +205,9 @@ class _NumpyBackend(StepBackend[_State]):
         return pred, float(np.mean(err * err))
 
     def learning_rate(self, state: _State) -> float:
-        return self.lr
+        if self.lr_spec is None:
+            return self.lr
+        return learning_rate_at(self.lr_spec, state.t)
 
     def model_op(self, state: _State) -> Any:
         return self.plan.model.with_model(
