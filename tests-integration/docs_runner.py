@@ -30,6 +30,9 @@ fenced block:
 - `<!-- docs: replace OLD => NEW -->` runs the next block with `OLD` replaced by `NEW`
   (e.g. a smaller `max_steps`; the page shows the real value).
 - `<!-- docs: exit N -->` the next shell block's commands exit with status `N`.
+- `<!-- docs: file PATH -->` writes the next block to `PATH` (relative to the working
+  directory, which goes on `sys.path` and `PYTHONPATH`) instead of running it: the module
+  a later block imports by name, as `# my_project/trials.py` blocks say.
 - `<!-- docs: env NAME=VALUE -->` sets an environment variable for the rest of the page.
 - `<!-- docs: setup` ... `-->` (a multi-line comment, anywhere) is Python run at that
   point in the page's namespace: the data or names a snippet assumes the reader has.
@@ -75,6 +78,7 @@ class Block:
     output: bool = False
     exit: int = 0
     replace: list[tuple[str, str]] = field(default_factory=list)
+    file: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -158,6 +162,8 @@ def _apply(block: Block, directives: list[tuple[int, str, str]]) -> None:
             block.replace.append((old.strip(), new.strip()))
         elif kind == "env":
             block.env.update([_env(arg)])
+        elif kind == "file":
+            block.file = arg
         else:
             block.errors.append(f"unknown directive `docs: {kind}`")
 
@@ -201,7 +207,8 @@ class Page:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.namespace: dict[str, object] = {"__name__": "__docs__"}
+        # `__main__`, so a page's `if __name__ == "__main__":` script runs.
+        self.namespace: dict[str, object] = {"__name__": "__main__"}
         self.last_output: str | None = None
 
     def run(self, block: Block) -> dict[str, object]:
@@ -210,6 +217,8 @@ class Page:
             if old not in code:
                 return {"status": "fail", "error": f"`docs: replace` found no {old!r}"}
             code = code.replace(old, new)
+        if block.file is not None:
+            return self._file(block, code)
         if block.lang in ("python", "py", "setup"):
             if code.lstrip().startswith(">>>"):
                 return self._doctest(block, code)
@@ -229,6 +238,21 @@ class Page:
         if block.lang in SHOWN:
             return self._shown(block, code)
         return {"status": "shown"}
+
+    def _file(self, block: Block, code: str) -> dict[str, object]:
+        """Write the block to a file (a module a later block imports by name)."""
+        path = Path(block.file or "")
+        if path.is_absolute() or ".." in path.parts:
+            return {"status": "fail", "error": f"`docs: file` needs a relative path: {path}"}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(code + "\n", encoding="utf-8")
+        here = os.getcwd()
+        if here not in sys.path:
+            sys.path.insert(0, here)  # and for spawned workers and child processes:
+            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+        if block.lang in ("python", "py"):
+            compile(code, str(path), "exec")
+        return {"status": "written", "file": str(path)}
 
     def _python(self, block: Block, code: str) -> dict[str, object]:
         buffer = io.StringIO()
@@ -267,6 +291,7 @@ class Page:
                 "status": "fail",
                 "error": f"shell commands that are not `pipekit-train`: {not_cli}; run them "
                 "or mark the block <!-- docs: skip (reason) -->",
+                "structural": True,
             }
         outputs = []
         for command in commands:
@@ -336,7 +361,8 @@ def run_page(path: Path) -> list[dict[str, object]]:
                 result |= {"status": "fail", "error": traceback.format_exc(limit=-6)}
         result["seconds"] = round(time.perf_counter() - t0, 2)
         ran = block.lang in {"python", "py", "setup"} | SHELL or block.output
-        failed = failed or (ran and result["status"] == "fail")
+        failed = failed or (ran and result["status"] == "fail" and not result.get("structural"))
+        result.pop("structural", None)
         results.append(result)
     return results
 
