@@ -34,13 +34,12 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # Pages whose blocks take more than ~10 s on a 2-core machine (several backends, CLI runs).
 SLOW = {
     "docs/cli.md",
-    "docs/guides/finetuning.md",
+    "docs/examples.md",
+    "docs/guides/equinox.md",
     "docs/guides/keras.md",
     "docs/guides/lightning.md",
-    "docs/guides/registry_and_cycle.md",
     "docs/guides/sweep.md",
     "docs/index.md",
-    "docs/checkpoints.md",
 }
 
 
