@@ -137,8 +137,7 @@ def testing_factories() -> str:
                 )
     lines += [
         "",
-        "`key` (Equinox) is supplied by the operator from its `seed`; do not pass it in "
-        "`kwargs`.",
+        "`key` (Equinox) is supplied by the operator from its `seed`; do not pass it in `kwargs`.",
     ]
     return "\n".join(lines)
 

@@ -128,7 +128,9 @@ def parse(text: str) -> list[Block]:
             pending = []
         i += 1
     for n, kind, arg in pending:
-        blocks.append(Block(n, "env", "", env=dict([_env(arg)])) if kind == "env" else _orphan(n, kind))
+        blocks.append(
+            Block(n, "env", "", env=dict([_env(arg)])) if kind == "env" else _orphan(n, kind)
+        )
     return blocks
 
 
@@ -232,7 +234,10 @@ class Page:
             value = json.loads(code)
             if block.output:
                 if self.last_output is None or json.loads(self.last_output) != value:
-                    return {"status": "fail", "error": _diff("the block above", code, str(self.last_output))}
+                    return {
+                        "status": "fail",
+                        "error": _diff("the block above", code, str(self.last_output)),
+                    }
                 return {"status": "compared"}
             return {"status": "parsed"}
         if block.lang in SHOWN:
@@ -249,7 +254,9 @@ class Page:
         here = os.getcwd()
         if here not in sys.path:
             sys.path.insert(0, here)  # and for spawned workers and child processes:
-            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+            os.environ["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [here, os.environ.get("PYTHONPATH")])
+            )
         if block.lang in ("python", "py"):
             compile(code, str(path), "exec")
         return {"status": "written", "file": str(path)}
@@ -327,7 +334,9 @@ class Page:
 
 
 def _diff(what: str, want: str, got: str) -> str:
-    return f"the output of {what} differs from the page.\nThe page shows:\n{want}\nIt printed:\n{got}"
+    return (
+        f"the output of {what} differs from the page.\nThe page shows:\n{want}\nIt printed:\n{got}"
+    )
 
 
 def run_page(path: Path) -> list[dict[str, object]]:

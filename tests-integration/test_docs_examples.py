@@ -74,7 +74,9 @@ def test_page_blocks_run(page: Path, tmp_path: Path) -> None:
     workdir = tmp_path / "work"
     workdir.mkdir()
     proc, results = _run(page, workdir)
-    assert results is not None, f"the runner produced no report:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert results is not None, (
+        f"the runner produced no report:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    )
     failures = [r for r in results if r["status"] == "fail"]
     assert not failures, "\n\n".join(
         f"{page.name}:{r['line']} [{r['lang']}]\n{r['error']}" for r in failures
@@ -184,7 +186,7 @@ def test_runner_reports_a_python_error_with_its_line(tmp_path: Path) -> None:
         """,
     )
     assert results[0]["status"] == "fail"
-    assert "NameError" in results[0]["error"] and "page.md\", line 3" in results[0]["error"]
+    assert "NameError" in results[0]["error"] and 'page.md", line 3' in results[0]["error"]
 
 
 def test_runner_runs_the_cli_and_checks_the_exit_status(tmp_path: Path) -> None:

@@ -59,7 +59,9 @@ def test_optimizer_table_lists_every_name_with_its_defaults_and_translations() -
                 assert f"`{key}={gen._value(value)}`" in row, (name, key, row)
         assert "**missing**" not in row, f"an adapter's _optim.py table has no row for {name}"
     assert "default `1e-3`" in table
-    assert optimizer_spec(None).learning_rate == 1e-3 == optimizer_spec({"name": "sgd"}).learning_rate
+    assert (
+        optimizer_spec(None).learning_rate == 1e-3 == optimizer_spec({"name": "sgd"}).learning_rate
+    )
     assert optimizer_spec({"lr": 0.1}).name == optimizer_spec(None).name == "adam"
 
 

@@ -60,15 +60,27 @@ def test_stale_outputs_are_detected() -> None:
     stored = nbformat.read(NOTEBOOKS / "quickstart.ipynb", as_version=4)
     assert script.differences(stored, stored) == []
     fresh = copy.deepcopy(stored)
-    streams = [o for c in fresh.cells if c.cell_type == "code" for o in c.get("outputs", [])
-               if o.get("output_type") == "stream"]
-    streams[0]["text"] = re.sub(r"in [\d.]+s \([\d.]+ steps/s\)", "in 9.9s (1.0 steps/s)", streams[0]["text"])
+    streams = [
+        o
+        for c in fresh.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "stream"
+    ]
+    streams[0]["text"] = re.sub(
+        r"in [\d.]+s \([\d.]+ steps/s\)", "in 9.9s (1.0 steps/s)", streams[0]["text"]
+    )
     assert script.differences(stored, fresh) == [], "a timing is not a change"
     streams[0]["text"] = streams[0]["text"].replace("equinox:", "keras:")
     assert script.differences(stored, fresh), "changed text was not noticed"
     fresh = copy.deepcopy(stored)
-    figures = [o for c in fresh.cells if c.cell_type == "code" for o in c.get("outputs", [])
-               if "image/png" in o.get("data", {})]
+    figures = [
+        o
+        for c in fresh.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if "image/png" in o.get("data", {})
+    ]
     import matplotlib
 
     matplotlib.use("Agg")
