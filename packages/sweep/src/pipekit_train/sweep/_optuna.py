@@ -247,14 +247,14 @@ class OptunaSearch:
     ) -> None:
         optuna = _optuna()
         self._sweep_metric = metric
+        if self.storage is None:  # the default: SQLite in the sweep directory
+            self._url = f"sqlite:///{(directory / 'optuna.db').resolve()}"
         if self._pruning and executor != "serial" and self._url is None:
             raise ConfigError(
                 f"Pruning with executor={executor!r} needs a storage every worker can open. "
                 f"Received: storage={self.storage!r}. Pass a URL such as 'sqlite:///optuna.db' or leave "
                 "storage=None for SQLite in the sweep directory."
             )
-        if self.storage is None:
-            self._url = f"sqlite:///{(directory / 'optuna.db').resolve()}"
         self._directory = str(directory.resolve())
         self._sweep_id = sweep_id
         self._executor = executor
