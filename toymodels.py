@@ -1,0 +1,152 @@
+"""Toy models and simulators shared by the worked examples.
+
+Model factories are referenced by import string (`"toymodels:equinox_mlp"`), so a
+registry can rebuild them from JSON; each backend's library is imported only inside
+its own factory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pipekit_train.core import model_factory
+
+# -- the damped oscillator ------------------------------------------------------------------
+# SI units: position x in m, velocity v in m/s, time in s, angular frequency ω in rad/s.
+
+DT = 0.1  # the simulator's time step [s]
+OMEGA = 2.0  # angular frequency [rad/s]
+
+
+def oscillator_step(
+    state: np.ndarray, omega: float = OMEGA, zeta: float = 0.1, dt: float = DT
+) -> np.ndarray:
+    """One semi-implicit Euler step of `x'' + 2ζωx' + ω²x = 0` on `[..., (x [m], v [m/s])]`.
+
+    `omega` in rad/s, `zeta` (damping ratio) dimensionless, `dt` in s.
+    """
+    state = np.asarray(state, dtype=np.float64)
+    x, v = state[..., 0], state[..., 1]
+    v_next = v + dt * (-2.0 * zeta * omega * v - omega**2 * x)
+    return np.stack([x + dt * v_next, v_next], axis=-1)
+
+
+def sample_state(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A random oscillator state: position and velocity in [-1, 1]."""
+    return {"x": rng.uniform(-1.0, 1.0, size=2).astype(np.float32)}
+
+
+def one_step(params: dict[str, np.ndarray]) -> np.ndarray:
+    """Simulator for `SimulationDataset`: the next state of the state in `params["x"]`."""
+    return oscillator_step(params["x"]).astype(np.float32)
+
+
+def trajectory(
+    omega: float, zeta: float, n_steps: int = 40, x0: float = 1.0, dt: float = 0.1
+) -> np.ndarray:
+    """Positions of a damped oscillator started at `(x0, 0)`.
+
+    The same semi-implicit Euler steps as `oscillator_step`, on Python floats: a 40-step
+    trajectory takes tens of microseconds instead of a millisecond of small-array numpy
+    calls, so simulating tens of thousands of them is quick.
+    """
+    x, v = float(x0), 0.0
+    damping, stiffness = 2.0 * zeta * omega, omega * omega
+    out = []
+    for _ in range(n_steps):
+        v = v + dt * (-damping * v - stiffness * x)
+        x = x + dt * v
+        out.append(x)
+    return np.asarray(out, dtype=np.float32)
+
+
+# -- model factories, one per backend --------------------------------------------------------
+
+
+@model_factory
+def equinox_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2, *, key: Any) -> Any:
+    """An Equinox MLP on one sample (`(in,) -> (out,)`; the adapter vmaps it over the batch)."""
+    import equinox as eqx
+    import jax
+
+    return eqx.nn.MLP(in_size, out_size, width, depth, activation=jax.nn.tanh, key=key)
+
+
+@model_factory
+def torch_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2) -> Any:
+    """A torch MLP with tanh activations."""
+    import torch
+
+    layers: list[Any] = []
+    size = in_size
+    for _ in range(depth):
+        layers += [torch.nn.Linear(size, width), torch.nn.Tanh()]
+        size = width
+    layers.append(torch.nn.Linear(size, out_size))
+    return torch.nn.Sequential(*layers)
+
+
+@model_factory
+def keras_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2) -> Any:
+    """A Keras MLP with tanh activations, initialised like the torch and Equinox ones.
+
+    Keras's `Dense` defaults to a Glorot-uniform kernel and a zero bias; torch and Equinox
+    draw both uniform in `±1/sqrt(fan_in)`. `dense` picks the latter, so the three
+    backends start from the same family (the emulator's rollout error then matches).
+    """
+    import keras
+
+    from pipekit_train.keras.testing import dense
+
+    inputs = keras.Input((in_size,))
+    h, fan_in = inputs, in_size
+    for _ in range(depth):
+        h, fan_in = dense(width, fan_in, "tanh")(h), width
+    return keras.Model(inputs, dense(out_size, fan_in)(h))
+
+
+def model_op(
+    backend: str, in_size: int, out_size: int, width: int = 64, depth: int = 2, seed: int = 0
+) -> Any:
+    """The model operator of `backend` wrapping the matching MLP factory."""
+    if backend == "equinox":
+        from pipekit_train.equinox import EquinoxModelOp
+
+        return EquinoxModelOp(
+            "toymodels:equinox_mlp",
+            in_size=in_size,
+            out_size=out_size,
+            width=width,
+            depth=depth,
+            seed=seed,
+        )
+    if backend == "lightning":
+        from pipekit_train.lightning import LightningModelOp
+
+        return LightningModelOp(
+            "toymodels:torch_mlp",
+            in_size=in_size,
+            out_size=out_size,
+            width=width,
+            depth=depth,
+            seed=seed,
+        )
+    if backend == "keras":
+        import os
+
+        os.environ.setdefault("KERAS_BACKEND", "jax")
+        from pipekit_train.keras import KerasModelOp
+
+        return KerasModelOp(
+            "toymodels:keras_mlp",
+            in_size=in_size,
+            out_size=out_size,
+            width=width,
+            depth=depth,
+            seed=seed,
+        )
+    raise SystemExit(
+        f"--backend must be equinox, lightning or keras. Received: backend={backend!r}."
+    )
