@@ -62,7 +62,7 @@ SETUP_START = re.compile(r"^\s*<!--\s*docs:\s*setup\s*$")
 SHELL = {"bash", "sh", "shell", "console"}
 SHOWN = {"text", "txt", "output"}
 PARSED = {"toml", "json"}
-KNOWN = {"python", "py"} | SHELL | SHOWN | PARSED | {"yaml", "ini", "diff"}
+KNOWN = {"python", "py"} | SHELL | SHOWN | PARSED
 CLI_PREFIXES = ("pipekit-train ", "python -m pipekit_train.core.cli ")
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
