@@ -38,8 +38,10 @@ SLOW = {
     "docs/guides/equinox.md",
     "docs/guides/keras.md",
     "docs/guides/lightning.md",
+    "docs/guides/registry_and_cycle.md",
     "docs/guides/sweep.md",
     "docs/index.md",
+    "docs/training-spec.md",
 }
 
 
