@@ -87,7 +87,13 @@ class CheckpointStore(ABC):
 
     Args:
         policy: the `Checkpoint` policy (location, retention, `monitor`/`mode`).
+
+    Attributes:
+        shared_writes: whether several processes may write an engine's step into
+            `engine_root()` together (a shared local folder), or only one (a URI).
     """
+
+    shared_writes: bool = True
 
     def __init__(self, policy: Checkpoint):
         self.policy = policy
@@ -321,6 +327,8 @@ class LocalStore(CheckpointStore):
         policy: a `Checkpoint` at a local folder.
     """
 
+    shared_writes = True
+
     def __init__(self, policy: Checkpoint):
         super().__init__(policy)
         self.root = policy.path
@@ -415,6 +423,8 @@ class FsspecStore(CheckpointStore):
     Args:
         policy: a `Checkpoint` at a URI.
     """
+
+    shared_writes = False
 
     def __init__(self, policy: Checkpoint):
         super().__init__(policy)
