@@ -197,8 +197,14 @@ class CheckpointStore(ABC):
 
     def write_failed(self, step: int, exc: BaseException) -> CheckpointError:
         """Remove the partial step `step` and describe the failed write as a `CheckpointError`."""
-        with contextlib.suppress(Exception):
+        try:
             self._discard(int(step))
+            removed = "The partial step was removed."
+        except Exception as cleanup:
+            removed = (
+                f"The partial step could not be removed ({_reason(cleanup)}); it has no commit "
+                "marker, so a restore skips it."
+            )
         latest = self.latest_complete()
         kept = (
             f"The latest complete checkpoint is {latest}; a rerun resumes from it."
@@ -207,7 +213,7 @@ class CheckpointStore(ABC):
         )
         return CheckpointError(
             f"Could not write the checkpoint of step {int(step)} to {self.step_location(step)} "
-            f"({_reason(exc)}). The partial step was removed. {kept} {_hint(exc)}."
+            f"({_reason(exc)}). {removed} {kept} {_hint(exc)}."
         )
 
     # -- retention ----------------------------------------------------------------------
