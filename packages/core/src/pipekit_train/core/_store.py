@@ -188,11 +188,14 @@ class CheckpointStore(ABC):
         self._latest = int(step)
 
     def latest_complete(self) -> str | None:
-        """The location of the newest step this store committed (or found), if any."""
+        """The location of the newest step this store committed (or found), if any.
+
+        Raises:
+            OSError: there is none known and the location cannot be listed.
+        """
         if self._latest is None:
-            with contextlib.suppress(Exception):
-                found = self.steps()
-                self._latest = found[-1] if found else None
+            found = self.steps()
+            self._latest = found[-1] if found else None
         return None if self._latest is None else self.step_location(self._latest)
 
     def write_failed(self, step: int, exc: BaseException) -> CheckpointError:
@@ -205,12 +208,15 @@ class CheckpointStore(ABC):
                 f"The partial step could not be removed ({_reason(cleanup)}); it has no commit "
                 "marker, so a restore skips it."
             )
-        latest = self.latest_complete()
-        kept = (
-            f"The latest complete checkpoint is {latest}; a rerun resumes from it."
-            if latest is not None
-            else "There is no complete checkpoint yet."
-        )
+        try:
+            latest = self.latest_complete()
+            kept = (
+                f"The latest complete checkpoint is {latest}; a rerun resumes from it."
+                if latest is not None
+                else "There is no complete checkpoint yet."
+            )
+        except Exception as listing:
+            kept = f"The location cannot be listed either ({_reason(listing)})."
         return CheckpointError(
             f"Could not write the checkpoint of step {int(step)} to {self.step_location(step)} "
             f"({_reason(exc)}). {removed} {kept} {_hint(exc)}."
@@ -404,7 +410,9 @@ class LocalStore(CheckpointStore):
         for p in self.root.iterdir():
             name = p.name
             if name.startswith((f".tmp-{step}-", f".trash-{step}-", f"{step}.")) or (
-                name == str(step) and not (p / MANIFEST).is_file()
+                name == str(step)
+                and not (p / MANIFEST).is_file()
+                and not (p / FOLDER_DIGEST).is_file()
             ):
                 shutil.rmtree(p, ignore_errors=True)
 

@@ -262,9 +262,20 @@ class OrbaxCheckpointer:
             manager.wait_until_finished()
             del tree
             self.store.commit_folder(step, self.root / str(step), record["score"])
-            self._prune(manager)
         except Exception as exc:
             raise self._failed(step, exc) from exc
+        self._retain(manager, step)
+
+    def _retain(self, manager: ocp.CheckpointManager, step: int) -> None:
+        """Retention after the commit of `step`; a failure there keeps `step`."""
+        try:
+            self._prune(manager)
+        except Exception as exc:
+            self._abandon()
+            raise CheckpointError(
+                f"The checkpoint of step {step} was written to {self.store.step_location(step)}, "
+                f"but deleting older checkpoints failed ({type(exc).__name__}: {exc})."
+            ) from exc
 
     def _drop_stale(self, manager: ocp.CheckpointManager, step: int) -> None:
         """Delete steps from an abandoned timeline (torn steps a restore fell back past)."""
@@ -276,11 +287,14 @@ class OrbaxCheckpointer:
     ) -> str:
         """Several processes: fresh device copies, Orbax's async save, our sealer thread."""
         self._wait_sealed()
-        self._last_step = int(step)
         try:
             manager = self._writer()
             manager.wait_until_finished()
-            self._prune(manager)
+        except Exception as exc:
+            raise self._failed(self._last_step, exc) from exc
+        self._retain(manager, self._last_step)
+        self._last_step = int(step)
+        try:
             self._drop_stale(manager, step)
             tree = self._to_tree(state)
             score = metrics.get(self.policy.monitor) if metrics else None
@@ -355,9 +369,9 @@ class OrbaxCheckpointer:
         if self._manager is not None and not self._host:
             try:
                 self._manager.wait_until_finished()
-                self._prune(self._manager)
             except Exception as exc:
                 raise self._failed(self._last_step, exc) from exc
+            self._retain(self._manager, self._last_step)
 
     def close(self) -> None:
         """Wait for pending saves and release the manager (and any staging folder)."""
