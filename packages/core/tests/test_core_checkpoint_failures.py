@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,13 +83,22 @@ def test_permission_denied_mid_run() -> None:
 
 
 class _StopServerAt:
-    """A callback that stops the S3 server after step `at` (the connection drops)."""
+    """A callback that stops the S3 server after step `at` (the connection drops), once
+    the (possibly background) save of step `committed` is on it."""
 
-    def __init__(self, server: Any, at: int):
-        self.server, self.at = server, at
+    def __init__(self, server: Any, at: int, policy: Checkpoint, committed: int):
+        self.server, self.at, self.committed = server, at, committed
+        self.fs, self.root = policy.filesystem()
 
     def on_step_end(self, state: Any) -> None:
         if state.step == self.at:
+            marker = f"{self.root}/{self.committed}/MANIFEST.json"
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                self.fs.invalidate_cache()
+                if self.fs.exists(marker):
+                    break
+                time.sleep(0.05)
             self.server.stop()
 
 
@@ -114,7 +124,7 @@ def test_dropped_s3_connection_mid_run(async_save: bool) -> None:
             uri, every_n_steps=4, max_to_keep=None, async_save=async_save, storage_options=dropped
         )
         with pytest.raises(CheckpointError) as info:
-            _loop(40, policy, callbacks=[_StopServerAt(server, 10)]).run()
+            _loop(40, policy, callbacks=[_StopServerAt(server, 10, policy, 8)]).run()
         message = str(info.value)
         assert f"step 12 to {uri}/12" in message, message
         assert f"latest complete checkpoint is {uri}/8" in message, message

@@ -24,6 +24,7 @@ is a local folder (`LocalStore`) or an fsspec URI (`FsspecStore`):
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -64,6 +65,15 @@ class TornStepError(Exception):
     """Raised by an engine's loader: this step is incomplete or damaged (skip it)."""
 
 
+def _disk_bytes(folder: Path) -> int:
+    """The space a folder takes on its disk (allocated blocks, not file sizes)."""
+    total = 0
+    for p in [folder, *folder.rglob("*")]:
+        with contextlib.suppress(OSError):
+            total += p.lstat().st_blocks * 512
+    return total
+
+
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -100,6 +110,7 @@ class CheckpointStore(ABC):
         self.location = policy.location
         self._scores: dict[int, float | None] = {}
         self._latest: int | None = None
+        self.last_folder_bytes: int | None = None
 
     # -- the primitives of a location ---------------------------------------------------
     @abstractmethod
@@ -175,6 +186,7 @@ class CheckpointStore(ABC):
         """
         try:
             seal_folder(folder, int(step))
+            self.last_folder_bytes = _disk_bytes(folder)
             self._put_folder(int(step), folder)
         except CheckpointError:
             raise
@@ -182,6 +194,27 @@ class CheckpointStore(ABC):
             raise self.write_failed(step, exc) from exc
         self._committed(step, score)
         return self.step_location(step)
+
+    def reserve(self, step: int, needed: int) -> None:
+        """Refuse to start writing step `step` where fewer than `needed` bytes are free.
+
+        An engine calls this before it writes into `engine_root()`, with an estimate
+        (e.g. `last_folder_bytes` of the previous step): a write that cannot fit fails
+        before it starts, the same `CheckpointError` as a write that ran out of space.
+
+        Raises:
+            CheckpointError: not enough space (the disk is full).
+        """
+        probe = self.engine_root()
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        free = shutil.disk_usage(probe).free
+        if free < needed:
+            exc = OSError(
+                errno.ENOSPC,
+                f"No space left on device (about {needed} bytes needed, {free} free)",
+            )
+            raise self.write_failed(step, exc)
 
     def _committed(self, step: int, score: float | None) -> None:
         self._scores[int(step)] = score

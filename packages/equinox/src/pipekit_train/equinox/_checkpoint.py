@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -179,6 +180,9 @@ class OrbaxCheckpointer:
 
     def _failed(self, step: int, exc: BaseException) -> CheckpointError:
         self._abandon()
+        # Finalize Orbax's orphaned coroutines now, not at interpreter shutdown (where
+        # their cleanup fails with `ImportError: sys.meta_path is None`).
+        gc.collect()
         if isinstance(exc, CheckpointError):
             return exc
         return self.store.write_failed(step, exc)
@@ -246,6 +250,7 @@ class OrbaxCheckpointer:
         try:
             manager = self._writer()
             self._drop_stale(manager, step)
+            self.store.reserve(step, self._space_needed(snapshot))
             tree = {
                 name: jax.device_put(buf, sharding, may_alias=False)
                 for name, (buf, sharding) in snapshot.items()
@@ -265,6 +270,17 @@ class OrbaxCheckpointer:
         except Exception as exc:
             raise self._failed(step, exc) from exc
         self._retain(manager, step)
+
+    def _space_needed(self, snapshot: Mapping[str, tuple[Any, Any]]) -> int:
+        """Bytes to have free before Orbax writes a step: the last step's size (or the
+        arrays' on the first save), with room for Orbax's temporary files.
+
+        A write that runs out of space inside Orbax fails noisily (its background threads
+        log each failure); one that cannot fit is refused before it starts.
+        """
+        arrays = sum(int(getattr(buf, "nbytes", 0)) for buf, _ in snapshot.values())
+        last = self.store.last_folder_bytes or 0
+        return int(max(arrays, last) * 1.25) + (64 << 10)
 
     def _retain(self, manager: ocp.CheckpointManager, step: int) -> None:
         """Retention after the commit of `step`; a failure there keeps `step`."""
