@@ -73,8 +73,9 @@ def test_async_error_surfaces_on_wait(tmp_path: Path) -> None:
     # A file appearing where the folder should be after construction (which refuses a file).
     (tmp_path / "ck").write_text("not a directory")
     store.save(1, {"w": 1}, {"step": 1}, {})
-    with pytest.raises(OSError):
+    with pytest.raises(CheckpointError, match=r"checkpoint of step 1 .*FileExistsError"):
         store.wait()
+    store.wait()  # raised once: the failure is not raised again
 
 
 def test_reserved_blob_names_are_refused(tmp_path: Path) -> None:

@@ -64,7 +64,7 @@ def build(regression: tuple[Any, Any]) -> Callable[..., TrainingLoop]:
 
 
 def _staging_dirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("pipekit-orbax-staging-*")}
+    return {p.name for p in Path(tempfile.gettempdir()).glob("pipekit-ckpt-staging-*")}
 
 
 @pytest.fixture(scope="module")

@@ -125,9 +125,9 @@ def test_every_step_is_sealed_off_the_training_thread(
         threads.append(threading.current_thread().name)
         seal(folder, step)
 
-    from pipekit_train.equinox import _checkpoint
+    from pipekit_train.core import _store  # the store seals the step the engine wrote
 
-    monkeypatch.setattr(_checkpoint, "seal_folder", spy)
+    monkeypatch.setattr(_store, "seal_folder", spy)
     build(8, Checkpoint(tmp_path, every_n_steps=4, max_to_keep=None)).run()
     assert len(threads) == 2 and threading.main_thread().name not in threads
     for step in (4, 8):

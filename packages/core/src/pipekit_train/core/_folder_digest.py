@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ._checkpointing import fsync_dir
+from ._fsutil import fsync_dir
 
 __all__ = ["FOLDER_DIGEST", "check_folder", "seal_folder", "sha256_file"]
 

@@ -153,14 +153,15 @@ class RemoteSteps:
         self.fs.put_file(os.fspath(folder / marker), self.path(step, marker))
         self._invalidate(self.path(step))
 
-    def clear(self, step: int, *, marker: str) -> None:
-        """Delete a step: its marker first (so a half-deleted step is torn), then the rest."""
+    def clear(self, step: int, *, marker: str | tuple[str, ...]) -> None:
+        """Delete a step: its marker(s) first (so a half-deleted step is torn), then the rest."""
         folder = self.path(step)
         self._invalidate(folder)
-        try:
-            self.fs.rm_file(self.path(step, marker))
-        except FileNotFoundError:
-            pass
+        for name in (marker,) if isinstance(marker, str) else marker:
+            try:
+                self.fs.rm_file(self.path(step, name))
+            except FileNotFoundError:
+                pass
         try:
             if self.fs.exists(folder):
                 self.fs.rm(folder, recursive=True)

@@ -10,9 +10,11 @@ classes here and uses the shared machinery, and imports nothing private from cor
   schedules, the per-step sequence `RunContext.after_steps`, the artifact), `RunState`
   (what callbacks see), `run_step_loop`, `restore_or_start` (the one resume path),
   `abort_run`, `check_resume_key`, `stack_batches`.
-- **Checkpoints**: `Checkpointer` (the engine interface), `DirectoryCheckpointer` (the
-  atomic SHA-256-verified store for backends without an engine, local or at any fsspec
-  URI), `RemoteSteps` (step folders at a URI, committed by a marker written last),
+- **Checkpoints**: `Checkpointer` (the engine interface), `CheckpointStore` (where steps
+  live: `LocalStore`, `FsspecStore`, chosen by `open_store`; atomic commits, retention,
+  torn-step fallback via `TornStepError`, write failures as one `CheckpointError`),
+  `DirectoryCheckpointer` (the SHA-256-verified blob engine for backends without an
+  engine), `RemoteSteps` (step folders at a URI, committed by a marker written last),
   `HostBuffers` (reused host arrays for non-blocking snapshots), `Restored`,
   `TornCheckpointWarning`, `step_dirs`, `fsync_dir`; step-folder digests
   (`FOLDER_DIGEST`, `seal_folder`, `check_folder`, `sha256_file`).
@@ -52,6 +54,7 @@ from ._spec import (
     resolve_optimizer_config,
     resolve_precision,
 )
+from ._store import CheckpointStore, FsspecStore, LocalStore, TornStepError, open_store
 
 __all__ = [
     "OPTIMIZERS",
@@ -59,9 +62,12 @@ __all__ = [
     "SCHEDULES",
     "Adapter",
     "Capabilities",
+    "CheckpointStore",
     "Checkpointer",
     "DirectoryCheckpointer",
+    "FsspecStore",
     "HostBuffers",
+    "LocalStore",
     "NotSupportedError",
     "OptimizerSpec",
     "Plan",
@@ -72,6 +78,7 @@ __all__ = [
     "StepAdapter",
     "StepBackend",
     "TornCheckpointWarning",
+    "TornStepError",
     "abort_run",
     "check_resume_key",
     "check_schedule",
@@ -87,6 +94,7 @@ __all__ = [
     "is_core_dataset",
     "learning_rate_at",
     "object_path",
+    "open_store",
     "optimizer_spec",
     "optional_import",
     "peak_learning_rate",

@@ -20,26 +20,25 @@ process only) hashes every file of `<step>/` and writes `<step>/pipekit-digest.j
 atomically (core's `seal_folder`). The training thread only waits for it at the next save, at
 `wait()` and at `close()`, as it already waited for Orbax's own commit.
 
-Cloud locations (`s3://`, `gs://`, `memory://`, any fsspec URI; one process only):
-Orbax 0.12's array writer (TensorStore) maps only `gs://` to a remote store (an `s3://`
-path fails with "Checkpoint path should be absolute"), and its `epath` paths cannot take
-fsspec `storage_options` (a custom endpoint or credentials). So Orbax writes each step
-into a local staging folder (under the system temporary directory), our writer thread
-seals it there and uploads it through fsspec: every file first, `pipekit-digest.json`
-last, as the step's commit marker (object stores have no atomic rename). Restore
-downloads a step into staging, checks it against its digest, and only then lets Orbax
-read it. Retention deletes a remote step marker first, so a half-deleted step is torn.
+Where steps live is core's `CheckpointStore` (chosen once from the policy): Orbax writes
+into the store's `engine_root()` and the store commits the step (`commit_folder`: seal,
+and at a URI upload every file with `pipekit-digest.json` last). On a local folder the
+engine root is the checkpoint folder itself (Orbax renames each step into place); at a
+URI (Orbax 0.12's TensorStore maps only `gs://`, and `epath` cannot take fsspec
+`storage_options`) it is a staging folder under the system temporary directory.
+Retention (`max_to_keep` latest plus `keep_best` best, after each commit) and the
+torn-step fallback are the store's.
 
-Retention is core's `Checkpoint.retained` (the `max_to_keep` latest plus the `keep_best`
-best by `monitor`), applied by deleting steps after each save has committed (never
-before: a crash mid-save keeps the previous checkpoints).
+Restore walks the committed steps newest first (the store's `restore_latest`) with a
+fresh manager per attempt (a manager that failed a restore is unusable). A step is
+torn, and skipped with a `TornCheckpointWarning` naming the step and the file, when it
+has no digest (the run stopped before it was sealed), when a file does not match its
+digest (or is missing, or was added), or when its files cannot be read. Nothing is
+read from a step before its digest is checked (`CheckpointStore.checked_folder`).
 
-Restore walks the committed steps newest first with a fresh manager per attempt (a
-manager that failed a restore is unusable). A step is torn, and skipped with a
-`TornCheckpointWarning` naming the step and the file, when it has no digest (the run
-stopped before it was sealed), when a file does not match its digest (or is missing, or
-was added), or when its files cannot be read. Nothing is read from a step before its
-digest is checked. Every process checks the steps itself (they read the same files, so
+A write that fails (disk full, permission denied, a dropped connection) closes the
+Orbax manager, removes the partial step and raises one `CheckpointError` (from a
+background save: at the next `poll()`, `save()`, `wait()` or `close()`). Every process checks the steps itself (they read the same files, so
 they agree); a barrier first makes sure the primary has finished sealing. A step whose
 arrays do not match the model (other shapes, dtypes or leaves) is not torn: that raises
 `CheckpointError`.
@@ -47,15 +46,13 @@ arrays do not match the model (other shapes, dtypes or leaves) is not torn: that
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import json
 import logging
-import shutil
-import tempfile
-import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,19 +61,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from pipekit_train.core import Checkpoint, CheckpointError, ConfigError, TornCheckpointWarning
-from pipekit_train.core.adapter import (
-    FOLDER_DIGEST,
-    HostBuffers,
-    RemoteSteps,
-    Restored,
-    check_folder,
-    seal_folder,
-)
+from pipekit_train.core import Checkpoint, CheckpointError, ConfigError
+from pipekit_train.core.adapter import HostBuffers, Restored, TornStepError, open_store
 
 __all__ = ["OrbaxCheckpointer", "abstract_of"]
 
 _FORMAT = 1
+_RECORD = "pipekit/metadata"
 
 
 def _handlers() -> dict[str, Any]:
@@ -117,7 +108,8 @@ class OrbaxCheckpointer:
             runs on the writer thread.
 
     Raises:
-        ConfigError: a URI location in a multi-process run, or without `live_tree`.
+        ConfigError: a location that only one process may write (a URI) in a
+            multi-process run, or without `live_tree`.
     """
 
     def __init__(
@@ -132,31 +124,30 @@ class OrbaxCheckpointer:
     ):
         self.policy = policy
         self._host = live_tree is not None and jax.process_count() == 1
-        if policy.is_remote and not self._host:
+        self.store = open_store(policy)
+        if not self.store.shared_writes and not self._host:
             raise ConfigError(
                 "Equinox checkpoints at a URI are written by one process; this run has "
                 f"{jax.process_count()} processes. Received: directory={policy.location!r}. "
                 "Use a shared local folder (e.g. a network file system) for multi-process runs."
             )
-        self.remote = RemoteSteps(policy) if policy.is_remote else None
-        self._staging: Path | None = None
-        if self.remote is not None:
-            self._staging = Path(tempfile.mkdtemp(prefix="pipekit-orbax-staging-"))
-            self.root = self._staging / "write"
-        else:
-            self.root = policy.path
         self._to_tree = to_tree
         self._live_tree = live_tree
         self._template_tree = template_tree
         self._from_tree = from_tree
         self._fix_meta = fix_meta or (lambda meta: meta)
         self._manager: ocp.CheckpointManager | None = None
-        self._scores: dict[int, float | None] = {}
         self._buffers = HostBuffers()
         self._writer_pool: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
         self._sealer: ThreadPoolExecutor | None = None
         self._sealing: Future[None] | None = None
+        self._last_step = 0
+
+    @property
+    def root(self) -> Path:
+        """The local folder Orbax writes step folders into (the store's engine root)."""
+        return self.store.engine_root()
 
     # -- managers ----------------------------------------------------------------------
     def _options(self, *, create: bool) -> ocp.CheckpointManagerOptions:
@@ -175,23 +166,37 @@ class OrbaxCheckpointer:
             )
         return self._manager
 
-    def _fresh(self, root: Path | None = None) -> ocp.CheckpointManager:
+    def _fresh(self, root: Path) -> ocp.CheckpointManager:
         return ocp.CheckpointManager(
-            self.root if root is None else root,
-            options=self._options(create=False),
-            item_handlers=_handlers(),
+            root, options=self._options(create=False), item_handlers=_handlers()
         )
 
-    def _step_location(self, step: int) -> str:
-        if self.remote is not None:
-            return self.remote.uri(step)
-        return str(self.root / str(int(step)))
+    def _abandon(self) -> None:
+        """Close the manager after a failed write (a fresh one is made for the next save)."""
+        manager, self._manager = self._manager, None
+        if manager is not None:
+            with contextlib.suppress(Exception):
+                manager.close()
+
+    def _failed(self, step: int, exc: BaseException) -> CheckpointError:
+        self._abandon()
+        # Finalize Orbax's orphaned coroutines now, not at interpreter shutdown (where
+        # their cleanup fails with `ImportError: sys.meta_path is None`).
+        gc.collect()
+        if isinstance(exc, CheckpointError):
+            return exc
+        return self.store.write_failed(step, exc)
 
     # -- saving ------------------------------------------------------------------------
     def save(
         self, step: int, state: Any, meta: Mapping[str, Any], metrics: Mapping[str, float]
     ) -> str:
-        """Start saving `state` + `meta` for `step` (in the background when `async_save`)."""
+        """Start saving `state` + `meta` for `step` (in the background when `async_save`).
+
+        Raises:
+            CheckpointError: the write failed (synchronous save), or the previous
+                background one did.
+        """
         if not self._host:
             return self._save_on_device(step, state, meta, metrics)
         self._wait_pending()
@@ -208,7 +213,7 @@ class OrbaxCheckpointer:
             self._pending = self._writer_pool.submit(job)
         else:
             job()
-        return self._step_location(int(step))
+        return self.store.step_location(int(step))
 
     def _snapshot(self, tree: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
         """Training thread: copy each array into its reused host buffer (shard by shard).
@@ -241,81 +246,108 @@ class OrbaxCheckpointer:
         meta: dict[str, Any],
         record: dict[str, Any],
     ) -> None:
-        """Writer thread (or inline): Orbax writes the step, we seal, upload and prune."""
-        manager = self._writer()
-        self._drop_stale(manager, step)
-        tree = {
-            name: jax.device_put(buf, sharding, may_alias=False)
-            for name, (buf, sharding) in snapshot.items()
-        }
-        manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(tree),
-                meta=ocp.args.JsonSave(meta),
-                pipekit=ocp.args.JsonSave(record),
-            ),
-            force=True,
-        )
-        manager.wait_until_finished()
-        del tree
-        self._scores[step] = record["score"]
-        folder = self.root / str(step)
-        seal_folder(folder, step)
-        if self.remote is not None:
-            self.remote.upload(step, folder, marker=FOLDER_DIGEST)
-            manager.delete(step)  # the staged copy is no longer needed
-        self._prune(manager)
+        """Writer thread (or inline): Orbax writes the step, the store commits and prunes."""
+        try:
+            manager = self._writer()
+            self._drop_stale(manager, step)
+            self.store.reserve(step, self._space_needed(snapshot))
+            tree = {
+                name: jax.device_put(buf, sharding, may_alias=False)
+                for name, (buf, sharding) in snapshot.items()
+            }
+            manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(tree),
+                    meta=ocp.args.JsonSave(meta),
+                    pipekit=ocp.args.JsonSave(record),
+                ),
+                force=True,
+            )
+            manager.wait_until_finished()
+            del tree
+            self.store.commit_folder(step, self.root / str(step), record["score"])
+        except Exception as exc:
+            raise self._failed(step, exc) from exc
+        self._retain(manager, step)
+
+    def _space_needed(self, snapshot: Mapping[str, tuple[Any, Any]]) -> int:
+        """Bytes to have free before Orbax writes a step: the last step's size (or the
+        arrays' on the first save), with room for Orbax's temporary files.
+
+        A write that runs out of space inside Orbax fails noisily (its background threads
+        log each failure); one that cannot fit is refused before it starts.
+        """
+        arrays = sum(int(getattr(buf, "nbytes", 0)) for buf, _ in snapshot.values())
+        last = self.store.last_folder_bytes or 0
+        return int(max(arrays, last) * 1.25) + (64 << 10)
+
+    def _retain(self, manager: ocp.CheckpointManager, step: int) -> None:
+        """Retention after the commit of `step`; a failure there keeps `step`."""
+        try:
+            self._prune(manager)
+        except Exception as exc:
+            self._abandon()
+            raise CheckpointError(
+                f"The checkpoint of step {step} was written to {self.store.step_location(step)}, "
+                f"but deleting older checkpoints failed ({type(exc).__name__}: {exc})."
+            ) from exc
 
     def _drop_stale(self, manager: ocp.CheckpointManager, step: int) -> None:
         """Delete steps from an abandoned timeline (torn steps a restore fell back past)."""
-        for stale in [s for s in manager.all_steps() if s >= step]:
-            manager.delete(stale)
-            self._scores.pop(stale, None)
-        if self.remote is not None:
-            for stale in [s for s in self.remote.steps() if s >= step]:
-                self.remote.clear(stale, marker=FOLDER_DIGEST)
-                self._scores.pop(stale, None)
+        self.store.drop_from(step)
+        manager.reload()
 
     def _save_on_device(
         self, step: int, state: Any, meta: Mapping[str, Any], metrics: Mapping[str, float]
     ) -> str:
         """Several processes: fresh device copies, Orbax's async save, our sealer thread."""
-        manager = self._writer()
         self._wait_sealed()
-        manager.wait_until_finished()
-        self._prune(manager)
-        for stale in [s for s in manager.all_steps() if s >= step]:
-            manager.delete(stale)
-            self._scores.pop(stale, None)
-        tree = self._to_tree(state)
-        score = metrics.get(self.policy.monitor) if metrics else None
-        score = None if score is None else float(score)
-        record = {"format": _FORMAT, "step": int(step), "score": score, "leaves": sorted(tree)}
-        manager.save(
-            int(step),
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(tree),
-                meta=ocp.args.JsonSave(json.loads(json.dumps(dict(meta), default=repr))),
-                pipekit=ocp.args.JsonSave(record),
-            ),
-            force=True,
-        )
-        self._scores[int(step)] = score
+        try:
+            manager = self._writer()
+            manager.wait_until_finished()
+        except Exception as exc:
+            raise self._failed(self._last_step, exc) from exc
+        self._retain(manager, self._last_step)
+        self._last_step = int(step)
+        try:
+            self._drop_stale(manager, step)
+            tree = self._to_tree(state)
+            score = metrics.get(self.policy.monitor) if metrics else None
+            score = None if score is None else float(score)
+            record = {"format": _FORMAT, "step": int(step), "score": score, "leaves": sorted(tree)}
+            manager.save(
+                int(step),
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(tree),
+                    meta=ocp.args.JsonSave(json.loads(json.dumps(dict(meta), default=repr))),
+                    pipekit=ocp.args.JsonSave(record),
+                ),
+                force=True,
+            )
+        except Exception as exc:
+            raise self._failed(step, exc) from exc
         if not self.policy.async_save:
-            self._prune(manager)
+            manager.wait_until_finished()
         if jax.process_index() == 0:
             if self._sealer is None:
                 self._sealer = ThreadPoolExecutor(1, thread_name_prefix="pipekit-orbax-seal")
-            self._sealing = self._sealer.submit(self._seal, manager, int(step))
-        return str(self.root / str(int(step)))
+            self._sealing = self._sealer.submit(self._seal, manager, int(step), score)
+            if not self.policy.async_save:
+                self._wait_sealed()
+        return self.store.step_location(int(step))
 
-    def _seal(self, manager: ocp.CheckpointManager, step: int) -> None:
-        """Background: wait for Orbax to commit `step`, then write its digest."""
-        manager.wait_until_finished()  # joins Orbax's finalize thread; safe from any thread
-        folder = self.root / str(step)
-        if folder.is_dir():  # else retention already removed it
-            seal_folder(folder, step)
+    def _seal(self, manager: ocp.CheckpointManager, step: int, score: float | None) -> None:
+        """Background: wait for Orbax to commit `step`, then have the store commit it."""
+        try:
+            manager.wait_until_finished()  # joins Orbax's finalize thread; safe from any thread
+            folder = self.root / str(step)
+            if folder.is_dir():  # else retention already removed it
+                self.store.commit_folder(step, folder, score)
+        except Exception as exc:
+            if isinstance(exc, CheckpointError):
+                raise
+            raise self.store.write_failed(step, exc) from exc
 
     def _wait_sealed(self) -> None:
         """Block until the pending digest is written; re-raise a failed save's error."""
@@ -330,66 +362,49 @@ class OrbaxCheckpointer:
             pending.result()
 
     def _score_of(self, step: int) -> float | None:
-        if step not in self._scores:
-            try:
-                if self.remote is not None:
-                    raw = self.remote.read(step, "pipekit/metadata")
-                else:
-                    raw = (self.root / str(step) / "pipekit" / "metadata").read_bytes()
-                self._scores[step] = json.loads(raw).get("score")
-            except (OSError, ValueError, AttributeError):
-                self._scores[step] = None
-        return self._scores[step]
+        return json.loads(self.store.read(step, _RECORD)).get("score")
 
     def _prune(self, manager: ocp.CheckpointManager) -> None:
-        steps = self.remote.steps() if self.remote is not None else list(manager.all_steps())
-        if not steps:
-            return
-        scores = {s: self._score_of(s) for s in steps} if self.policy.keep_best else {}
-        keep = self.policy.retained(steps, scores)
-        for s in steps:
-            if s not in keep:
-                if self.remote is not None:
-                    self.remote.clear(s, marker=FOLDER_DIGEST)
-                else:
-                    manager.delete(s)
-                self._scores.pop(s, None)
+        """Retention (the store's), on the primary process; the manager re-reads its steps."""
+        if jax.process_index() == 0:
+            self.store.prune(self._score_of)
+        manager.reload()
+
+    def poll(self) -> None:
+        """Raise the error of a failed background save, if any; never blocks."""
+        for name in ("_pending", "_sealing"):
+            pending = getattr(self, name)
+            if pending is not None and pending.done():
+                setattr(self, name, None)
+                pending.result()
 
     def wait(self) -> None:
         """Block until the pending save is committed, then apply retention."""
         self._wait_pending()
         self._wait_sealed()
         if self._manager is not None and not self._host:
-            self._manager.wait_until_finished()
-            self._prune(self._manager)
+            try:
+                self._manager.wait_until_finished()
+            except Exception as exc:
+                raise self._failed(self._last_step, exc) from exc
+            self._retain(self._manager, self._last_step)
 
     def close(self) -> None:
-        """Wait for pending saves and release the manager (and the staging folder)."""
+        """Wait for pending saves and release the manager (and any staging folder)."""
         try:
             self.wait()
         finally:
-            if self._manager is not None:
-                self._manager.close()
-                self._manager = None
+            self._abandon()
             for pool in (self._writer_pool, self._sealer):
                 if pool is not None:
                     pool.shutdown(wait=True)
             self._writer_pool = self._sealer = None
-            if self._staging is not None:
-                shutil.rmtree(self._staging, ignore_errors=True)
+            self.store.close()
 
     # -- restoring ---------------------------------------------------------------------
     def steps(self) -> list[int]:
-        """Committed steps (at a URI: step folders, sealed or not), ascending."""
-        if self.remote is not None:
-            return self.remote.steps()
-        if not self.root.is_dir():
-            return []
-        manager = self._fresh()
-        try:
-            return sorted(int(s) for s in manager.all_steps())
-        finally:
-            manager.close()
+        """Step folders (sealed or not), ascending."""
+        return self.store.steps()
 
     def _check_layout(
         self, manager: ocp.CheckpointManager, step: int, abstract: Mapping[str, Any]
@@ -407,42 +422,9 @@ class OrbaxCheckpointer:
                 f"{k}: checkpoint={saved.get(k)}, model={wanted.get(k)}" for k in diff
             )
             raise CheckpointError(
-                f"The checkpoint at {self._step_location(step)} holds a different model state ({detail}). "
+                f"The checkpoint at {self.store.step_location(step)} holds a different model state ({detail}). "
                 "Use the model, optimizer and precision it was written with, or a new checkpoint directory."
             )
-
-    @contextmanager
-    def _readable(self, step: int) -> Iterator[tuple[Path, str | None]]:
-        """`(root holding <step>/, problem)`: the step checked against its digest.
-
-        At a URI the step is downloaded into staging first (and removed afterwards).
-        """
-        if self.remote is None:
-            yield self.root, check_folder(self.root / str(step))
-            return
-        assert self._staging is not None
-        root = self._staging / "restore"
-        folder = root / str(step)
-        shutil.rmtree(folder, ignore_errors=True)
-        try:
-            problem: str | None = None
-            try:
-                self.remote.read(step, FOLDER_DIGEST)
-            except FileNotFoundError:
-                problem = (
-                    f"it has no {FOLDER_DIGEST} (the save was interrupted before its "
-                    "commit marker was written)"
-                )
-            if problem is None:
-                try:
-                    self.remote.download(step, folder)
-                except OSError as exc:
-                    problem = f"it could not be downloaded ({type(exc).__name__}: {exc})"
-            if problem is None:
-                problem = check_folder(folder)
-            yield root, problem
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
 
     def restore_latest(self, template: Any) -> Restored | None:
         """Restore the newest readable step into `template`'s structure and shardings."""
@@ -451,25 +433,17 @@ class OrbaxCheckpointer:
             # The primary seals in the background: let it finish before anyone checks.
             multihost_utils.sync_global_devices("pipekit_train.equinox:restore")
         abstract = self._template_tree(template)
-        for step in reversed(self.steps()):
-            with self._readable(step) as (root, problem):
-                if problem is not None:
-                    warnings.warn(
-                        f"Skipping torn checkpoint at {self._step_location(step)} (step {step}): "
-                        f"{problem}. Falling back to the previous checkpoint.",
-                        TornCheckpointWarning,
-                        stacklevel=3,
-                    )
-                    continue
-                restored = self._restore_step(root, step, abstract, template)
-            if restored is not None:
-                return restored
-        return None
+
+        def load(step: int) -> Restored:
+            with self.store.checked_folder(step) as folder:
+                return self._restore_step(folder.parent, step, abstract, template)
+
+        return self.store.restore_latest(load, stacklevel=2)
 
     def _restore_step(
         self, root: Path, step: int, abstract: Mapping[str, Any], template: Any
-    ) -> Restored | None:
-        """Restore one step that passed its digest check (None, with a warning, if Orbax fails)."""
+    ) -> Restored:
+        """Restore one step that passed its digest check (`TornStepError` if Orbax fails)."""
         manager = self._fresh(root)
         try:
             with _Quiet():
@@ -489,16 +463,10 @@ class OrbaxCheckpointer:
             first = (
                 str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
             )
-            warnings.warn(
-                f"Skipping torn checkpoint at {self._step_location(step)}: {type(exc).__name__}: {first}. "
-                "Falling back to the previous checkpoint.",
-                TornCheckpointWarning,
-                stacklevel=4,
-            )
-            return None
+            raise TornStepError(f"{type(exc).__name__}: {first}") from exc
         finally:
             manager.close()
-        return Restored(step=step, state=state, meta=meta, path=self._step_location(step))
+        return Restored(step=step, state=state, meta=meta, path=self.store.step_location(step))
 
 
 def abstract_of(tree: Mapping[str, Any]) -> dict[str, jax.ShapeDtypeStruct]:

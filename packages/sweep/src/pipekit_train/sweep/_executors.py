@@ -465,7 +465,7 @@ class RayExecutor:
         self.max_concurrent = 0
         self._ray: Any = None
         self._started = False
-        self._remote: Any = None
+        self._ray_trial_fn: Any = None
         self._refs: dict[Any, dict[str, Any]] = {}
 
     def describe(self) -> dict[str, Any]:
@@ -497,13 +497,13 @@ class RayExecutor:
         if fit is None:  # nothing requested: the cluster's CPUs
             fit = int(ray.cluster_resources().get("CPU", 1)) or 1
         self.max_concurrent = int(max_concurrent or fit)
-        self._remote = ray.remote(max_retries=0, **self.options)(_ray_trial)
+        self._ray_trial_fn = ray.remote(max_retries=0, **self.options)(_ray_trial)
 
     def submit(self, task: dict[str, Any]) -> None:
         """Start the trial as a Ray task."""
-        if self._remote is None:
+        if self._ray_trial_fn is None:
             self.start()
-        ref = self._remote.remote(task, float(self.options.get("num_gpus", 0)))
+        ref = self._ray_trial_fn.remote(task, float(self.options.get("num_gpus", 0)))
         self._refs[ref] = task
 
     @property
@@ -539,7 +539,7 @@ class RayExecutor:
         if self._started and self._ray is not None and self._ray.is_initialized():
             self._ray.shutdown()
         self._started = False
-        self._remote = None
+        self._ray_trial_fn = None
         self._refs.clear()
         self.max_concurrent = 0
 

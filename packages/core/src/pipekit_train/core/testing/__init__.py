@@ -6,6 +6,8 @@
 - `regression_task`, `oscillator_task`, `damped_oscillator_step`: the shared toy tasks.
 - `loopback_s3`, `LoopbackS3`: a moto S3 API server on 127.0.0.1 for cloud-checkpoint and
   registry tests (development dependencies `moto[server]`, `boto3`, `s3fs`).
+- `small_filesystem`: a tiny tmpfs mounted for a test (root only) that fills up like a
+  full disk.
 - `run_golden`, `compare_golden`, `GOLDEN_CASES`, ...: the cross-backend golden-run suite
   (the same description and initial weights give the same loss curve on every backend).
 """
@@ -30,6 +32,7 @@ from ._golden import (
 from ._numpy_adapter import NumpyAdapter
 from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arrays, linear
 from ._s3 import LoopbackS3, loopback_s3
+from ._smallfs import SmallFilesystemUnavailable, small_filesystem
 from ._tasks import damped_oscillator_step, oscillator_task, regression_task
 
 __all__ = [
@@ -60,6 +63,8 @@ __all__ = [
     "loopback_s3",
     "oscillator_task",
     "regression_task",
+    "SmallFilesystemUnavailable",
+    "small_filesystem",
 ]
 
 

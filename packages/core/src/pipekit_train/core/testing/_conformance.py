@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -33,10 +34,11 @@ import pytest
 
 from pipekit_train.core._checkpoint import Checkpoint
 from pipekit_train.core._checkpointing import TornCheckpointWarning, step_dirs
-from pipekit_train.core._errors import ConfigError, IntegrityError
+from pipekit_train.core._errors import CheckpointError, ConfigError, IntegrityError
 from pipekit_train.core._loop import TrainingLoop
 
 from ._s3 import LoopbackS3, loopback_s3
+from ._smallfs import SmallFilesystemUnavailable, small_filesystem
 from ._tasks import oscillator_task, regression_task
 
 __all__ = ["AdapterConformance", "BAD_INPUTS", "HookRecorder"]
@@ -422,6 +424,7 @@ class AdapterConformance:
     kill_at: int = 14
     cloud_resume: bool = True
     s3_bucket: str = "pipekit-conformance"
+    small_fs_size: str = "192k"
 
     # -- hooks for subclasses -----------------------------------------------------------
     def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
@@ -615,6 +618,49 @@ class AdapterConformance:
         ]
         assert resumed.resumed_from_step == 8
         reference = self.loop(max_steps=16).run()
+        assert resumed.model.serialize_weights() == reference.model.serialize_weights()
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize("async_save", [True, False], ids=["async", "sync"])
+    def test_disk_full_mid_run(self, tmp_path: Path, async_save: bool) -> None:
+        """A checkpoint disk that fills up: one `CheckpointError`, no partial step, exact rerun."""
+        small = tmp_path / "small"
+        try:
+            mounted = small_filesystem(small, self.small_fs_size)
+            mounted.__enter__()
+        except SmallFilesystemUnavailable as exc:
+            pytest.skip(f"a tmpfs cannot be mounted here: {exc}")
+        try:
+            policy = Checkpoint(
+                small / "ck", every_n_steps=2, max_to_keep=None, async_save=async_save
+            )
+            with pytest.raises(CheckpointError) as info:
+                self.loop(max_steps=2000, checkpoint=policy, validate_every_n_steps=10**6).run()
+            message = str(info.value)
+            kept = step_dirs(policy)
+            assert kept, message
+            latest = kept[-1]
+            assert f"step {latest + 2} to {small / 'ck' / str(latest + 2)}" in message, message
+            assert f"latest complete checkpoint is {small / 'ck' / str(latest)}" in message
+            assert "No space left on device" in message or "RESOURCE_EXHAUSTED" in message
+            leftovers = [p.name for p in (small / "ck").iterdir() if not p.name.isdigit()]
+            assert leftovers == [], leftovers  # no `.tmp-*`, no `*.orbax-checkpoint-tmp*`
+            roomy = tmp_path / "roomy"
+            shutil.copytree(small / "ck", roomy)
+        finally:
+            mounted.__exit__(None, None, None)
+        steps = latest + 4
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            resumed = self.loop(
+                max_steps=steps,
+                checkpoint=Checkpoint(roomy, every_n_steps=2, max_to_keep=None),
+                validate_every_n_steps=10**6,
+            ).run()
+        torn = [str(w.message) for w in caught if issubclass(w.category, TornCheckpointWarning)]
+        assert torn == [], torn  # every step left on the full disk was complete
+        assert resumed.resumed_from_step == latest
+        reference = self.loop(max_steps=steps, validate_every_n_steps=10**6).run()
         assert resumed.model.serialize_weights() == reference.model.serialize_weights()
 
     def test_resume_must_without_checkpoint_fails(self, tmp_path: Path) -> None:
