@@ -19,6 +19,7 @@ from ._heads import Gaussian
 from ._history import History
 from ._loop import TrainingLoop
 from ._online import OnlineTrainer
+from ._preemption import PREEMPTED_EXIT_STATUS, Preempted
 from ._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
 from ._runtime import RunState
 from ._trust import UntrustedFactoryError, is_model_factory, model_factory
@@ -77,6 +78,8 @@ def __getattr__(name: str) -> _Any:
 
 
 __all__ = [
+    "PREEMPTED_EXIT_STATUS",
+    "Preempted",
     "ArrayDataset",
     "AsyncWriter",
     "BatchIterator",

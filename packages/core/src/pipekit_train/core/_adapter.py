@@ -289,6 +289,15 @@ class StepBackend(abc.ABC, Generic[StateT]):
         """The learning rate of the next step, if known."""
         return None
 
+    def agree(self, flags: Sequence[bool]) -> Sequence[bool]:
+        """Multi-process runs: element-wise "any process" of `flags` (one all-reduce).
+
+        Called at every step boundary so that a stop request, a preemption signal or a
+        time budget on one process stops every process at the same step. The default
+        (one process) returns `flags`.
+        """
+        return flags
+
     def native_batches(
         self, data: Any, data_state: Mapping[str, Any] | None
     ) -> Iterator[Mapping[str, np.ndarray]]:

@@ -35,7 +35,8 @@ from ._checkpointing import (
     fsync_dir,
     step_dirs,
 )
-from ._driver import abort_run, check_resume_key, restore_or_start, run_step_loop, stack_batches
+from ._driver import run_step_loop, stack_batches
+from ._lifecycle import RunLifecycle, abort_run, check_resume_key, restore_or_start
 from ._folder_digest import FOLDER_DIGEST, check_folder, seal_folder, sha256_file
 from ._imports import import_string, object_path, optional_import
 from ._operators import check_seed
@@ -68,6 +69,7 @@ __all__ = [
     "RemoteSteps",
     "Restored",
     "RunContext",
+    "RunLifecycle",
     "RunState",
     "StepAdapter",
     "StepBackend",
