@@ -19,8 +19,8 @@ from ._heads import Gaussian
 from ._history import History
 from ._loop import TrainingLoop
 from ._online import OnlineTrainer
-from ._preemption import PREEMPTED_EXIT_STATUS, Preempted
 from ._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
+from ._preemption import PREEMPTED_EXIT_STATUS, Preempted
 from ._runtime import RunState
 from ._trust import UntrustedFactoryError, is_model_factory, model_factory
 from .callbacks import (

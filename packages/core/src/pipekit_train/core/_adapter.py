@@ -12,9 +12,8 @@ There are two ways to be an adapter:
   step, checkpointer, model operator) and core's `run_step_loop` does the rest. Equinox
   and the numpy reference adapter work this way; so would Flax NNX or plain PyTorch.
 - **Loop-owning** (`Adapter`): the backend runs its own loop (Lightning's `Trainer.fit`,
-  Keras's `model.fit`); the adapter builds a `RunContext`, resumes with
-  `restore_or_start`, and calls `RunContext.after_steps` from the backend's per-batch
-  hook.
+  Keras's `model.fit`); the adapter builds a `RunLifecycle`, starts it, calls its
+  `end_of_update` from the backend's per-batch hook and ends with `finish`/`abort`.
 
 Optional capabilities are declared in `Capabilities`; the defaults of the optional
 methods raise `NotSupportedError` naming the backend.

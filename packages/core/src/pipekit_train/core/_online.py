@@ -10,9 +10,9 @@ import numpy as np
 from ._adapter import Adapter
 from ._checkpoint import Checkpoint
 from ._errors import ConfigError
-from ._loop import _is_int, _resolve_loss
-from ._plan import Plan
 from ._lifecycle import RunLifecycle
+from ._loop import _check_callbacks, _is_int, _resolve_loss
+from ._plan import Plan
 from ._preemption import DEFAULT_PREEMPTION_SIGNALS, resolve_signals
 from ._spec import resolve_optimizer_config
 
@@ -37,6 +37,8 @@ class OnlineTrainer:
             `TrainingLoop`'s (`every_n_steps`, `every_n_minutes`), each recorded in
             the checkpoint history.
         adapter: the backend adapter (default: the model's).
+        callbacks: as for `TrainingLoop` (`on_step_end` after each call, `on_checkpoint`
+            for each checkpoint).
         preemption_signals: as for `TrainingLoop`: from construction until `close()`,
             such a signal makes the next call checkpoint its step, restore the previous
             handlers and raise `Preempted`.
@@ -51,6 +53,7 @@ class OnlineTrainer:
         seed: int = 0,
         checkpoint: Checkpoint | None = None,
         adapter: Any = None,
+        callbacks: Sequence[Any] | None = None,
         preemption_signals: Sequence[Any] | None = DEFAULT_PREEMPTION_SIGNALS,
     ):
         signals = resolve_signals(preemption_signals)
@@ -84,7 +87,7 @@ class OnlineTrainer:
             max_epochs=None,
             total_steps=None,
             steps_per_epoch=None,
-            callbacks=(),
+            callbacks=_check_callbacks(callbacks),
             writers=(),
             checkpoint=checkpoint,
             seed=int(seed),
@@ -103,9 +106,8 @@ class OnlineTrainer:
         self._ctx = self._run.ctx
         # the one resume path: resume policy, resume-key check, run state
         self._state, _ = self._run.restore(self._backend.init_state())
-        self._run.bind(
-            save=self._save if checkpoint is not None else None, validate=lambda: None
-        )
+        # each checkpoint is durable when the call returns (an online run has no end)
+        self._run.bind(save=self.save if checkpoint is not None else None, validate=lambda: None)
         self._run.begin()
         self.last_metrics: dict[str, float] = {}
 

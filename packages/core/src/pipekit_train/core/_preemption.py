@@ -103,9 +103,7 @@ def resolve_signals(value: Iterable[Any] | None) -> tuple[str, ...]:
         name = _signal_name(item)
         if name in ("SIGINT", "SIGKILL", "SIGSTOP"):
             fix = (
-                "SIGINT stays KeyboardInterrupt"
-                if name == "SIGINT"
-                else f"{name} cannot be caught"
+                "SIGINT stays KeyboardInterrupt" if name == "SIGINT" else f"{name} cannot be caught"
             )
             raise ConfigError(
                 f"`preemption_signals` cannot include {name}. Received: "

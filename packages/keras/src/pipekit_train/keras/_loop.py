@@ -1,7 +1,7 @@
-"""One training run through `model.fit`, driven by core's `RunContext`.
+"""One training run through `model.fit`, driven by core's `RunLifecycle`.
 
-Keras runs its own compiled loop; a Keras callback (`FitCallback`) reports every step to
-the `RunContext` and asks it what is due:
+Keras runs its own compiled loop; a Keras callback (`FitCallback`) reports every update
+to the lifecycle (`end_of_update`), which does what is due:
 
 - after each execution (1 or K steps) it hands the steps' losses — still on the
   device, a `StepSlice` of the `StepLossTracker` ring buffer — to `ctx.record_step` /
@@ -116,7 +116,7 @@ def learning_rate(handle: TrainHandle) -> float | None:
 
 
 class FitCallback(keras.callbacks.Callback):
-    """The Keras callback that drives core's `RunContext` from inside `model.fit`."""
+    """The Keras callback that drives core's `RunLifecycle` from inside `model.fit`."""
 
     def __init__(self, session: FitSession):
         super().__init__()

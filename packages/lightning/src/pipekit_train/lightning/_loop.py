@@ -1,17 +1,18 @@
-"""`LightningHooks`: drives core's `RunContext` from Lightning's hooks (imports lightning).
+"""`LightningHooks`: drives core's `RunLifecycle` from Lightning's hooks (imports lightning).
 
 Lightning owns the loop (`Trainer.fit`); core owns everything around it. The generated
 `PlanModule` calls the bridge from its own hooks; for a user `LightningModule` the
 bridge is registered as a Lightning `Callback` (its hook signatures are the callback
 ones either way). The bridge
 
-- in `setup`: builds the `RunContext` (the chief is global rank 0), applies the resume
-  policy with core's `restore_or_start` (model weights now; optimizer, scheduler, RNG
+- in `setup`: builds the `RunLifecycle` (the chief is global rank 0), applies the resume
+  policy with `RunLifecycle.restore` (model weights now; optimizer, scheduler, RNG
   and grad-scaler state once Lightning has built them), positions core's batch iterator
   (this rank's part of every global batch) and sets Lightning's `max_steps` to the
   steps left;
 - in `on_train_start`: loads the pending optimizer/scheduler state, restores (or seeds)
-  every RNG stream, and dispatches `on_train_start` through `ctx.begin()`;
+  every RNG stream, and begins the run (`RunLifecycle.begin`: preemption handlers,
+  clocks, `on_train_start`);
 - in `on_train_batch_end`, once per *optimizer* step: `record_step` with the loss still
   on the device, the validation and checkpoint schedules, and `trainer.should_stop`
   when the run is done — the same order as core's step driver.
@@ -84,7 +85,7 @@ def _any_process(trainer: L.Trainer, flags: Any) -> list[bool]:
 
 
 class LightningHooks(L.Callback):
-    """Drive a `RunContext` from Lightning's hooks (see the module docs).
+    """Drive a `RunLifecycle` from Lightning's hooks (see the module docs).
 
     Args:
         plan: the frozen plan.
