@@ -235,15 +235,15 @@ class RunLifecycle:
             flags = [bool(f) for f in self._agree(flags)]
         if flags[_STOP] and ctx.stop_reason is None:
             ctx.request_stop("a stop was requested on another process")
-        forced = False
+        forced = preempting = False
         if flags[_PREEMPT] and not self._preempted:
             self._preempted, self._preempted_by = True, self._signals.received
             ctx.request_stop("preempted")
-            forced = True
+            forced = preempting = True
         elif flags[_OVER_TIME] and ctx.stop_reason is None:
             ctx.request_stop("max_time")
             forced = True
-        if ctx.due_validation():
+        if ctx.due_validation(at_end=not preempting):
             self._validate()
         if self._save is not None and (ctx.due_checkpoint() or forced or flags[_MINUTES]):
             self._save()

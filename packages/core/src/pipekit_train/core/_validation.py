@@ -36,14 +36,19 @@ class Validation:
 
         def _dispatch(self, hook: str, *args: Any) -> None: ...
 
-    def due_validation(self) -> bool:
-        """Whether validation is due after the current step."""
+    def due_validation(self, *, at_end: bool = True) -> bool:
+        """Whether validation is due after the current step.
+
+        Args:
+            at_end: also validate when the run is done off the schedule (False for a
+                preemption: the grace period goes to the checkpoint).
+        """
         if self.plan.validation is None or self.step == 0:
             return False
         every = self.plan.validate_every_n_steps or self.steps_per_epoch
         if every and self.step % every == 0:
             return True
-        return self.done
+        return at_end and self.done
 
     def validate(
         self,
