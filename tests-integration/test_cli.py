@@ -138,3 +138,24 @@ def test_equinox_orbax_checkpoints_are_inspected_as_the_adapter_restores_them(
     out = capsys.readouterr().out
     assert "resumed from checkpoint at step 10/30" in out
     assert "done: 30 steps (max_steps, resumed from step 10)" in out
+
+
+@pytest.mark.slow
+def test_preempted_run_exits_75_with_one_line_and_the_same_command_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(HERE))
+    preempt = "callbacks=[{type = 'cli_kill:PreemptAt', step = 13, marker = 'preempted-once'}]"
+    sets = [*SMALL, "max_steps=30", "checkpoint.every_n_steps=1000", preempt]
+    run = ["run", str(EXAMPLE), "--backend", "equinox", *(x for s in sets for x in ("--set", s))]
+    assert main(run) == 75
+    captured = capsys.readouterr()
+    ckpt = tmp_path / "runs" / "cli_direct" / "equinox" / "checkpoints"
+    line = f"pipekit-train: preempted: Preempted by SIGTERM at step 13 (checkpoint saved at {ckpt / '13'}"
+    assert captured.err.strip().splitlines()[-1].startswith(line), captured.err[-2000:]
+    assert "done:" not in captured.out
+    assert main(run) == 0  # the same command again
+    out = capsys.readouterr().out
+    assert "resumed from checkpoint at step 13/30" in out
+    assert "done: 30 steps (max_steps, resumed from step 13)" in out

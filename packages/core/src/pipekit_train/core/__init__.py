@@ -22,6 +22,7 @@ from ._loop import TrainingLoop
 from ._lr_find import LRFindResult, lr_find
 from ._online import OnlineTrainer
 from ._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
+from ._preemption import PREEMPTED_EXIT_STATUS, Preempted
 from ._runtime import RunState
 from ._trust import UntrustedFactoryError, is_model_factory, model_factory
 from .callbacks import (
@@ -79,6 +80,8 @@ def __getattr__(name: str) -> _Any:
 
 
 __all__ = [
+    "PREEMPTED_EXIT_STATUS",
+    "Preempted",
     "ArrayDataset",
     "AsyncWriter",
     "BatchIterator",

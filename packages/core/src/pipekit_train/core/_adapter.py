@@ -12,9 +12,8 @@ There are two ways to be an adapter:
   step, checkpointer, model operator) and core's `run_step_loop` does the rest. Equinox
   and the numpy reference adapter work this way; so would Flax NNX or plain PyTorch.
 - **Loop-owning** (`Adapter`): the backend runs its own loop (Lightning's `Trainer.fit`,
-  Keras's `model.fit`); the adapter builds a `RunContext`, resumes with
-  `restore_or_start`, and calls `RunContext.after_steps` from the backend's per-batch
-  hook.
+  Keras's `model.fit`); the adapter builds a `RunLifecycle`, starts it, calls its
+  `end_of_update` from the backend's per-batch hook and ends with `finish`/`abort`.
 
 Optional capabilities are declared in `Capabilities`; the defaults of the optional
 methods raise `NotSupportedError` naming the backend.
@@ -288,6 +287,15 @@ class StepBackend(abc.ABC, Generic[StateT]):
     def learning_rate(self, state: StateT) -> float | None:
         """The learning rate of the next step, if known."""
         return None
+
+    def agree(self, flags: Sequence[bool]) -> Sequence[bool]:
+        """Multi-process runs: element-wise "any process" of `flags` (one all-reduce).
+
+        Called at every step boundary so that a stop request, a preemption signal or a
+        time budget on one process stops every process at the same step. The default
+        (one process) returns `flags`.
+        """
+        return flags
 
     def native_batches(
         self, data: Any, data_state: Mapping[str, Any] | None

@@ -62,6 +62,9 @@ class Checkpoint:
         resume: `"auto"` resumes from the latest complete checkpoint if there is one;
             `"never"` requires an empty directory; `"must"` fails if there is none.
         save_on_end: also save after the last step.
+        every_n_minutes: also save when this many minutes of wall-clock time have passed
+            since the run began or the last save (beside `every_n_steps`; None: off).
+            Multi-process runs agree on it, so every process saves the same step.
         storage_options: fsspec options for a URI location, as for the model registry:
             e.g. `{"key": ..., "secret": ..., "client_kwargs": {"endpoint_url": ...}}`
             for s3fs. None uses the filesystem's defaults (environment credentials).
@@ -78,6 +81,7 @@ class Checkpoint:
     resume: Literal["auto", "never", "must"] = "auto"
     save_on_end: bool = True
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False, hash=False)
+    every_n_minutes: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, (str, os.PathLike)) or not str(self.directory):
@@ -92,6 +96,16 @@ class Checkpoint:
             object.__setattr__(self, "storage_options", dict(self.storage_options))
         _positive_int("every_n_steps", self.every_n_steps)
         _positive_int("max_to_keep", self.max_to_keep, allow_none=True)
+        minutes = self.every_n_minutes
+        if minutes is not None and (
+            isinstance(minutes, bool)
+            or not isinstance(minutes, (int, float))
+            or not 0 < minutes < float("inf")
+        ):
+            raise ConfigError(
+                "`Checkpoint.every_n_minutes` must be a positive number of minutes or None. "
+                f"Received: every_n_minutes={minutes!r}. Use e.g. every_n_minutes=30."
+            )
         _positive_int("keep_best", self.keep_best, allow_none=True)
         if self.mode not in ("min", "max"):
             raise ConfigError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -14,6 +15,7 @@ from ._checkpoint import Checkpoint
 from ._checkpointing import has_checkpoints
 from ._errors import ConfigError
 from ._plan import Plan, is_core_dataset, steps_per_epoch
+from ._preemption import DEFAULT_PREEMPTION_SIGNALS, resolve_max_time, resolve_signals
 from ._runtime import HOOKS
 from ._shapes import check_shapes
 from ._spec import resolve_optimizer_config
@@ -228,6 +230,14 @@ class TrainingLoop:
             and it travels with the trained model to the registry, where `NeuralForward`
             applies it around the model.
         progress: show a progress bar (default: only on a TTY).
+        preemption_signals: the signals that preempt the run (default SIGTERM and
+            SIGUSR1; names like `"SIGTERM"` or `signal.Signals`; `[]` disables). On one,
+            the run finishes its current step (or fused group), checkpoints it, waits
+            until every save is durable, restores the previous handlers and raises
+            `Preempted`. SIGINT stays `KeyboardInterrupt`. See the checkpoints guide.
+        max_time: a wall-clock budget for this run (seconds, a `datetime.timedelta` or
+            `"DD:HH:MM:SS"`): when it is spent the run checkpoints and stops with
+            `artifact.stop_reason == "max_time"`; a rerun resumes with a fresh budget.
     """
 
     def __init__(
@@ -258,8 +268,12 @@ class TrainingLoop:
         sweep_id: str | None = None,
         normalizer: Any = None,
         progress: bool | None = None,
+        preemption_signals: Sequence[Any] | None = DEFAULT_PREEMPTION_SIGNALS,
+        max_time: float | str | datetime.timedelta | None = None,
     ):
         batch_size = _positive_int("batch_size", batch_size)  # type: ignore[assignment]
+        signals = resolve_signals(preemption_signals)
+        budget = resolve_max_time(max_time)
         max_steps = _positive_int("max_steps", max_steps, allow_none=True)
         max_epochs = _positive_int("max_epochs", max_epochs, allow_none=True)
         if max_steps is None and max_epochs is None:
@@ -404,6 +418,8 @@ class TrainingLoop:
             sweep_id=sweep_id,
             normalizer=normalizer,
             progress=progress,
+            preemption_signals=signals,
+            max_time=budget,
         )
         adapter.validate(self.plan)
         check_shapes(adapter, self.plan)  # probe the model with the data's shapes

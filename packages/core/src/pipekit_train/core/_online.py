@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ._adapter import Adapter
 from ._checkpoint import Checkpoint
-from ._driver import restore_or_start
 from ._errors import ConfigError
-from ._loop import _is_int, _resolve_loss
+from ._lifecycle import RunLifecycle
+from ._loop import _check_callbacks, _is_int, _resolve_loss
 from ._plan import Plan
-from ._runtime import RunContext
+from ._preemption import DEFAULT_PREEMPTION_SIGNALS, resolve_signals
 from ._spec import resolve_optimizer_config
 
 __all__ = ["OnlineTrainer"]
@@ -33,8 +33,15 @@ class OnlineTrainer:
         optimizer_config: as for `TrainingLoop`.
         seed: the seed of the backend RNG streams.
         checkpoint: a `Checkpoint` policy; with `resume="auto"` the latest state is
-            restored at construction, and a checkpoint is saved every `every_n_steps` calls.
+            restored at construction, and checkpoints follow the same cadence as a
+            `TrainingLoop`'s (`every_n_steps`, `every_n_minutes`), each recorded in
+            the checkpoint history.
         adapter: the backend adapter (default: the model's).
+        callbacks: as for `TrainingLoop` (`on_step_end` after each call, `on_checkpoint`
+            for each checkpoint).
+        preemption_signals: as for `TrainingLoop`: from construction until `close()`,
+            such a signal makes the next call checkpoint its step, restore the previous
+            handlers and raise `Preempted`.
     """
 
     def __init__(
@@ -46,7 +53,10 @@ class OnlineTrainer:
         seed: int = 0,
         checkpoint: Checkpoint | None = None,
         adapter: Any = None,
+        callbacks: Sequence[Any] | None = None,
+        preemption_signals: Sequence[Any] | None = DEFAULT_PREEMPTION_SIGNALS,
     ):
+        signals = resolve_signals(preemption_signals)
         if not _is_int(seed) or seed < 0:
             raise ConfigError(f"`seed` must be a non-negative int. Received: seed={seed!r}.")
         if adapter is None:
@@ -77,21 +87,28 @@ class OnlineTrainer:
             max_epochs=None,
             total_steps=None,
             steps_per_epoch=None,
-            callbacks=(),
+            callbacks=_check_callbacks(callbacks),
             writers=(),
             checkpoint=checkpoint,
             seed=int(seed),
             adapter=adapter,
             progress=False,
+            on_nonfinite="ignore",  # an online step reports its loss; it never stops
+            preemption_signals=signals,
         )
         adapter.validate_online(self.plan)
         self._backend = adapter.step_backend(self.plan)
-        self._ctx = RunContext(self.plan, fetch=self._backend.fetch)
-        self._ckpt = self._backend.checkpointer() if checkpoint is not None else None
-        # the one resume path: resume policy, resume-key check, run state
-        self._state, _ = restore_or_start(
-            self.plan, self._ckpt, self._backend.init_state(), self._ctx
+        self._run = RunLifecycle(
+            self.plan,
+            checkpointer=self._backend.checkpointer() if checkpoint is not None else None,
+            fetch=self._backend.fetch,
         )
+        self._ctx = self._run.ctx
+        # the one resume path: resume policy, resume-key check, run state
+        self._state, _ = self._run.restore(self._backend.init_state())
+        # each checkpoint is durable when the call returns (an online run has no end)
+        self._run.bind(save=self.save if checkpoint is not None else None, validate=lambda: None)
+        self._run.begin()
         self.last_metrics: dict[str, float] = {}
 
     @property
@@ -109,18 +126,15 @@ class OnlineTrainer:
         host = {k: np.asarray(v) for k, v in batch.items()}
         pred, _ = self._backend.eval_batch(self._state, host)
         self._state, metrics = self._backend.train_step(self._state, self._backend.put(host))
-        self._ctx.step += 1
         names = list(metrics)
+        host_metrics = self._backend.fetch([metrics[n] for n in names])
         self.last_metrics = {
-            n: float(np.asarray(v))
-            for n, v in zip(names, self._backend.fetch([metrics[n] for n in names]), strict=True)
+            n: float(np.asarray(v)) for n, v in zip(names, host_metrics, strict=True)
         }
-        if (
-            self._ckpt is not None
-            and self.plan.checkpoint is not None
-            and self.step % self.plan.checkpoint.every_n_steps == 0
-        ):
-            self.save()
+        # the shared per-update sequence: cadence, signals, recorded checkpoints
+        self._run.end_of_update(self.last_metrics)
+        if self._run.preempted:
+            self._run.settle()
         return np.asarray(pred)
 
     def run(self, batches: Any) -> list[np.ndarray]:
@@ -132,20 +146,26 @@ class OnlineTrainer:
         """The current model operator."""
         return self._backend.model_op(self._state)
 
-    def save(self) -> str:
-        """Checkpoint the current state now."""
-        if self._ckpt is None:
-            raise ConfigError("OnlineTrainer.save() needs `checkpoint=Checkpoint(...)`.")
-        path = self._ckpt.save(
-            self.step, self._state, self._ctx.checkpoint_meta(), self.last_metrics
+    def _save(self) -> str:
+        assert self._run.checkpointer is not None
+        ctx = self._ctx
+        path = self._run.checkpointer.save(
+            ctx.step, self._state, ctx.checkpoint_meta(), ctx.checkpoint_metrics()
         )
-        self._ckpt.wait()
+        ctx.record_checkpoint(path)
+        return path
+
+    def save(self) -> str:
+        """Checkpoint the current state now (and wait until it is durable)."""
+        if self._run.checkpointer is None:
+            raise ConfigError("OnlineTrainer.save() needs `checkpoint=Checkpoint(...)`.")
+        path = self._save()
+        self._run.checkpointer.wait()
         return path
 
     def close(self) -> None:
-        """Wait for pending checkpoint writes."""
-        if self._ckpt is not None:
-            self._ckpt.close()
+        """Wait for pending checkpoint writes and restore the signal handlers."""
+        self._run.close()
 
     def get_config(self) -> dict[str, Any]:
         """The JSON plan of the trainer."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._checkpoint import Checkpoint
+from ._preemption import DEFAULT_PREEMPTION_SIGNALS
 
 __all__ = ["Plan", "describe_callable", "is_core_dataset", "steps_per_epoch"]
 
@@ -105,6 +106,8 @@ class Plan:
     normalizer: Any = None
     progress: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    preemption_signals: tuple[str, ...] = DEFAULT_PREEMPTION_SIGNALS
+    max_time: float | None = None
 
     @property
     def backend(self) -> str:
@@ -151,6 +154,7 @@ class Plan:
                 "mode": self.checkpoint.mode,
                 "async_save": self.checkpoint.async_save,
                 "resume": self.checkpoint.resume,
+                "every_n_minutes": self.checkpoint.every_n_minutes,
             },
             "seed": self.seed,
             "sharding": None if self.sharding is None else repr(self.sharding),
@@ -161,6 +165,8 @@ class Plan:
             "shuffle": self.shuffle,
             "drop_remainder": self.drop_remainder,
             "sweep_id": self.sweep_id,
+            "preemption_signals": list(self.preemption_signals),
+            "max_time": self.max_time,
         }
         return json.loads(json.dumps(plan, default=repr))
 

@@ -1,104 +1,33 @@
-"""`RunContext`: the machinery every adapter shares.
+"""`RunContext`: the state of one run, which `RunLifecycle` drives.
 
-An adapter reports what happened (`record_step`, `record_steps`, `record_validation`,
-`record_checkpoint`) and asks what is due (`due_validation`, `due_checkpoint`, `done`);
-the context dispatches callbacks, routes metrics to writers in groups (device values are
-fetched to the host only when a callback reads them or a group is flushed), keeps the
-history, tracks the best monitored metric, and assembles the `TrainingArtifact`.
+It records what happened (`record_step`, `record_steps`, `record_validation`,
+`record_checkpoint`) and says what is due (`due_validation`, `due_checkpoint`, `done`);
+it dispatches callbacks, routes metrics to writers in groups (`_metrics_routing`), runs
+validation (`_validation`), keeps the checkpoint schedule (`_checkpoint_schedule`), the
+history and the best monitored metric, and assembles the `TrainingArtifact`.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import math
-import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ._artifact import TrainingArtifact
+from ._checkpoint_schedule import CheckpointSchedule
 from ._history import History, loss_label
+from ._metrics_routing import SKIPPED_METRIC, MetricRouting, _PendingGroup, default_fetch
 from ._plan import Plan
+from ._run_state import RunState
+from ._validation import Validation
+from ._versions import library_versions
 
-__all__ = ["SKIPPED_METRIC", "RunContext", "RunState", "default_fetch"]
-
-SKIPPED_METRIC = "nonfinite_skipped"
-"""Under `on_nonfinite="skip"`: written on each skipped step, the run's skips so far."""
+__all__ = ["HOOKS", "SKIPPED_METRIC", "RunContext", "RunState", "default_fetch", "library_versions"]
 
 HOOKS = ("on_train_start", "on_step_end", "on_validation_end", "on_checkpoint", "on_train_end")
-
-
-def default_fetch(values: Sequence[Any]) -> list[np.ndarray]:
-    """Bring device values to the host as numpy arrays (one call per group)."""
-    return [np.asarray(v) for v in values]
-
-
-class RunState:
-    """The read-only view of a run that callbacks receive."""
-
-    def __init__(self, ctx: RunContext):
-        self._ctx = ctx
-
-    @property
-    def step(self) -> int:
-        """Optimizer steps completed."""
-        return self._ctx.step
-
-    @property
-    def epoch(self) -> int:
-        """The current epoch (0-based)."""
-        return self._ctx.epoch
-
-    @property
-    def max_steps(self) -> int | None:
-        """Total steps of the run, when known."""
-        return self._ctx.total_steps
-
-    @property
-    def metrics(self) -> dict[str, float]:
-        """The latest metrics as host floats (fetches pending device values)."""
-        return self._ctx.latest_metrics()
-
-    @property
-    def learning_rate(self) -> float | None:
-        """The current learning rate, if the backend reports one."""
-        return self._ctx.learning_rate()
-
-    @property
-    def stop_requested(self) -> bool:
-        """Whether a callback asked to stop."""
-        return self._ctx.stop_reason is not None
-
-    @property
-    def stop_reason(self) -> str | None:
-        """Why a callback asked to stop."""
-        return self._ctx.stop_reason
-
-    @property
-    def is_tty(self) -> bool:
-        """Whether stderr is a terminal (progress bars default to on there)."""
-        return bool(getattr(sys.stderr, "isatty", lambda: False)())
-
-    @property
-    def backend(self) -> str:
-        """The backend name."""
-        return self._ctx.backend
-
-    @property
-    def plan(self) -> dict[str, Any]:
-        """The JSON plan."""
-        return self._ctx.plan_json
-
-    def log(self, metrics: Mapping[str, float]) -> None:
-        """Send extra metrics to the writers at the current step."""
-        self._ctx.log(metrics)
-
-    def request_stop(self, reason: str) -> None:
-        """Stop training after the current step."""
-        self._ctx.request_stop(reason)
 
 
 class _Normalized:
@@ -118,40 +47,7 @@ class _Normalized:
         return getattr(self._inner, name)
 
 
-class _PendingGroup:
-    """`count` consecutive steps whose metrics are still device values.
-
-    With gradient accumulation each step's metrics arrive as `micro` values (one per
-    accumulated batch) and the step's value is their mean.
-    """
-
-    __slots__ = ("first_step", "count", "raw", "stacked", "micro", "rows")
-
-    def __init__(
-        self, first_step: int, count: int, raw: Mapping[str, Any], stacked: bool, micro: int = 1
-    ):
-        self.first_step = first_step
-        self.count = count
-        self.raw = dict(raw)
-        self.stacked = stacked
-        self.micro = micro
-        self.rows: list[dict[str, float]] | None = None
-
-    def to_rows(self, arrays: Mapping[str, np.ndarray]) -> list[dict[str, float]]:
-        """Per-step host rows from the fetched arrays."""
-        if not self.stacked:
-            return [{name: float(arr.reshape(())) for name, arr in arrays.items()}]
-        per_step = {
-            name: np.asarray(arr, dtype=np.float64).reshape(self.count, self.micro).mean(axis=1)
-            for name, arr in arrays.items()
-        }
-        return [
-            {name: float(values[offset]) for name, values in per_step.items()}
-            for offset in range(self.count)
-        ]
-
-
-class RunContext:
+class RunContext(MetricRouting, Validation, CheckpointSchedule):
     """Shared run machinery for adapters (see the module docstring).
 
     Args:
@@ -326,306 +222,6 @@ class RunContext:
         total = self.total_steps
         return self.stop_reason is not None or (total is not None and self.step >= total)
 
-    def steps_until_event(self, limit: int) -> int:
-        """How many steps may be fused before the next validation/checkpoint/end (≤ limit)."""
-        k = limit
-        total = self.total_steps
-        if total is not None:
-            k = min(k, total - self.step)
-        ck = self.plan.checkpoint
-        if ck is not None:
-            k = min(k, ck.every_n_steps - self.step % ck.every_n_steps)
-            if self._checkpoint_owed:  # postponed from a skipped step: retry after the next
-                k = 1
-        if self.plan.validation is not None:
-            every = self.plan.validate_every_n_steps or self.steps_per_epoch
-            if every:
-                k = min(k, every - self.step % every)
-        return max(1, k)
-
-    # -- the per-step sequence ----------------------------------------------------------
-    def after_steps(
-        self,
-        metrics: Mapping[str, Any],
-        count: int = 1,
-        *,
-        micro: int = 1,
-        validate: Callable[[], Any],
-        checkpoint: Callable[[], Any] | None,
-        sync_stop: Callable[[bool], bool] | None = None,
-    ) -> bool:
-        """The sequence after every optimizer step (or group of `count` fused steps).
-
-        Record the steps (callbacks see each one), agree on a stop across processes
-        (`sync_stop(requested) -> any process requested`), validate if due, checkpoint if
-        due. Every adapter calls this, so the order is the same on every backend.
-
-        Args:
-            metrics: the steps' metrics (device values; shape `(count,)` when fused).
-            count: how many optimizer steps the call covers.
-            micro: batches accumulated per step (metrics then hold `count * micro` values).
-            validate: runs validation with the current weights (`RunContext.validate`).
-            checkpoint: saves a checkpoint of the current state (None: no checkpoints).
-            sync_stop: multi-process runs: all-reduce of "a stop was requested".
-
-        Returns:
-            Whether the run is done.
-        """
-        if count == 1 and micro == 1:
-            self.record_step(metrics)
-        else:
-            self.record_steps(metrics, count, micro=micro)
-        if sync_stop is not None and sync_stop(self.stop_reason is not None):
-            self.request_stop("a stop was requested on another process")
-        if self.due_validation():
-            validate()
-        if checkpoint is not None and self.due_checkpoint():
-            checkpoint()
-        return self.done
-
-    # -- metrics -----------------------------------------------------------------------
-    def record_step(self, metrics: Mapping[str, Any]) -> None:
-        """One optimizer step finished; `metrics` may hold device scalars."""
-        self.step += 1
-        self._sync_epoch()
-        self._pending.append(_PendingGroup(self.step, 1, metrics, stacked=False))
-        self._after_steps(1)
-
-    def record_steps(self, stacked: Mapping[str, Any], count: int, *, micro: int = 1) -> None:
-        """`count` fused steps finished; each value is a device array of shape `(count,)`.
-
-        With `micro > 1` (gradient accumulation) each value has shape `(count * micro,)`:
-        one value per accumulated batch, averaged into the step's value.
-        """
-        group = _PendingGroup(self.step + 1, count, stacked, stacked=True, micro=micro)
-        if self._step_hooks:
-            self._active = group
-            try:
-                for _ in range(count):
-                    self.step += 1
-                    self._sync_epoch()
-                    for hook in self._step_hooks:
-                        hook(self.state)
-            finally:
-                self._active = None
-        else:
-            self.step += count
-            self._sync_epoch()
-        self._pending.append(group)
-        self._pending_steps += count
-        self._maybe_flush()
-
-    def _after_steps(self, count: int) -> None:
-        for hook in self._step_hooks:
-            hook(self.state)
-        self._pending_steps += count
-        self._maybe_flush()
-
-    def _maybe_flush(self) -> None:
-        if self._pending_steps >= self.plan.log_every_n_steps:
-            self.flush_metrics()
-
-    def flush_metrics(self) -> None:
-        """Fetch every pending device value in one call and write the steps in order."""
-        if not self._pending:
-            return
-        groups, self._pending, self._pending_steps = self._pending, [], 0
-        self._fetch_rows(groups)
-        policy = self.plan.on_nonfinite
-        for group in groups:
-            for offset, row in enumerate(group.rows or ()):
-                step = group.first_step + offset
-                loss = row.get("loss")
-                bad = loss is not None and not math.isfinite(loss)
-                if policy == "skip" and loss is not None:
-                    if bad:  # the backend's step left the state as it was
-                        self.skipped_steps += 1
-                        self._consecutive_skips += 1
-                        self._last_skipped = step
-                        row = {**row, SKIPPED_METRIC: float(self.skipped_steps)}
-                    else:
-                        self._consecutive_skips = 0
-                self._write(step, row)
-                if not bad or policy == "ignore":
-                    continue
-                limit = self.plan.max_consecutive_skips
-                if policy == "stop" or (limit is not None and self._consecutive_skips >= limit):
-                    # every flush comes before a validation or a checkpoint is recorded, so
-                    # nothing is ever saved from a state whose history holds this step
-                    from .callbacks import NonFiniteLossError
-
-                    streak = self._consecutive_skips if policy == "skip" else None
-                    raise NonFiniteLossError(step, "loss", loss, streak)  # type: ignore[arg-type]
-
-    def _fetch_rows(self, groups: Sequence[_PendingGroup]) -> None:
-        """Fill `group.rows` for every group that lacks them, with one fetch call."""
-        todo = [g for g in groups if g.rows is None]
-        keys: list[tuple[int, str]] = []
-        values: list[Any] = []
-        for gi, group in enumerate(todo):
-            for name, value in group.raw.items():
-                keys.append((gi, name))
-                values.append(value)
-        fetched = self._fetch(values) if values else []
-        per_group: list[dict[str, np.ndarray]] = [{} for _ in todo]
-        for (gi, name), value in zip(keys, fetched, strict=True):
-            per_group[gi][name] = np.asarray(value)
-        for group, arrays in zip(todo, per_group, strict=True):
-            group.rows = group.to_rows(arrays)
-            group.raw = {}
-
-    def _write(self, step: int, metrics: Mapping[str, float]) -> None:
-        if not metrics:
-            return
-        self._latest.update(metrics)
-        self.history.add(step, metrics)
-        for writer in self._writers:
-            writer.write(step, metrics)
-
-    def latest_metrics(self) -> dict[str, float]:
-        """The latest value of every metric (flushes pending device values first)."""
-        self.flush_metrics()
-        latest = dict(self._latest)
-        active = self._active
-        if active is not None:
-            self._fetch_rows([active])
-            latest.update((active.rows or [{}])[self.step - active.first_step])
-        return latest
-
-    def log(self, metrics: Mapping[str, float]) -> None:
-        """Write extra host metrics at the current step."""
-        self.flush_metrics()
-        self._write(self.step, {k: float(v) for k, v in metrics.items()})
-
-    def learning_rate(self) -> float | None:
-        """The backend's current learning rate, if it reports one."""
-        return None if self._lr is None else self._lr()
-
-    def request_stop(self, reason: str) -> None:
-        """Ask the run to stop after the current step."""
-        if self.stop_reason is None:
-            self.stop_reason = str(reason)
-
-    # -- validation --------------------------------------------------------------------
-    def due_validation(self) -> bool:
-        """Whether validation is due after the current step."""
-        if self.plan.validation is None or self.step == 0:
-            return False
-        every = self.plan.validate_every_n_steps or self.steps_per_epoch
-        if every and self.step % every == 0:
-            return True
-        return self.done
-
-    def validate(
-        self,
-        eval_batch: Callable[[dict[str, np.ndarray]], tuple[Any, Any]],
-        *,
-        batches: Iterable[Mapping[str, np.ndarray]] | None = None,
-    ) -> dict[str, float]:
-        """Run validation with `eval_batch(batch) -> (pred, mean_loss)` and record it.
-
-        Predictions come back to the host; the loss is averaged weighted by batch size and
-        every metric is computed once on the concatenated predictions (numpy).
-
-        Args:
-            eval_batch: evaluates one numpy batch with the current weights.
-            batches: one pass over the validation batches (a native loader's); None:
-                core batches `plan.validation`.
-        """
-        if batches is None:
-            from .data import make_batches
-
-            it: Iterable[Any] = make_batches(
-                self.plan.validation,
-                self.plan.batch_size,
-                seed=self.plan.seed,
-                shuffle=False,
-                drop_remainder=False,
-                num_epochs=1,
-            )
-        else:
-            it = batches
-        preds, targets, total, count = [], [], 0.0, 0
-        norm = self.plan.normalizer
-        for batch in it:
-            if norm is not None:
-                batch = norm.apply(batch)
-            pred, loss = eval_batch(batch)
-            n = len(batch["y"])
-            total += float(np.asarray(loss)) * n
-            count += n
-            if self.plan.metrics:
-                preds.append(np.asarray(pred))
-                targets.append(np.asarray(batch["y"]))
-        metrics = {"loss": total / max(count, 1)}
-        if self.plan.metrics:
-            pred_all, target_all = np.concatenate(preds), np.concatenate(targets)
-            for name, fn in self.plan.metrics.items():
-                metrics[name] = float(np.asarray(fn(pred_all, target_all)))
-        return self.record_validation(metrics)
-
-    def record_validation(self, metrics: Mapping[str, float]) -> dict[str, float]:
-        """Record validation metrics (names get a `val_` prefix) and dispatch the hook."""
-        self.flush_metrics()
-        row = {(k if k.startswith("val_") else f"val_{k}"): float(v) for k, v in metrics.items()}
-        self._write(self.step, row)
-        value = row.get(self.monitor)
-        if value is not None and math.isfinite(value):
-            better = self.best_metric is None or (
-                value < self.best_metric if self.mode == "min" else value > self.best_metric
-            )
-            if better:
-                self.best_metric, self.best_step = value, self.step
-        self._dispatch("on_validation_end")
-        return row
-
-    # -- checkpoints -------------------------------------------------------------------
-    def due_checkpoint(self) -> bool:
-        """Whether a checkpoint is due after the current step."""
-        ck = self.plan.checkpoint
-        if ck is None:
-            return False
-        due = ck.due(self.step, final=self.done) or self._checkpoint_owed
-        if not due or self.plan.on_nonfinite != "skip":
-            return due
-        # under "skip", never checkpoint right after a skipped step: postpone to the next
-        # step whose loss is finite (so a run stopped by consecutive skips keeps the last
-        # checkpoint from before them, and a resume never opens inside a run of skips)
-        self.flush_metrics()
-        self._checkpoint_owed = self._last_skipped == self.step
-        return not self._checkpoint_owed
-
-    def checkpoint_meta(self, data_state: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The JSON saved with every checkpoint: step, data iterator state, run state, plan."""
-        self.flush_metrics()
-        get_state = getattr(self._train_iter, "get_state", None)
-        if data_state is None and callable(get_state):
-            data_state = get_state()
-        return {
-            "step": self.step,
-            "epoch": self.epoch,
-            "data_iter": None if data_state is None else dict(data_state),
-            "run": {
-                "step": self.step,
-                "history": self.history.to_json(),
-                "best_metric": self.best_metric,
-                "best_step": self.best_step,
-                "latest": self._latest,
-                "callbacks": {key: obj.state_dict() for key, obj in self._stateful()},
-            },
-            "resume_key": self.plan.resume_key(),
-            "plan": self.plan_json,
-        }
-
-    def checkpoint_metrics(self) -> dict[str, float]:
-        """Host metrics for retention decisions (the monitored metric, when known)."""
-        return dict(self._latest)
-
-    def record_checkpoint(self, path: str) -> None:
-        """A checkpoint was written (or scheduled, for async engines); dispatch the hook."""
-        self._last_checkpoint = path
-        self._dispatch("on_checkpoint", path)
-
     # -- end ---------------------------------------------------------------------------
     def _dispatch(self, hook: str, *args: Any) -> None:
         for cb in self._callbacks:
@@ -665,21 +261,6 @@ class RunContext:
             self.close_writers()
         return artifact
 
-    def close_writers(self) -> None:
-        """Flush and close every writer (idempotent)."""
-        writers, self._writers = self._writers, []
-        errors = []
-        for writer in writers:
-            try:
-                if callable(getattr(writer, "flush", None)):
-                    writer.flush()
-                if callable(getattr(writer, "close", None)):
-                    writer.close()
-            except Exception as exc:  # close every writer, then report the first failure
-                errors.append(exc)
-        if errors:
-            raise errors[0]
-
     def abort(self) -> None:
         """Flush what is pending and close the writers after a failure (never raises)."""
         try:
@@ -690,33 +271,3 @@ class RunContext:
             self.close_writers()
         except Exception:
             pass
-
-
-_BACKEND_PACKAGES = {
-    "equinox": ("jax", "jaxlib", "equinox", "optax", "orbax-checkpoint", "pipekit-train-equinox"),
-    "lightning": ("torch", "lightning", "safetensors", "pipekit-train-lightning"),
-    "keras": ("keras", "jax", "torch", "pipekit-train-keras"),
-    "numpy": (),
-}
-
-
-def library_versions(backend: str) -> dict[str, str]:
-    """Versions of numpy, grain, zarr, core and the backend's libraries."""
-    names = (
-        "python",
-        "numpy",
-        "grain",
-        "zarr",
-        "pipekit-train-core",
-        *_BACKEND_PACKAGES.get(backend, ()),
-    )
-    out: dict[str, str] = {}
-    for name in names:
-        if name == "python":
-            out[name] = sys.version.split()[0]
-            continue
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return out

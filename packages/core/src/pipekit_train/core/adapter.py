@@ -6,10 +6,12 @@ classes here and uses the shared machinery, and imports nothing private from cor
 - **Base classes**: `Adapter` (any backend), `StepAdapter` + `StepBackend` (backends that
   expose a train step: core runs the whole loop), `Capabilities` (what is optional),
   `NotSupportedError` (the default of every optional member).
-- **The run**: `Plan` (the frozen description), `RunContext` (callbacks, writers, history,
-  schedules, the per-step sequence `RunContext.after_steps`, the artifact), `RunState`
-  (what callbacks see), `run_step_loop`, `restore_or_start` (the one resume path),
-  `abort_run`, `check_resume_key`, `stack_batches`.
+- **The run**: `Plan` (the frozen description), `RunLifecycle` (owns a run: restore or
+  start and the data stream, the end of each optimizer update — with preemption
+  signals, the time budget and the checkpoint cadences —, finish and abort; an adapter
+  hands it callables), `RunContext` (its state: metrics routing, validation, the
+  checkpoint schedule and meta, the artifact), `RunState` (what callbacks see),
+  `run_step_loop` (the whole loop over a `StepBackend`).
 - **Checkpoints**: `Checkpointer` (the engine interface), `CheckpointStore` (where steps
   live: `LocalStore`, `FsspecStore`, chosen by `open_store`; atomic commits, retention,
   torn-step fallback via `TornStepError`, write failures as one `CheckpointError`),
@@ -23,7 +25,7 @@ classes here and uses the shared machinery, and imports nothing private from cor
   `learning_rate_at`, `peak_learning_rate` (learning-rate curves in plain Python),
   `PRECISIONS`/`resolve_precision`.
 - **Helpers**: `is_core_dataset`, `describe_callable`, `import_string`, `object_path`,
-  `optional_import`, `default_fetch`, `check_seed`.
+  `optional_import`, `check_seed`.
 
 See the "Writing an adapter" page of the docs for a walk-through.
 """
@@ -37,13 +39,14 @@ from ._checkpointing import (
     fsync_dir,
     step_dirs,
 )
-from ._driver import abort_run, check_resume_key, restore_or_start, run_step_loop, stack_batches
+from ._driver import run_step_loop
 from ._folder_digest import FOLDER_DIGEST, check_folder, seal_folder, sha256_file
 from ._imports import import_string, object_path, optional_import
+from ._lifecycle import RunLifecycle
 from ._operators import check_seed
 from ._plan import Plan, describe_callable, is_core_dataset, steps_per_epoch
 from ._remote import RemoteSteps
-from ._runtime import RunContext, RunState, default_fetch
+from ._runtime import RunContext, RunState
 from ._schedules import SCHEDULES, check_schedule, learning_rate_at, peak_learning_rate
 from ._snapshot import HostBuffers
 from ._spec import (
@@ -74,16 +77,14 @@ __all__ = [
     "RemoteSteps",
     "Restored",
     "RunContext",
+    "RunLifecycle",
     "RunState",
     "StepAdapter",
     "StepBackend",
     "TornCheckpointWarning",
     "TornStepError",
-    "abort_run",
-    "check_resume_key",
     "check_schedule",
     "check_seed",
-    "default_fetch",
     "describe_callable",
     "fsync_dir",
     "FOLDER_DIGEST",
@@ -100,9 +101,7 @@ __all__ = [
     "peak_learning_rate",
     "resolve_optimizer_config",
     "resolve_precision",
-    "restore_or_start",
     "run_step_loop",
-    "stack_batches",
     "step_dirs",
     "steps_per_epoch",
 ]

@@ -196,6 +196,16 @@ class EquinoxBackend(StepBackend[FlatState]):
         batches = int(jax.device_get(state.leaves[self._step_index]))
         return self.optimizer.learning_rate(batches // self.optimizer.accumulate)
 
+    def agree(self, flags: Sequence[bool]) -> Sequence[bool]:
+        """Element-wise "any process" of the step-boundary flags (multi-process runs)."""
+        if not self.placement.multiprocess:
+            return flags
+        from jax.experimental import multihost_utils
+
+        local = np.asarray([int(bool(f)) for f in flags], dtype=np.int32)
+        every = np.asarray(multihost_utils.process_allgather(local))
+        return [bool(v) for v in every.reshape(-1, len(local)).any(axis=0)]
+
     def model_op(self, state: FlatState) -> EquinoxModelOp:
         """The trained operator (host copies of the weights: later steps may donate them)."""
         ts = self.train_state(state)

@@ -1,7 +1,7 @@
-"""One training run through `model.fit`, driven by core's `RunContext`.
+"""One training run through `model.fit`, driven by core's `RunLifecycle`.
 
-Keras runs its own compiled loop; a Keras callback (`FitCallback`) reports every step to
-the `RunContext` and asks it what is due:
+Keras runs its own compiled loop; a Keras callback (`FitCallback`) reports every update
+to the lifecycle (`end_of_update`), which does what is due:
 
 - after each execution (1 or K steps) it hands the steps' losses — still on the
   device, a `StepSlice` of the `StepLossTracker` ring buffer — to `ctx.record_step` /
@@ -26,13 +26,7 @@ import numpy as np
 
 import keras
 from pipekit_train.core import TrainingArtifact
-from pipekit_train.core.adapter import (
-    Plan,
-    RunContext,
-    abort_run,
-    is_core_dataset,
-    restore_or_start,
-)
+from pipekit_train.core.adapter import Plan, RunLifecycle, is_core_dataset
 
 from . import _weights
 from ._checkpoint import TrainHandle, checkpointer
@@ -122,7 +116,7 @@ def learning_rate(handle: TrainHandle) -> float | None:
 
 
 class FitCallback(keras.callbacks.Callback):
-    """The Keras callback that drives core's `RunContext` from inside `model.fit`."""
+    """The Keras callback that drives core's `RunLifecycle` from inside `model.fit`."""
 
     def __init__(self, session: FitSession):
         super().__init__()
@@ -155,7 +149,7 @@ class FitCallback(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         """Record the steps just run, then validate / checkpoint / stop as due."""
-        s, ctx = self.session, self.session.ctx
+        s = self.session
         self.consumed += self.expected
         self.pending += self.expected
         if self.pending % self.micro:  # mid-accumulation: no optimizer update yet
@@ -166,14 +160,8 @@ class FitCallback(keras.callbacks.Callback):
         # StepSlice checks then that Keras ran exactly the n batches scheduled
         losses = StepSlice(packed_losses(logs or {}), self.count, n)
         self.count = (self.count + n) % COUNT_MODULUS
-        consumed = self.consumed
-        done = ctx.after_steps(
-            {"loss": losses},
-            n // self.micro,
-            micro=self.micro,
-            validate=s.validate,
-            checkpoint=(lambda: s.save(consumed)) if s.ckpt is not None else None,
-        )
+        s.consumed = self.consumed
+        done = s.lifecycle.end_of_update({"loss": losses}, n // self.micro, micro=self.micro)
         if done:
             self.model.stop_training = True
         else:
@@ -211,11 +199,19 @@ class FitSession:
                 jit_compile=jit_compile,
                 deferred=True,
             )
-        self.ctx = RunContext(
-            plan, fetch=fetch_values, learning_rate=lambda: learning_rate(self.handle)
-        )
         self.ckpt = checkpointer(plan.checkpoint) if plan.checkpoint is not None else None
+        self.lifecycle = RunLifecycle(
+            plan,
+            checkpointer=self.ckpt,
+            fetch=fetch_values,
+            learning_rate=lambda: learning_rate(self.handle),
+        )
+        self.ctx = self.lifecycle.ctx
         self.feed: FitFeed | None = None
+        self.consumed = 0  # batches trained on by this fit call (the data position)
+        self.lifecycle.bind(
+            save=self._save_now if self.ckpt is not None else None, validate=self.validate
+        )
 
     def _scope(self) -> Any:
         return self.distribution.scope() if self.distribution is not None else nullcontext()
@@ -234,6 +230,9 @@ class FitSession:
         native = native_eval_batches(val) if not is_core_dataset(val) else None
         self.ctx.validate(self.eval_batch, batches=native)
 
+    def _save_now(self) -> None:
+        self.save(self.consumed)
+
     def save(self, consumed: int) -> None:
         """Checkpoint now: model, optimizer, RNG, data position, run state."""
         assert self.ckpt is not None and self.feed is not None
@@ -245,16 +244,12 @@ class FitSession:
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> TrainingArtifact:
         """Restore or start, fit until done, and assemble the artifact."""
-        ctx, ckpt, model = self.ctx, self.ckpt, self.handle.model
+        run, model = self.lifecycle, self.handle.model
         try:
-            _, data_state = restore_or_start(self.plan, ckpt, self.handle, ctx)
-            if is_core_dataset(self.plan.data):
-                batches = ctx.train_batches(data_state)
-            else:  # a PyDataset (or tf.data): iterated here, one process
-                batches = ctx.use_train_iterator(native_batches(self.plan.data, data_state))
+            _, batches = run.start(self.handle, native=self._native)
             self.feed = FitFeed(batches, self.k_max * self.plan.accumulate_grad_batches)
-            ctx.begin()
-            if not ctx.done:
+            run.begin()
+            if not run.done:
                 with self._scope():
                     model.fit(
                         self.feed.generator(),
@@ -263,13 +258,12 @@ class FitSession:
                         shuffle=False,
                         callbacks=[FitCallback(self)],
                     )
-            ctx.flush_metrics()  # fetches (and checks) the last steps' losses
-            if ckpt is not None:
-                ckpt.wait()
-            artifact = ctx.finish(output_model_op(self.plan.model, model))
+            self.ctx.flush_metrics()  # fetches (and checks) the last steps' losses
+            return run.finish(output_model_op(self.plan.model, model))
         except BaseException:
-            abort_run(ctx, ckpt)
+            run.abort()
             raise
-        if ckpt is not None:
-            ckpt.close()
-        return artifact
+
+    def _native(self, data_state: Any) -> Any:
+        # a PyDataset (or tf.data): iterated here, one process
+        return native_batches(self.plan.data, data_state)

@@ -474,6 +474,7 @@ class Lightning(Adapter):
                 "This strategy starts its processes with fork/spawn, so global rank 0 would not run in "
                 f"this process. Received: strategy={trainer.strategy!r}. Use strategy='ddp'."
             )
+        _stand_aside(trainer)
         world = int(trainer.world_size)
         if not native and plan.batch_size % world:
             raise ConfigError(
@@ -496,31 +497,33 @@ class Lightning(Adapter):
                     trainer.fit(module, train_dataloaders=plan.data)
                 else:
                     trainer.fit(module, train_dataloaders=feed)
-            ctx = bridge.ctx
-            if ctx is None:  # pragma: no cover - refused above
+            run = bridge.run
+            if run is None:  # pragma: no cover - refused above
                 raise RuntimeError("the training did not run in this process")
-            if not bridge.began:
-                ctx.begin()
-            if bridge.ckpt is not None:
-                bridge.ckpt.wait()
             net.train(False)
             if isinstance(model, LightningModelOp):
                 op = model.with_model(net)
             else:
                 op = LightningModelOp.wrap(net, seed=plan.seed)
-            artifact = ctx.finish(
-                op, extra={"global_rank": bridge.rank, "world_size": bridge.world}
-            )
+            return run.finish(op, extra={"global_rank": bridge.rank, "world_size": bridge.world})
         except BaseException:
-            if bridge.ctx is not None:
-                bridge.ctx.abort()
-            bridge.close(quiet=True)
+            if bridge.run is not None:
+                bridge.run.abort()
             raise
         finally:
             if patched:
                 del module.configure_optimizers
-        bridge.close()
-        return artifact
+
+
+def _stand_aside(trainer: Any) -> None:
+    """Keep Lightning's own signal handling out of the run: core's lifecycle handles
+    preemption. Lightning 2.6 installs a SIGTERM handler at every `fit` (it logs, kills
+    launched children and broadcasts from inside the handler) and, under SLURM with
+    auto-requeue, a SIGUSR1 one; it has no public switch, so its connector's
+    registration is replaced with a no-op for this trainer."""
+    connector = getattr(trainer, "_signal_connector", None)
+    if connector is not None and callable(getattr(connector, "register_signal_handlers", None)):
+        connector.register_signal_handlers = lambda: None
 
 
 def _probe_target(model: Any) -> torch.nn.Module | None:

@@ -1,17 +1,18 @@
-"""`LightningHooks`: drives core's `RunContext` from Lightning's hooks (imports lightning).
+"""`LightningHooks`: drives core's `RunLifecycle` from Lightning's hooks (imports lightning).
 
 Lightning owns the loop (`Trainer.fit`); core owns everything around it. The generated
 `PlanModule` calls the bridge from its own hooks; for a user `LightningModule` the
 bridge is registered as a Lightning `Callback` (its hook signatures are the callback
 ones either way). The bridge
 
-- in `setup`: builds the `RunContext` (the chief is global rank 0), applies the resume
-  policy with core's `restore_or_start` (model weights now; optimizer, scheduler, RNG
+- in `setup`: builds the `RunLifecycle` (the chief is global rank 0), applies the resume
+  policy with `RunLifecycle.restore` (model weights now; optimizer, scheduler, RNG
   and grad-scaler state once Lightning has built them), positions core's batch iterator
   (this rank's part of every global batch) and sets Lightning's `max_steps` to the
   steps left;
 - in `on_train_start`: loads the pending optimizer/scheduler state, restores (or seeds)
-  every RNG stream, and dispatches `on_train_start` through `ctx.begin()`;
+  every RNG stream, and begins the run (`RunLifecycle.begin`: preemption handlers,
+  clocks, `on_train_start`);
 - in `on_train_batch_end`, once per *optimizer* step: `record_step` with the loss still
   on the device, the validation and checkpoint schedules, and `trainer.should_stop`
   when the run is done — the same order as core's step driver.
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 import lightning as L
-from pipekit_train.core.adapter import Plan, RunContext, is_core_dataset, restore_or_start
+from pipekit_train.core.adapter import Plan, RunContext, RunLifecycle, is_core_dataset
 
 from ._checkpoint import (
     TorchState,
@@ -75,8 +76,16 @@ def _gather_json(trainer: L.Trainer, obj: Any) -> list[Any]:
     return [json.loads(bytes(gathered[r, : sizes[r]].tolist()).decode()) for r in range(len(sizes))]
 
 
+def _any_process(trainer: L.Trainer, flags: Any) -> list[bool]:
+    """Element-wise "any process" of a list of flags (one all-reduce)."""
+    device = trainer.strategy.root_device
+    local = torch.tensor([int(bool(f)) for f in flags], dtype=torch.int64, device=device)
+    total = trainer.strategy.reduce(local, reduce_op="sum")
+    return [bool(v) for v in total.cpu().tolist()]
+
+
 class LightningHooks(L.Callback):
-    """Drive a `RunContext` from Lightning's hooks (see the module docs).
+    """Drive a `RunLifecycle` from Lightning's hooks (see the module docs).
 
     Args:
         plan: the frozen plan.
@@ -107,6 +116,7 @@ class LightningHooks(L.Callback):
         self.eval_module = eval_module
         self.loss = loss
         self.feed = feed
+        self.run: RunLifecycle | None = None
         self.ctx: RunContext | None = None
         self.ckpt: Any = None
         self.began = False
@@ -130,15 +140,25 @@ class LightningHooks(L.Callback):
             return
         plan = self.plan
         self.rank, self.world = int(trainer.global_rank), int(trainer.world_size)
-        ctx = RunContext(
-            plan, fetch=fetch, learning_rate=self._learning_rate, is_chief=self.rank == 0
+        ckpt = checkpointer(plan.checkpoint) if plan.checkpoint is not None else None
+        run = RunLifecycle(
+            plan,
+            checkpointer=ckpt,
+            fetch=fetch,
+            learning_rate=self._learning_rate,
+            is_chief=self.rank == 0,
         )
-        self.ctx = ctx
-        self.ckpt = checkpointer(plan.checkpoint) if plan.checkpoint is not None else None
-        _, data_state = restore_or_start(plan, self.ckpt, self.state, ctx)
+        self.run, self.ctx, self.ckpt = run, run.ctx, ckpt
+        ctx = run.ctx
+        _, data_state = run.restore(self.state)
         if self.feed is not None:
             # this rank's part of every global batch; the saved state is global
-            self.feed.start(ctx.train_batches(data_state, shard=(self.rank, self.world)))
+            self.feed.start(run.data_stream(data_state, shard=(self.rank, self.world)))
+        run.bind(
+            save=(lambda: self.save(trainer, pl_module)) if ckpt is not None else None,
+            validate=self.validate,
+            agree=(lambda flags: _any_process(trainer, flags)) if self.world > 1 else None,
+        )
         total = ctx.total_steps
         if total is not None:
             trainer.fit_loop.epoch_loop.max_steps = max(total - ctx.step, 0)
@@ -167,8 +187,8 @@ class LightningHooks(L.Callback):
         else:
             seed_rng(derive_seed(self.plan.seed, self.rank))
         self._last_global_step = int(trainer.global_step)
-        assert self.ctx is not None
-        self.ctx.begin()
+        assert self.run is not None
+        self.run.begin()
         self.began = True
 
     # -- per step ------------------------------------------------------------------------
@@ -203,16 +223,8 @@ class LightningHooks(L.Callback):
         if self.feed is None and self.plan.steps_per_epoch is None:  # a native loader's epochs
             ctx.epoch = int(trainer.current_epoch)
         self._consumed += self.plan.accumulate_grad_batches  # batches per optimizer step
-        done = ctx.after_steps(
-            {} if loss is None else {"loss": loss},
-            validate=self.validate,
-            checkpoint=(lambda: self.save(trainer, pl_module)) if self.ckpt is not None else None,
-            sync_stop=(
-                (lambda requested: trainer.strategy.reduce_boolean_decision(requested, all=False))
-                if self.world > 1
-                else None
-            ),
-        )
+        assert self.run is not None
+        done = self.run.end_of_update({} if loss is None else {"loss": loss})
         if done:
             trainer.should_stop = True
 
@@ -290,20 +302,6 @@ class LightningHooks(L.Callback):
             meta = ctx.checkpoint_meta(data_state=data_state)
             path = self.ckpt.save(ctx.step, self.state, meta, ctx.checkpoint_metrics())
         ctx.record_checkpoint(path)
-
-    def close(self, *, quiet: bool = False) -> None:
-        """Wait for pending checkpoint writes and stop the writer thread."""
-        if self.ckpt is None:
-            return
-        if not quiet:
-            self.ckpt.close()
-            return
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                self.ckpt.close()
-            except Exception:
-                pass
 
 
 def _scalar(v: Any) -> bool:

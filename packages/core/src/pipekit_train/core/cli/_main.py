@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from pipekit_train.core._errors import ConfigError, PipekitError
+from pipekit_train.core._preemption import PREEMPTED_EXIT_STATUS, Preempted
 
 from ._config import BACKENDS
 
@@ -113,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Exit status: 0 on success, 2 for a bad config or command line (nothing was done),
     1 when a command found a problem (a torn checkpoint folder, a damaged registry
-    record) or a run failed with a pipekit-train error.
+    record) or a run failed with a pipekit-train error, 75 (`PREEMPTED_EXIT_STATUS`)
+    when a preemption signal stopped a run after checkpointing it (rerun to resume).
     """
     parser = _parser()
     args = parser.parse_args(argv)
@@ -161,6 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as exc:  # an optional extra (tensorboard, wandb, s3fs, ...) is missing
         print(f"pipekit-train: error: {exc}", file=sys.stderr)
         return 2
+    except Preempted as exc:
+        print(f"pipekit-train: preempted: {exc}", file=sys.stderr)
+        return PREEMPTED_EXIT_STATUS
     except PipekitError as exc:
         print(f"pipekit-train: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

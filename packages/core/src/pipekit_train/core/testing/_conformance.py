@@ -10,7 +10,8 @@ class TestEquinoxConformance(AdapterConformance):
 ```
 
 It checks that loss falls, determinism, exact resume after SIGKILL (to a local folder and
-to S3 on a loopback moto server), torn checkpoints, checkpoints at a `memory://` URI,
+to S3 on a loopback moto server), preemption by a real SIGTERM/SIGUSR1 sent to a training
+child (also during an async checkpoint write) and the `max_time` budget, torn checkpoints, checkpoints at a `memory://` URI,
 callback order, writers, retention, early stopping, the NaN guard, the registry
 round-trip, and a table of bad inputs that must fail before any work.
 """
@@ -559,6 +560,133 @@ class AdapterConformance:
 
     def test_exact_resume_after_sigkill(self, tmp_path: Path) -> None:
         self._kill_and_resume(tmp_path, str(tmp_path / "ckpt"))
+
+    # -- preemption and time budgets ------------------------------------------------------
+    def _preempt_and_resume(
+        self, tmp_path: Path, *, signum: int, during_save: bool, seed: int
+    ) -> dict[str, Any]:
+        """Send a real preemption signal to a training child; resume; compare the bytes.
+
+        The child trains `resume_steps` steps slowly with periodic checkpoints far apart
+        (`during_save`: every 5 steps, and the signal follows the first checkpoint's
+        `on_checkpoint`, while an async engine is still writing it); the signal comes
+        at a random step. The child must end within 30 s with the CLI's preemption
+        status, leaving a complete checkpoint at the step it reached; the rerun resumes
+        from it and ends with the same weight bytes as an uninterrupted run.
+        """
+        import random
+        import signal as signal_module
+        import time
+
+        from pipekit_train.core._preemption import PREEMPTED_EXIT_STATUS
+
+        rng = random.Random(seed)
+        every = 5 if during_save else 1000
+        directory = tmp_path / "ckpt"
+        progress, result = tmp_path / "progress.txt", tmp_path / "result.json"
+        spec = {
+            "model": self.make_model(4, 1, seed=0).get_config(),
+            "adapter": self._adapter_config(),
+            "task": "regression",
+            "optimizer_config": dict(self.optimizer_config),
+            "batch_size": self.batch_size,
+            "max_steps": self.resume_steps,
+            "every_n_steps": every,
+            "validate_every_n_steps": 8,
+            "mode": "preempt",
+            "step_sleep": 0.25,
+            "progress": str(progress),
+            "result": str(result),
+            "directory": str(directory),
+            "seed": 0,
+            "sys_path": [p for p in sys.path if p],
+        }
+        spec_path = tmp_path / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        env = {**os.environ, **self.subprocess_env}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipekit_train.core.testing._worker", str(spec_path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        target = rng.randint(2, self.resume_steps // 2)
+        wanted = "checkpoint 5" if during_save else f"step {target}"
+        deadline = time.monotonic() + 600
+        try:
+            while time.monotonic() < deadline and proc.poll() is None:
+                lines = progress.read_text().splitlines() if progress.exists() else []
+                if wanted in lines:
+                    break
+                time.sleep(0.005)
+            assert proc.poll() is None, (proc.returncode, proc.communicate()[1][-4000:])
+            if not during_save:
+                time.sleep(rng.uniform(0.0, 0.25))  # anywhere inside a step
+            sent = time.monotonic()
+            os.kill(proc.pid, signum)
+            _, err = proc.communicate(timeout=30)
+            elapsed = time.monotonic() - sent
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == PREEMPTED_EXIT_STATUS, (proc.returncode, err[-4000:])
+        assert elapsed < 30, elapsed
+        info = json.loads(result.read_text())
+        step = info["step"]
+        assert info["signal"] == signal_module.Signals(signum).name
+        policy = Checkpoint(str(directory), every_n_steps=every, max_to_keep=None)
+        assert info["checkpoint"] == policy.step_location(step)
+        assert step_dirs(policy)[-1] == step, (step_dirs(policy), step)
+        if during_save:
+            assert step > 5 and 5 in step_dirs(policy)
+        else:
+            assert step >= target
+        assert step < self.resume_steps
+        resumed = self.loop(
+            max_steps=self.resume_steps, checkpoint=policy, validate_every_n_steps=8
+        ).run()
+        assert resumed.resumed_from_step == step
+        reference = self.loop(max_steps=self.resume_steps, validate_every_n_steps=8).run()
+        assert resumed.model.serialize_weights() == reference.model.serialize_weights()
+        steps, losses = resumed.history.series("loss")
+        assert steps == list(range(1, self.resume_steps + 1))
+        np.testing.assert_array_equal(losses, reference.history["loss"])
+        return info
+
+    @pytest.mark.slow
+    def test_sigterm_preempts_with_a_checkpoint_and_resumes_exactly(self, tmp_path: Path) -> None:
+        import signal as signal_module
+
+        self._preempt_and_resume(
+            tmp_path, signum=signal_module.SIGTERM, during_save=False, seed=os.getpid()
+        )
+
+    @pytest.mark.slow
+    def test_sigusr1_during_an_async_checkpoint_write(self, tmp_path: Path) -> None:
+        import signal as signal_module
+
+        self._preempt_and_resume(
+            tmp_path, signum=signal_module.SIGUSR1, during_save=True, seed=os.getpid()
+        )
+
+    @pytest.mark.slow
+    def test_max_time_checkpoints_and_the_rerun_continues(self, tmp_path: Path) -> None:
+        import time
+
+        policy = Checkpoint(str(tmp_path / "ckpt"), every_n_steps=10**6, max_to_keep=None)
+        t0 = time.monotonic()
+        first = self.loop(max_steps=10**7, max_time=4, checkpoint=policy).run()
+        wall = time.monotonic() - t0
+        assert first.stop_reason == "max_time"
+        assert 4 <= first.wall_time_s < 10 and wall < 60, (first.wall_time_s, wall)
+        assert 0 < first.steps < 10**7
+        assert step_dirs(policy)[-1] == first.steps  # a checkpoint at its last step
+        second = self.loop(max_steps=10**7, max_time=1, checkpoint=policy).run()
+        assert second.resumed_from_step == first.steps
+        assert second.stop_reason == "max_time" and second.steps > first.steps
+        assert step_dirs(policy)[-1] == second.steps
 
     @pytest.fixture(scope="class")
     @classmethod

@@ -1,0 +1,105 @@
+"""The checkpoint schedule of a run: what is due, what a checkpoint's meta holds."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._history import History
+    from ._plan import Plan
+
+__all__ = ["CheckpointSchedule"]
+
+
+class CheckpointSchedule:
+    """The checkpoint half of `RunContext` (a mixin; the context holds the state)."""
+
+    plan: Plan
+    plan_json: dict[str, Any]
+    step: int
+    epoch: int
+    total_steps: int | None
+    steps_per_epoch: int | None
+    history: History
+    best_metric: float | None
+    best_step: int | None
+    _latest: dict[str, float]
+    _train_iter: Any
+    _last_checkpoint: str | None
+    _checkpoint_owed: bool
+    _last_skipped: int | None
+
+    if TYPE_CHECKING:  # provided by RunContext
+
+        @property
+        def done(self) -> bool: ...
+
+        def flush_metrics(self) -> None: ...
+
+        def _stateful(self) -> list[tuple[str, Any]]: ...
+
+        def _dispatch(self, hook: str, *args: Any) -> None: ...
+
+    def steps_until_event(self, limit: int) -> int:
+        """How many steps may be fused before the next validation/checkpoint/end (≤ limit)."""
+        k = limit
+        total = self.total_steps
+        if total is not None:
+            k = min(k, total - self.step)
+        ck = self.plan.checkpoint
+        if ck is not None:
+            k = min(k, ck.every_n_steps - self.step % ck.every_n_steps)
+            if self._checkpoint_owed:  # postponed from a skipped step: retry after the next
+                k = 1
+        if self.plan.validation is not None:
+            every = self.plan.validate_every_n_steps or self.steps_per_epoch
+            if every:
+                k = min(k, every - self.step % every)
+        return max(1, k)
+
+    def due_checkpoint(self) -> bool:
+        """Whether a checkpoint is due after the current step."""
+        ck = self.plan.checkpoint
+        if ck is None:
+            return False
+        due = ck.due(self.step, final=self.done) or self._checkpoint_owed
+        if not due or self.plan.on_nonfinite != "skip":
+            return due
+        # under "skip", never checkpoint right after a skipped step: postpone to the next
+        # step whose loss is finite (so a run stopped by consecutive skips keeps the last
+        # checkpoint from before them, and a resume never opens inside a run of skips)
+        self.flush_metrics()
+        self._checkpoint_owed = self._last_skipped == self.step
+        return not self._checkpoint_owed
+
+    def checkpoint_meta(self, data_state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The JSON saved with every checkpoint: step, data iterator state, run state, plan."""
+        self.flush_metrics()
+        get_state = getattr(self._train_iter, "get_state", None)
+        if data_state is None and callable(get_state):
+            data_state = get_state()
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "data_iter": None if data_state is None else dict(data_state),
+            "run": {
+                "step": self.step,
+                "history": self.history.to_json(),
+                "best_metric": self.best_metric,
+                "best_step": self.best_step,
+                "latest": self._latest,
+                "callbacks": {key: obj.state_dict() for key, obj in self._stateful()},
+            },
+            "resume_key": self.plan.resume_key(),
+            "plan": self.plan_json,
+        }
+
+    def checkpoint_metrics(self) -> dict[str, float]:
+        """Host metrics for retention decisions (the monitored metric, when known)."""
+        return dict(self._latest)
+
+    def record_checkpoint(self, path: str) -> None:
+        """A checkpoint was written (or scheduled, for async engines); dispatch the hook."""
+        self._last_checkpoint = path
+        self._dispatch("on_checkpoint", path)
