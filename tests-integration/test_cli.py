@@ -137,4 +137,4 @@ def test_equinox_orbax_checkpoints_are_inspected_as_the_adapter_restores_them(
         assert main(run) == 0
     out = capsys.readouterr().out
     assert "resumed from checkpoint at step 10/30" in out
-    assert "done: 30 steps (max_steps, resumed from step 10)" in out
+    assert "done: 30 steps (max_steps, resumed at step 10)" in out

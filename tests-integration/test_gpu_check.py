@@ -40,7 +40,7 @@ def test_without_a_cuda_gpu_it_stops_with_status_2_and_says_why() -> None:
     proc = _run("--skip-bench", env={"CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 2, proc.stderr
     assert "gpu_check: no CUDA GPU" in proc.stderr
-    assert "uv run --extra gpu python scripts/gpu_check.py" in proc.stderr
+    assert "uv run --group gpu python scripts/gpu_check.py" in proc.stderr
     assert "--device cpu --quick" in proc.stderr
     assert proc.stdout == ""  # nothing was trained
 
