@@ -455,7 +455,7 @@ class RunContext:
                     from .callbacks import NonFiniteLossError
 
                     streak = self._consecutive_skips if policy == "skip" else None
-                    raise NonFiniteLossError(step, "loss", loss, streak)  # type: ignore[arg-type]
+                    raise NonFiniteLossError(step, "loss", loss, streak)  # type: ignore[arg-type]  # `bad`: loss is a host float
 
     def _fetch_rows(self, groups: Sequence[_PendingGroup]) -> None:
         """Fill `group.rows` for every group that lacks them, with one fetch call."""

@@ -86,7 +86,7 @@ def _sharded_like(keys: Array, x: Array) -> Array:
     """
     sharding = getattr(jax.typeof(x), "sharding", None)
     spec = getattr(sharding, "spec", None)
-    if not spec or spec[0] is None:
+    if sharding is None or not spec or spec[0] is None:
         return keys
     target = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(spec[0]))
     return jax.sharding.reshard(keys, target)

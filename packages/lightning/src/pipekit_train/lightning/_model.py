@@ -181,7 +181,7 @@ class LightningModelOp(ModelOpBase):
 
     def with_model(self, model: Any) -> LightningModelOp:
         """A shallow copy of this operator holding `model`."""
-        return super().with_model(model)  # type: ignore[return-value]
+        return super().with_model(model)  # type: ignore[return-value]  # the base copies `type(self)`
 
     def copy(self) -> LightningModelOp:
         """A deep copy (independent module) with the same config."""
