@@ -14,6 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 # The children import jax afresh: give them a bytecode cache even where
@@ -55,6 +57,7 @@ def test_bad_arguments_are_refused_before_any_work() -> None:
     assert proc.returncode == 2 and "invalid choice: 'tensorflow'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_cpu_quick_run_checks_placement_bf16_and_resume(tmp_path: Path) -> None:
     out, md = tmp_path / "check.json", tmp_path / "check.md"
     proc = _run(

@@ -185,6 +185,7 @@ def _uri(where: str, tmp_path: Path, name: str) -> str:
 
 # -- tests ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("where", ["local", "s3"])
+@pytest.mark.slow
 def test_ray_build_writes_the_same_bytes_as_a_serial_build(
     ray_runtime: None, tmp_path: Path, storage_options: dict[str, Any], where: str
 ) -> None:
@@ -220,6 +221,7 @@ def test_ray_build_writes_the_same_bytes_as_a_serial_build(
     assert ray.is_initialized()  # a runtime the build did not start stays up
 
 
+@pytest.mark.slow
 def test_ray_build_resumes_after_a_killed_worker(
     ray_runtime: None, tmp_path: Path, storage_options: dict[str, Any]
 ) -> None:

@@ -77,6 +77,7 @@ def test_fused_steps_match_single_steps(tmp_path: Path) -> None:
 
 
 @jax_only
+@pytest.mark.slow
 def test_fused_steps_resume_exactly(tmp_path: Path) -> None:
     directory = tmp_path / "ck"
     policy = Checkpoint(directory, every_n_steps=4, max_to_keep=None, async_save=False)
@@ -98,6 +99,7 @@ def test_torch_refuses_steps_per_execution() -> None:
 # -- exact resume with RNG, accumulation, precision ----------------------------------------
 
 
+@pytest.mark.slow
 def test_dropout_rng_resumes_exactly(tmp_path: Path) -> None:
     directory = tmp_path / "ck"
     policy = Checkpoint(directory, every_n_steps=4, max_to_keep=None, async_save=False)

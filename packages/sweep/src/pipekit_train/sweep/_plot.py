@@ -135,9 +135,7 @@ def _param_panel(ax: Axes, result: SweepResult, key: str, best: TrialResult | No
                 lw=1,
                 label="best per value",
             )
-    ax.scatter(
-        [pos[id(t)] for t in ok], _values(ok), color="C0", s=26, label="ok", zorder=3
-    )
+    ax.scatter([pos[id(t)] for t in ok], _values(ok), color="C0", s=26, label="ok", zorder=3)
     if pruned:
         ax.scatter(
             [pos[id(t)] for t in pruned],
