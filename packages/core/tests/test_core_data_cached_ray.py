@@ -265,6 +265,7 @@ def test_ray_build_resumes_after_a_killed_worker(
     assert chunks == {k: v for k, v in serial_chunks.items() if "/c/" in k}
 
 
+@pytest.mark.slow  # the module's Ray runtime takes >10 s to start
 def test_ray_retries_a_chunk_whose_worker_died(ray_runtime: None, tmp_path: Path) -> None:
     log = tmp_path / "log"
     built = CachedDataset.build(
@@ -279,6 +280,7 @@ def test_ray_retries_a_chunk_whose_worker_died(ray_runtime: None, tmp_path: Path
     _assert_same(built, serial)
 
 
+@pytest.mark.slow  # the module's Ray runtime takes >10 s to start
 def test_ray_build_refuses_a_dataset_ray_cannot_send(ray_runtime: None, tmp_path: Path) -> None:
     ds = ArrayDataset(x=np.zeros((10, 2), np.float32))
     ds.lock = threading.Lock()  # type: ignore[attr-defined]

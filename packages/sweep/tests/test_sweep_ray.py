@@ -104,6 +104,7 @@ def test_ray_sweep_matches_serial_and_records_failures(
     assert ray.is_initialized()  # the sweep did not shut down a runtime it did not start
 
 
+@pytest.mark.slow  # the module's simulated Ray cluster takes >10 s to start
 def test_ray_worker_crash_is_a_failed_trial(cluster: SimulatedCluster, tmp_path: Path) -> None:
     space = [{"lr": 0.1, "crash": True}, {"lr": 0.1}]
     result = HyperSweep(
@@ -180,6 +181,7 @@ def test_custom_resources_place_trials_on_the_nodes_that_have_them(
         assert rec["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] is None
 
 
+@pytest.mark.slow  # the module's simulated Ray cluster takes >10 s to start
 def test_a_request_no_node_meets_is_refused_before_any_trial(
     cluster: SimulatedCluster, tmp_path: Path
 ) -> None:
