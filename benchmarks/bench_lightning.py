@@ -4,7 +4,7 @@
 uv run python benchmarks/bench_lightning.py                      # 5 repeats of 2000 steps
 uv run python benchmarks/bench_lightning.py --repeats 3 --steps 1000 --profile
 uv run python benchmarks/bench_lightning.py --quick --json /tmp/lightning.json   # run_all convention
-uv run --extra gpu python benchmarks/bench_lightning.py --quick --accelerator gpu   # on a CUDA GPU
+uv run --group gpu python benchmarks/bench_lightning.py --quick --accelerator gpu   # on a CUDA GPU
 ```
 
 Three loops train the same model (same initial weights, adam lr 1e-3, mse) on the same

@@ -19,6 +19,7 @@ import os
 import shutil
 from pathlib import Path
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 import toymodels
@@ -137,7 +138,7 @@ def plot(path: Path, truth: np.ndarray, dist: Gaussian, backend: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="equinox", choices=["equinox", "lightning", "keras"])
     parser.add_argument("--steps", type=int, default=4000)

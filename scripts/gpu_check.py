@@ -3,9 +3,9 @@
 On a Linux x86-64 machine with an NVIDIA GPU and a driver for CUDA 13 (580 or newer),
 from the repository root, one command (a few minutes on one H200):
 
-    uv run --extra gpu python scripts/gpu_check.py --output benchmarks/gpu-check.md
+    uv run --group gpu python scripts/gpu_check.py --output benchmarks/gpu-check.md
 
-`--extra gpu` adds jax's CUDA 13 plugin from PyPI (`jax[cuda13]`, the version of the
+`--group gpu` adds jax's CUDA 13 plugin from PyPI (`jax[cuda13]`, the version of the
 locked jaxlib; see the workspace `pyproject.toml`); torch's Linux x86-64 wheels on PyPI
 are CUDA 13 builds already and share the same `nvidia-*` libraries. Without a CUDA GPU
 the script stops at once with exit status 2. The same checks run on CPU, in seconds,
@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 BACKENDS = ("equinox", "lightning", "keras-jax", "keras-torch")
 DEFAULT_BACKENDS = ("equinox", "lightning", "keras-jax")
-INSTALL = "uv run --extra gpu python scripts/gpu_check.py"
+INSTALL = "uv run --group gpu python scripts/gpu_check.py"
 NO_GPU = 2
 
 

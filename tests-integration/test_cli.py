@@ -137,7 +137,7 @@ def test_equinox_orbax_checkpoints_are_inspected_as_the_adapter_restores_them(
         assert main(run) == 0
     out = capsys.readouterr().out
     assert "resumed from checkpoint at step 10/30" in out
-    assert "done: 30 steps (max_steps, resumed from step 10)" in out
+    assert "done: 30 steps (max_steps, resumed at step 10)" in out
 
 
 @pytest.mark.slow
@@ -158,4 +158,4 @@ def test_preempted_run_exits_75_with_one_line_and_the_same_command_resumes(
     assert main(run) == 0  # the same command again
     out = capsys.readouterr().out
     assert "resumed from checkpoint at step 13/30" in out
-    assert "done: 30 steps (max_steps, resumed from step 13)" in out
+    assert "done: 30 steps (max_steps, resumed at step 13)" in out

@@ -16,8 +16,6 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parents[1]
 
 pytest.importorskip("mkdocs", reason="mkdocs is in the root dev group (uv sync)")
@@ -55,6 +53,7 @@ def test_nav_pages_exist() -> None:
     assert not missing, f"mkdocs.yml's nav names pages that do not exist under docs/: {missing}"
 
 
+@pytest.mark.slow  # the strict mkdocs build, with mkdocstrings
 def test_mkdocs_build_strict(tmp_path: Path) -> None:
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     env.pop("PYTHONPATH", None)

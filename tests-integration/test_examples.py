@@ -18,6 +18,7 @@ def test_direct(backend: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("backend", ["equinox", "lightning", "keras"])
+@pytest.mark.slow
 def test_amortized(backend: str, tmp_path: Path) -> None:
     """A reduced budget (8192 simulations, 600 steps): the Gaussian head travels through
     the registry and the intervals are near nominal. The default budget (131072

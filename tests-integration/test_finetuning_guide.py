@@ -65,6 +65,7 @@ def _fit(model: Any, data: tuple[Any, Any], optimizer_config: Any = None) -> Any
     ).run()
 
 
+@pytest.mark.slow
 def test_equinox_masks_and_lora(factories: str, tasks: dict[str, Any], tmp_path: Path) -> None:
     import equinox as eqx
     import jax
@@ -124,6 +125,7 @@ def test_equinox_masks_and_lora(factories: str, tasks: dict[str, Any], tmp_path:
     np.testing.assert_array_equal(back(tasks["x"]), tuned.model(tasks["x"]))
 
 
+@pytest.mark.slow
 def test_keras_trainable_and_enable_lora(
     factories: str, tasks: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -14,6 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 # The children import jax afresh: give them a bytecode cache even where
@@ -40,7 +42,7 @@ def test_without_a_cuda_gpu_it_stops_with_status_2_and_says_why() -> None:
     proc = _run("--skip-bench", env={"CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 2, proc.stderr
     assert "gpu_check: no CUDA GPU" in proc.stderr
-    assert "uv run --extra gpu python scripts/gpu_check.py" in proc.stderr
+    assert "uv run --group gpu python scripts/gpu_check.py" in proc.stderr
     assert "--device cpu --quick" in proc.stderr
     assert proc.stdout == ""  # nothing was trained
 
@@ -55,6 +57,7 @@ def test_bad_arguments_are_refused_before_any_work() -> None:
     assert proc.returncode == 2 and "invalid choice: 'tensorflow'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_cpu_quick_run_checks_placement_bf16_and_resume(tmp_path: Path) -> None:
     out, md = tmp_path / "check.json", tmp_path / "check.md"
     proc = _run(

@@ -16,7 +16,14 @@ import pytest
 TOLERANCE = 0.15
 
 
-@pytest.mark.parametrize("backend", ["equinox", "lightning", "keras"])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "equinox",
+        pytest.param("lightning", marks=pytest.mark.slow),
+        pytest.param("keras", marks=pytest.mark.slow),
+    ],
+)
 def test_emulator_rollout_tracks_the_simulator(backend: str, tmp_path: Path) -> None:
     result = emulator.main(
         ["--backend", backend, "--steps", "2500", "--samples", "4096", "--out", str(tmp_path)]

@@ -33,8 +33,6 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parents[1]
 DISTS = ("core", "equinox", "lightning", "keras", "sweep")
 # (distribution, extra). Slowest first so that the pool's tail is short.
@@ -241,6 +239,7 @@ def test_dependency_floors_exclude_yanked_releases() -> None:
     assert locked and all(_version(v) >= floor for v in locked), (core_zarr, locked)
 
 
+@pytest.mark.slow  # builds the wheels (module fixture), ~40 s
 @pytest.mark.parametrize("name", DISTS)
 def test_wheel_and_sdist_built(dist_root: Path, name: str) -> None:
     project = _pyproject(name)["project"]
@@ -312,6 +311,7 @@ def test_dependency_ranges_on_core() -> None:
         )
 
 
+@pytest.mark.slow  # builds the wheels (module fixture), ~40 s
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_wheel_alone(
     reports: dict[tuple[str, str | None], dict[str, Any]],

@@ -66,6 +66,7 @@ def test_equinox_sweep(tmp_path: Path) -> None:
     assert result.best.params["lr"] == 0.05
 
 
+@pytest.mark.slow
 def test_equinox_sweep_in_worker_processes(tmp_path: Path) -> None:
     pytest.importorskip("pipekit_train.equinox")
     serial = HyperSweep(
@@ -112,6 +113,7 @@ print("RESULT " + json.dumps(result.to_json()))
 """
 
 
+@pytest.mark.slow
 def test_keras_sweep_on_jax(tmp_path: Path) -> None:
     # Only look the packages up: importing keras here would fix its backend for this process.
     for name in ("keras", "jax", "pipekit_train.keras"):

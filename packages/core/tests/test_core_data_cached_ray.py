@@ -185,6 +185,7 @@ def _uri(where: str, tmp_path: Path, name: str) -> str:
 
 # -- tests ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("where", ["local", "s3"])
+@pytest.mark.slow
 def test_ray_build_writes_the_same_bytes_as_a_serial_build(
     ray_runtime: None, tmp_path: Path, storage_options: dict[str, Any], where: str
 ) -> None:
@@ -220,6 +221,7 @@ def test_ray_build_writes_the_same_bytes_as_a_serial_build(
     assert ray.is_initialized()  # a runtime the build did not start stays up
 
 
+@pytest.mark.slow
 def test_ray_build_resumes_after_a_killed_worker(
     ray_runtime: None, tmp_path: Path, storage_options: dict[str, Any]
 ) -> None:
@@ -263,6 +265,7 @@ def test_ray_build_resumes_after_a_killed_worker(
     assert chunks == {k: v for k, v in serial_chunks.items() if "/c/" in k}
 
 
+@pytest.mark.slow  # the module's Ray runtime takes >10 s to start
 def test_ray_retries_a_chunk_whose_worker_died(ray_runtime: None, tmp_path: Path) -> None:
     log = tmp_path / "log"
     built = CachedDataset.build(
@@ -277,6 +280,7 @@ def test_ray_retries_a_chunk_whose_worker_died(ray_runtime: None, tmp_path: Path
     _assert_same(built, serial)
 
 
+@pytest.mark.slow  # the module's Ray runtime takes >10 s to start
 def test_ray_build_refuses_a_dataset_ray_cannot_send(ray_runtime: None, tmp_path: Path) -> None:
     ds = ArrayDataset(x=np.zeros((10, 2), np.float32))
     ds.lock = threading.Lock()  # type: ignore[attr-defined]

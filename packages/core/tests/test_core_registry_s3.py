@@ -91,6 +91,7 @@ def test_s3_conditional_put_is_exclusive(registry: S3ModelRegistry) -> None:
     assert registry.fs.cat_file(path) == b"first"
 
 
+@pytest.mark.slow
 def test_s3_concurrent_writers_get_distinct_versions(
     storage_options: dict[str, Any], request: pytest.FixtureRequest
 ) -> None:

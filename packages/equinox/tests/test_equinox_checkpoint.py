@@ -41,6 +41,7 @@ def test_interrupted_save_is_ignored_and_cleaned(make_loop, tmp_path: Path) -> N
     assert not tmp.exists()
 
 
+@pytest.mark.slow
 def test_a_different_model_is_an_error_not_a_torn_step(make_loop, tmp_path: Path) -> None:
     policy = Checkpoint(tmp_path, every_n_steps=5)
     make_loop("mlp", model_kwargs={"width": 8}, max_steps=5, checkpoint=policy).run()
@@ -79,6 +80,7 @@ def test_keep_best_survives_a_resume(make_loop, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("factory", ["dropout_mlp", "batchnorm_mlp"])
 @pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.slow
 def test_exact_resume_with_rng_and_layer_state(
     make_loop, tmp_path: Path, factory: str, k: int
 ) -> None:

@@ -72,7 +72,9 @@ def test_trains_on_grain_datasets(make_loop, regression, kind: str) -> None:
     assert len(art.history.series("val_loss")[0]) == 2
 
 
-@pytest.mark.parametrize("kind", ["map", "iter", "dataloader"])
+@pytest.mark.parametrize(
+    "kind", [pytest.param("map", marks=pytest.mark.slow), "iter", "dataloader"]
+)
 def test_killed_run_resumes_exactly(make_loop, regression, tmp_path: Path, kind: str) -> None:
     def loop(**kw: Any) -> Any:
         return make_loop(data=_LOADERS[kind](regression), validation=None, max_steps=24, **kw)

@@ -29,6 +29,7 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return json.loads(lines[-1][len("RESULT ") :])
 
 
+@pytest.mark.slow  # the module fixture trains in a multi-device subprocess (>10 s)
 def test_data_parallel_matches_single_device(sharded: dict) -> None:
     assert sharded["devices"] == 2
     assert sharded["dp_max_loss_diff"] < 1e-5
@@ -36,6 +37,7 @@ def test_data_parallel_matches_single_device(sharded: dict) -> None:
     assert sharded["model_spec"] == "()"
 
 
+@pytest.mark.slow  # the module fixture trains in a multi-device subprocess (>10 s)
 def test_model_sharding_and_fused_steps(sharded: dict) -> None:
     assert sharded["ms_max_loss_diff"] < 1e-5
     assert "('data',)" in sharded["ms_specs"]
@@ -43,11 +45,13 @@ def test_model_sharding_and_fused_steps(sharded: dict) -> None:
     assert "('data',)" in sharded["ms_opt_specs"]
 
 
+@pytest.mark.slow  # the module fixture trains in a multi-device subprocess (>10 s)
 def test_sharded_checkpoint_resumes_exactly(sharded: dict) -> None:
     assert sharded["resumed_from_step"] == 20
     assert sharded["resume_bytes_equal"]
 
 
+@pytest.mark.slow  # the module fixture trains in a multi-device subprocess (>10 s)
 def test_spec_validation(sharded: dict) -> None:
     errors = sharded["errors"]
     assert "'batch'" in errors["axis"] and "Received" in errors["axis"]

@@ -101,6 +101,7 @@ DATA_PARALLEL = textwrap.dedent(
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution is jax-only")
+@pytest.mark.slow
 def test_data_parallel_on_two_cpu_devices(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", DATA_PARALLEL, str(tmp_path / "ck")],

@@ -77,6 +77,7 @@ def test_fused_steps_match_single_steps(tmp_path: Path) -> None:
 
 
 @jax_only
+@pytest.mark.slow
 def test_fused_steps_resume_exactly(tmp_path: Path) -> None:
     directory = tmp_path / "ck"
     policy = Checkpoint(directory, every_n_steps=4, max_to_keep=None, async_save=False)
@@ -98,6 +99,7 @@ def test_torch_refuses_steps_per_execution() -> None:
 # -- exact resume with RNG, accumulation, precision ----------------------------------------
 
 
+@pytest.mark.slow
 def test_dropout_rng_resumes_exactly(tmp_path: Path) -> None:
     directory = tmp_path / "ck"
     policy = Checkpoint(directory, every_n_steps=4, max_to_keep=None, async_save=False)
@@ -112,6 +114,7 @@ def test_dropout_rng_resumes_exactly(tmp_path: Path) -> None:
     np.testing.assert_array_equal(reference.model(x), reference.model(x))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 3] if BACKEND == "jax" else [1])
 def test_gradient_accumulation(tmp_path: Path, k: int) -> None:
     """Two batches of 16 per update: steps count updates, and equal one batch of 32."""
@@ -129,6 +132,7 @@ def test_gradient_accumulation(tmp_path: Path, k: int) -> None:
     assert resumed.model.serialize_weights() == reference.model.serialize_weights()
 
 
+@pytest.mark.slow
 def test_mixed_bfloat16(tmp_path: Path) -> None:
     art = loop(precision="mixed_bfloat16", max_steps=60).run()
     losses = np.asarray(art.history["loss"])

@@ -245,6 +245,7 @@ def test_global_batch_must_split_over_the_ranks(regression, tmp_path) -> None:
     assert not (tmp_path / "ckpt").exists()
 
 
+@pytest.mark.slow
 def test_import_does_not_import_lightning() -> None:
     import subprocess
     import sys

@@ -117,6 +117,7 @@ def test_serial_sweep_prunes_through_a_sqlite_study(tmp_path: Path) -> None:
     assert "pruned at step" in result.to_table()
 
 
+@pytest.mark.slow
 def test_process_workers_open_the_study_by_url_and_prune(tmp_path: Path) -> None:
     storage = _study_with_queue(tmp_path, "prune-process")
     search = OptunaSearch(

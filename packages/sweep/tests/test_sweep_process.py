@@ -24,6 +24,7 @@ def _outcomes(result: SweepResult) -> list[tuple[Any, ...]]:
     return [(t.index, t.params, t.status, t.value, t.weights_sha256) for t in result]
 
 
+@pytest.mark.slow
 def test_process_sweep_matches_serial_and_records_failures(tmp_path: Path) -> None:
     space = [*GRID, {"fail": True}]
     sweep = HyperSweep(
@@ -60,6 +61,7 @@ def test_a_dying_worker_fails_its_trial_and_the_pool_restarts(tmp_path: Path) ->
     assert "worker process running this trial died unexpectedly" in result[0].error
 
 
+@pytest.mark.slow
 def test_devices_pin_each_worker_and_run_at_most_n_trials_per_device(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

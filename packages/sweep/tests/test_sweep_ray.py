@@ -81,6 +81,7 @@ def _outcomes(result: SweepResult) -> list[tuple[Any, ...]]:
     return [(t.index, t.params, t.status, t.value, t.weights_sha256) for t in result]
 
 
+@pytest.mark.slow
 def test_ray_sweep_matches_serial_and_records_failures(
     cluster: SimulatedCluster, tmp_path: Path
 ) -> None:
@@ -103,6 +104,7 @@ def test_ray_sweep_matches_serial_and_records_failures(
     assert ray.is_initialized()  # the sweep did not shut down a runtime it did not start
 
 
+@pytest.mark.slow  # the module's simulated Ray cluster takes >10 s to start
 def test_ray_worker_crash_is_a_failed_trial(cluster: SimulatedCluster, tmp_path: Path) -> None:
     space = [{"lr": 0.1, "crash": True}, {"lr": 0.1}]
     result = HyperSweep(
@@ -119,6 +121,7 @@ def _by_node(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+@pytest.mark.slow
 def test_half_gpu_trials_run_two_per_gpu_on_every_gpu_node(
     cluster: SimulatedCluster, tmp_path: Path
 ) -> None:
@@ -155,6 +158,7 @@ def test_half_gpu_trials_run_two_per_gpu_on_every_gpu_node(
     assert len({r["pid"] for r in placements}) == 6  # Ray starts a fresh worker per GPU task
 
 
+@pytest.mark.slow
 def test_custom_resources_place_trials_on_the_nodes_that_have_them(
     cluster: SimulatedCluster, tmp_path: Path
 ) -> None:
@@ -177,6 +181,7 @@ def test_custom_resources_place_trials_on_the_nodes_that_have_them(
         assert rec["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] is None
 
 
+@pytest.mark.slow  # the module's simulated Ray cluster takes >10 s to start
 def test_a_request_no_node_meets_is_refused_before_any_trial(
     cluster: SimulatedCluster, tmp_path: Path
 ) -> None:
@@ -224,6 +229,7 @@ def _wait_for(predicate: Any, timeout: float, what: str) -> Any:
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.slow
 def test_killing_a_driver_ends_its_trials_on_every_node(
     cluster: SimulatedCluster, tmp_path: Path
 ) -> None:

@@ -169,13 +169,33 @@ class TrainingArtifact:
         self.registry_uri = getattr(record, "uri", None)
         return record
 
+    @property
+    def resume_note(self) -> str:
+        """How this run started, for humans: `""` (from step 0), `"resumed at step N"`, or
+        `"resumed at step N, nothing left to train"` (one wording for `summary()` and the CLI).
+        """
+        if self.resumed_from_step is None:
+            return ""
+        note = f"resumed at step {self.resumed_from_step}"
+        if self.steps <= self.resumed_from_step:
+            note += ", nothing left to train"
+        return note
+
     def summary(self) -> str:
-        """A one-paragraph human summary."""
+        """A one-paragraph human summary.
+
+        A fresh run gives its steps, time and rate; a resumed one says where it resumed,
+        and a rerun that had nothing left to do says so instead of a rate.
+        """
         metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(self.final_metrics.items()))
-        return (
-            f"{self.backend}: {self.steps} steps in {self.wall_time_s:.1f}s "
-            f"({self.steps_per_s:.1f} steps/s); {metrics}; weights sha256 {self.weights_sha256[:12]}"
-        )
+        note = self.resume_note
+        if note and self.steps <= (self.resumed_from_step or 0):
+            run = f"{self.steps} steps ({note})"
+        else:
+            ran = self.steps - (self.resumed_from_step or 0)
+            done = f"{self.steps} steps ({note}, {ran} this run)" if note else f"{self.steps} steps"
+            run = f"{done} in {self.wall_time_s:.1f}s ({self.steps_per_s:.1f} steps/s)"
+        return f"{self.backend}: {run}; {metrics}; weights sha256 {self.weights_sha256[:12]}"
 
 
 def _plan_metrics(described: Mapping[str, Any]) -> dict[str, Any]:

@@ -179,6 +179,6 @@ class Checkpoint:
         if self.keep_best:
             scored = [(s, scores[s]) for s in ordered if scores.get(s) is not None]
             sign = 1.0 if self.mode == "min" else -1.0
-            scored.sort(key=lambda item: (sign * float(item[1]), -item[0]))  # type: ignore[arg-type]
+            scored.sort(key=lambda item: (sign * float(item[1]), -item[0]))  # type: ignore[arg-type]  # `scored` holds only non-None scores
             keep.update(s for s, _ in scored[: self.keep_best])
         return keep

@@ -271,7 +271,7 @@ class TrainingLoop:
         preemption_signals: Sequence[Any] | None = DEFAULT_PREEMPTION_SIGNALS,
         max_time: float | str | datetime.timedelta | None = None,
     ):
-        batch_size = _positive_int("batch_size", batch_size)  # type: ignore[assignment]
+        batch_size = _positive_int("batch_size", batch_size)  # type: ignore[assignment]  # not None without allow_none
         signals = resolve_signals(preemption_signals)
         budget = resolve_max_time(max_time)
         max_steps = _positive_int("max_steps", max_steps, allow_none=True)
@@ -284,8 +284,8 @@ class TrainingLoop:
         validate_every_n_steps = _positive_int(
             "validate_every_n_steps", validate_every_n_steps, allow_none=True
         )
-        log_every_n_steps = _positive_int("log_every_n_steps", log_every_n_steps)  # type: ignore[assignment]
-        accumulate_grad_batches = _positive_int("accumulate_grad_batches", accumulate_grad_batches)  # type: ignore[assignment]
+        log_every_n_steps = _positive_int("log_every_n_steps", log_every_n_steps)  # type: ignore[assignment]  # not None without allow_none
+        accumulate_grad_batches = _positive_int("accumulate_grad_batches", accumulate_grad_batches)  # type: ignore[assignment]  # not None without allow_none
         if on_nonfinite not in _NONFINITE:
             raise ConfigError(
                 f"`on_nonfinite` must be one of {list(_NONFINITE)}. Received: "

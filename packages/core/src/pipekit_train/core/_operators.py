@@ -16,6 +16,7 @@ import numpy as np
 
 from ._errors import ConfigError
 from ._imports import import_string, object_path
+from ._model_kind import factory_needs_key, mismatch_error, model_framework
 from ._trust import TrustedList, resolve_trusted
 
 if TYPE_CHECKING:
@@ -97,6 +98,12 @@ class ModelOpBase:
     backend model), `__call__`, `serialize_weights`, `_load_weights(blob)` and
     `default_adapter()`.
 
+    A subclass that sets `framework` (the top-level module of the models it holds:
+    `"equinox"`, `"torch"`, `"keras"`) gets a clear `ConfigError` when it is handed another
+    framework's factory: a factory with a required `key` argument is refused before it is
+    called (unless the subclass sets `factory_takes_key`, as the Equinox operator does),
+    and `_build` calls `check_model(model)` on what the factory returned.
+
     Args:
         factory: an importable callable or its `"module:function"` string.
         seed: the seed the model is built under.
@@ -104,6 +111,8 @@ class ModelOpBase:
     """
 
     backend: ClassVar[str] = "abstract"
+    framework: ClassVar[str | None] = None
+    factory_takes_key: ClassVar[bool] = False
 
     def __init__(self, factory: str | Callable[..., Any], *, seed: int = 0, **kwargs: Any):
         seed = check_seed(seed)
@@ -122,7 +131,24 @@ class ModelOpBase:
         self.seed: int = int(seed)
         self.kwargs: dict[str, Any] = _check_json(kwargs, owner=type(self).__name__)
         self._factory_fn = factory_fn
+        if (
+            self.framework is not None
+            and not self.factory_takes_key
+            and factory_needs_key(factory_fn, self.kwargs)
+        ):
+            raise mismatch_error(type(self), factory_path, "equinox", needs_key=True)
         self.model: Any = self._build(factory_fn, self.kwargs, self.seed)
+
+    def check_model(self, model: Any) -> None:
+        """Refuse a model of another framework than the one this operator holds.
+
+        Raises:
+            ConfigError: `model` (what the factory returned) belongs to another framework;
+                the error names it, this operator class and the matching factory.
+        """
+        built = model_framework(model)
+        if self.framework is not None and built is not None and built != self.framework:
+            raise mismatch_error(type(self), self.factory, built)
 
     # -- to be provided by each backend ------------------------------------------------
     def _build(self, factory: Callable[..., Any], kwargs: dict[str, Any], seed: int) -> Any:

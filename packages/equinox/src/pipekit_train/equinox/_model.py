@@ -86,7 +86,7 @@ def _sharded_like(keys: Array, x: Array) -> Array:
     """
     sharding = getattr(jax.typeof(x), "sharding", None)
     spec = getattr(sharding, "spec", None)
-    if not spec or spec[0] is None:
+    if sharding is None or not spec or spec[0] is None:
         return keys
     target = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(spec[0]))
     return jax.sharding.reshard(keys, target)
@@ -127,6 +127,8 @@ class EquinoxModelOp(ModelOpBase):
     """
 
     backend: ClassVar[str] = "equinox"
+    framework: ClassVar[str | None] = "equinox"
+    factory_takes_key: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -146,11 +148,19 @@ class EquinoxModelOp(ModelOpBase):
     # -- building ----------------------------------------------------------------------
     def _build(self, factory: Callable[..., Any], kwargs: dict[str, Any], seed: int) -> Any:
         if not takes_key(factory, unknown=True):
-            raise ConfigError(
+            no_key = ConfigError(
                 "An Equinox factory must take a keyword argument `key` (the PRNG key of the "
                 f"initialisation). Received: factory={self.factory!r}. Add `*, key` to its signature."
             )
+            # Without a `key` it may be another framework's factory: build it once to say so.
+            try:
+                foreign = factory(**kwargs)
+            except Exception as exc:
+                raise no_key from exc
+            self.check_model(foreign)
+            raise no_key
         out = factory(**kwargs, key=jax.random.PRNGKey(seed))
+        self.check_model(out)
         if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], eqx.nn.State):
             out, self.model_state = out
         if not isinstance(out, eqx.Module):

@@ -191,7 +191,7 @@ class Placement:
         from ._state import TrainState
 
         assert isinstance(state, TrainState) and self.spec is not None
-        rep = self.replicated
+        rep: Any = self.replicated  # a sharding where `TrainState` holds an array
         model_sh = self.model_shardings(state.model, eqx.is_array)
         param_sh = self.model_shardings(state.model, eqx.is_inexact_array)
         on_arrays = lambda tree: jax.tree.map(lambda x: rep if eqx.is_array(x) else None, tree)  # noqa: E731
@@ -228,10 +228,10 @@ class Placement:
         """Fresh device copies of `leaves` (never aliases of the inputs: the step donates them)."""
         if shardings is None:
             return [jax.numpy.array(x, copy=True) for x in leaves]
-        out = []
+        out: list[jax.Array] = []
         for x, sh in zip(leaves, shardings, strict=True):
             host = np.asarray(jax.device_get(x))
-            out.append(jax.make_array_from_callback(host.shape, sh, lambda idx, h=host: h[idx]))
+            out.append(jax.make_array_from_callback(host.shape, sh, host.__getitem__))
         return out
 
     # -- batches -----------------------------------------------------------------------

@@ -7,7 +7,7 @@ them; the modules act on one sample (the adapter vmaps them over the batch).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -72,14 +72,13 @@ def mlp_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") ->
     from pipekit_train.core.testing import mlp_sizes
     from pipekit_train.equinox import EquinoxModelOp
 
-    op = EquinoxModelOp(
-        "pipekit_train.equinox.testing:mlp", activation=activation, **mlp_sizes(weights)
-    )
+    sizes: dict[str, Any] = mlp_sizes(weights)
+    op = EquinoxModelOp("pipekit_train.equinox.testing:mlp", activation=activation, **sizes)
     model = op.model
     for i in range(len(model.layers)):
         w, b = weights[2 * i], weights[2 * i + 1]
         model = eqx.tree_at(
-            lambda m, i=i: (m.layers[i].weight, m.layers[i].bias),
+            lambda m, i=i: (m.layers[i].weight, m.layers[i].bias),  # type: ignore[misc]  # mypy cannot type a lambda with a default argument
             model,
             (jnp.asarray(w.T), jnp.asarray(b)),
         )

@@ -47,11 +47,15 @@ def build_model(
     *,
     precision: str | None = None,
     owner: str = "KerasModelOp",
+    check: Callable[[Any], None] | None = None,
 ) -> keras.Model:
     """Call `factory(**kwargs)` under `keras.utils.set_random_seed(seed)` and build it.
 
     A model without an `Input` is built from an `in_size` keyword argument when there is
     one (`model.build((None, in_size))`).
+
+    `check` (the operator's `check_model`) sees what the factory returned first, so
+    another framework's model is refused in that framework's terms.
 
     Raises:
         ConfigError: the factory does not return a `keras.Model`, or the model cannot be
@@ -62,6 +66,8 @@ def build_model(
     with dtype_policy_scope(precision):
         keras.utils.set_random_seed(int(seed))
         model = factory(**kwargs)
+        if check is not None:
+            check(model)
         if not isinstance(model, keras.Model):
             raise ConfigError(
                 f"The `{owner}` factory must return a `keras.Model`. "
@@ -117,6 +123,7 @@ class KerasModelOp(ModelOpBase):
     """
 
     backend: ClassVar[str] = "keras"
+    framework: ClassVar[str | None] = "keras"
 
     def __init__(self, factory: str | Callable[..., Any], *, seed: int = 0, **kwargs: Any):
         # Fail with the extra to install, before the factory (which may import keras) is
@@ -125,7 +132,7 @@ class KerasModelOp(ModelOpBase):
         super().__init__(factory, seed=seed, **kwargs)
 
     def _build(self, factory: Callable[..., Any], kwargs: dict[str, Any], seed: int) -> Any:
-        return build_model(factory, kwargs, seed, owner=type(self).__name__)
+        return build_model(factory, kwargs, seed, owner=type(self).__name__, check=self.check_model)
 
     def build_model(self, *, precision: str | None = None) -> keras.Model:
         """A fresh model from this operator's config (under `precision`) holding its weights."""

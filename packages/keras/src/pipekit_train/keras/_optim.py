@@ -153,7 +153,7 @@ def build_optimizer(config: Any, *, accumulate: int = 1) -> Any:
         )
     spec = optimizer_spec(config)
     lr = (
-        core_schedule(spec.learning_rate, accumulate)  # type: ignore[arg-type]
+        core_schedule(spec.learning_rate, accumulate)  # type: ignore[arg-type]  # `scheduled`: a schedule dict
         if spec.scheduled
         else spec.learning_rate
     )

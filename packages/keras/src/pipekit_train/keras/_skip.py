@@ -113,7 +113,7 @@ def install_skip(model: Any, tracker: StepLossTracker, accumulate: int) -> None:
             lambda: model.metrics_variables,
         )
 
-        def train_step(data: Any) -> Any:  # type: ignore[misc]
+        def train_step(data: Any) -> Any:  # type: ignore[misc]  # redefined per backend branch
             with torch.no_grad():
                 old = [[v.value.detach().clone() for v in get()] for get in groups]
             logs = step(data)

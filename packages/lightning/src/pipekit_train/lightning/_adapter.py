@@ -455,7 +455,7 @@ class Lightning(Adapter):
                 def configure_optimizers() -> Any:
                     return _as_lightning_optimizers(build(net.parameters()))
 
-                module.configure_optimizers = configure_optimizers  # type: ignore[method-assign]
+                module.configure_optimizers = configure_optimizers
                 patched = True
         dtype, _ = module_dtype(net)
         feed = None if native else BatchFeed(dtype=dtype, keep=16 * plan.accumulate_grad_batches)

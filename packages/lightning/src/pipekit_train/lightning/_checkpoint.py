@@ -117,7 +117,7 @@ def seed_rng(seed: int) -> None:
 
 def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
     """The global RNG states (torch CPU, the CUDA device's, numpy, python) as JSON."""
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()  # the legacy tuple (numpy types it as a union)
     py_state = random.getstate()
     record: dict[str, Any] = {
         "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),

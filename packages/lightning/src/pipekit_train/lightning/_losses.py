@@ -56,5 +56,5 @@ def torch_loss(loss: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         return loss(pred, target)
 
     fused.__name__ = fused.__qualname__ = str(desc["name"])
-    fused.describe = lambda: dict(desc)  # type: ignore[attr-defined]
+    fused.describe = lambda: dict(desc)  # type: ignore[attr-defined]  # functions take attributes
     return fused

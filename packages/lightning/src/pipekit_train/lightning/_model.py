@@ -114,11 +114,13 @@ class LightningModelOp(ModelOpBase):
     """
 
     backend: ClassVar[str] = "lightning"
+    framework: ClassVar[str | None] = "torch"
 
     def _build(self, factory: Callable[..., Any], kwargs: dict[str, Any], seed: int) -> Any:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             module = factory(**kwargs)
+        self.check_model(module)  # a Keras model on torch is a torch.nn.Module too
         if not isinstance(module, torch.nn.Module):
             raise ConfigError(
                 "A LightningModelOp factory must return a torch.nn.Module. "
@@ -179,7 +181,7 @@ class LightningModelOp(ModelOpBase):
 
     def with_model(self, model: Any) -> LightningModelOp:
         """A shallow copy of this operator holding `model`."""
-        return super().with_model(model)  # type: ignore[return-value]
+        return super().with_model(model)  # type: ignore[return-value]  # the base copies `type(self)`
 
     def copy(self) -> LightningModelOp:
         """A deep copy (independent module) with the same config."""

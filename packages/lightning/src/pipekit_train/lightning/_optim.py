@@ -84,7 +84,7 @@ def schedule_fn(spec: Mapping[str, Any]) -> Callable[[int], float]:
 def _decoupled(base: type) -> type:
     """`base` with AdamW-style decoupled weight decay applied before every update."""
 
-    class Decoupled(base):  # type: ignore[misc, valid-type]
+    class Decoupled(base):
         def __init__(self, params: Any, *, decoupled_weight_decay: float, **kwargs: Any):
             super().__init__(params, **kwargs)
             for group in self.param_groups:
@@ -116,7 +116,7 @@ def _torch_optimizer(spec: OptimizerSpec, params: list[Any], lr: float) -> Any:
 
     h, wd = spec.hyper, spec.weight_decay
     if spec.name in ("adam", "adamw"):
-        cls = torch.optim.AdamW if wd else torch.optim.Adam
+        cls: Callable[..., Any] = torch.optim.AdamW if wd else torch.optim.Adam
         kwargs: dict[str, Any] = {"betas": (h["b1"], h["b2"]), "eps": h["eps"]}
         if wd:
             kwargs["weight_decay"] = wd
@@ -167,8 +167,8 @@ def build_optimizer(
             )
         return optimizer, None
     spec = optimizer_spec(config)
-    schedule = schedule_fn(spec.learning_rate) if spec.scheduled else None  # type: ignore[arg-type]
-    lr = 1.0 if schedule is not None else float(spec.learning_rate)  # type: ignore[arg-type]
+    schedule = schedule_fn(spec.learning_rate) if spec.scheduled else None  # type: ignore[arg-type]  # `scheduled`: a schedule dict
+    lr = 1.0 if schedule is not None else float(spec.learning_rate)  # type: ignore[arg-type]  # not `scheduled`: a float
     optimizer = _torch_optimizer(spec, params, lr)
     # a plain function (not a callable object) keeps LambdaLR's state dict pure JSON
     scheduler = None if schedule is None else torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)

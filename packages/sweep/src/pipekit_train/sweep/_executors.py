@@ -75,11 +75,11 @@ def trial_name(trial: Any, executor: str) -> str | None:
             "`trial` must be a function `trial(params) -> TrainingLoop` or its 'module:function' "
             f"name. Received: trial={trial!r}."
         )
-    name = _canonical_name(trial)
-    if name is not None:
+    found = _canonical_name(trial)
+    if found is not None:
         if executor != "serial":
-            _check_main(name, executor)  # type: ignore[arg-type]
-        return name
+            _check_main(found, executor)
+        return found
     if executor == "serial":
         return None
     raise ConfigError(
@@ -201,7 +201,7 @@ def _run_trial(
     if (
         plan is None
         or not callable(getattr(loop, "run", None))
-        or not dataclasses.is_dataclass(plan)
+        or not dataclasses.is_dataclass(type(plan))  # (the type: `plan` stays untyped)
     ):
         raise ConfigError(
             "`trial(params)` must return a TrainingLoop. "

@@ -32,7 +32,7 @@ LOCK_NAME = ".pipekit-owner.lock"
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # no fcntl on Windows
     import msvcrt
 
 

@@ -86,11 +86,16 @@ def _positions(trials: list[TrialResult], key: str, axis: dict[str, Any]) -> dic
     return out
 
 
+def _values(trials: list[TrialResult]) -> list[float]:
+    """The metric values of trials that have one (every `ok` trial, pruned ones with a value)."""
+    return [t.value for t in trials if t.value is not None]
+
+
 def _best_per_value(trials: list[TrialResult], key: str, mode: str) -> dict[str, tuple[Any, float]]:
     best: dict[str, tuple[Any, float]] = {}
     for t in trials:
         k = value_key(t.params[key])
-        v = float(t.value)  # type: ignore[arg-type]
+        v = float(t.value)  # type: ignore[arg-type]  # `ok` trials (the only ones passed) have a value
         if k not in best or _better(v, best[k][1], mode):
             best[k] = (t.params[key], v)
     return best
@@ -130,13 +135,11 @@ def _param_panel(ax: Axes, result: SweepResult, key: str, best: TrialResult | No
                 lw=1,
                 label="best per value",
             )
-    ax.scatter(
-        [pos[id(t)] for t in ok], [t.value for t in ok], color="C0", s=26, label="ok", zorder=3
-    )
+    ax.scatter([pos[id(t)] for t in ok], _values(ok), color="C0", s=26, label="ok", zorder=3)
     if pruned:
         ax.scatter(
             [pos[id(t)] for t in pruned],
-            [t.value for t in pruned],
+            _values(pruned),
             color="C1",
             marker="v",
             s=30,
@@ -146,7 +149,7 @@ def _param_panel(ax: Axes, result: SweepResult, key: str, best: TrialResult | No
     if best is not None and id(best) in pos:
         ax.scatter(
             [pos[id(best)]],
-            [best.value],
+            _values([best]),
             marker="*",
             s=180,
             color="gold",
@@ -182,11 +185,11 @@ def _history_panel(ax: Axes, result: SweepResult) -> bool:
     pruned = [
         t for t in trials if t.status == "pruned" and t.value is not None and math.isfinite(t.value)
     ]
-    ax.scatter([t.index for t in ok], [t.value for t in ok], color="C0", s=20, label="ok", zorder=3)
+    ax.scatter([t.index for t in ok], _values(ok), color="C0", s=20, label="ok", zorder=3)
     if pruned:
         ax.scatter(
             [t.index for t in pruned],
-            [t.value for t in pruned],
+            _values(pruned),
             color="C1",
             marker="v",
             s=24,
@@ -196,7 +199,7 @@ def _history_panel(ax: Axes, result: SweepResult) -> bool:
     xs: list[int] = []
     ys: list[float] = []
     for t in ok:
-        v = float(t.value)  # type: ignore[arg-type]
+        v = float(t.value)  # type: ignore[arg-type]  # an `ok` trial has a value
         ys.append(v if not ys or _better(v, ys[-1], result.mode) else ys[-1])
         xs.append(t.index)
     if xs:

@@ -197,7 +197,7 @@ class SweepResult:
         """Trials with a finite metric, best first (ties keep search-space order)."""
         usable = [t for t in self.trials if t.ok]
         sign = 1.0 if self.mode == "min" else -1.0
-        return sorted(usable, key=lambda t: sign * float(t.value))  # type: ignore[arg-type]
+        return sorted(usable, key=lambda t: sign * float(t.value))  # type: ignore[arg-type]  # `ok` trials have a value
 
     @property
     def best(self) -> TrialResult:

@@ -188,7 +188,12 @@ class HyperSweep:
                 f"`sweep_id` must be a non-empty string. Received: sweep_id={sweep_id!r}."
             )
         slots = runner.slots if isinstance(runner, ProcessExecutor) else None
-        if max_concurrent is not None and slots is not None and max_concurrent > slots:
+        if (
+            isinstance(runner, ProcessExecutor)
+            and slots is not None
+            and max_concurrent is not None
+            and max_concurrent > slots
+        ):
             raise ConfigError(
                 f"At most {slots} trials run at once on {len(runner.devices)} device(s) with "
                 f"trials_per_device={runner.trials_per_device}. Received: "

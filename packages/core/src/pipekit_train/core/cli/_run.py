@@ -99,9 +99,7 @@ def run_command(
             print("dry run: the config is valid; nothing was trained", file=out, flush=True)
             return 0
         artifact = built.loop.run()
-    resumed = (
-        f", resumed from step {artifact.resumed_from_step}" if artifact.resumed_from_step else ""
-    )
+    resumed = f", {artifact.resume_note}" if artifact.resume_note else ""
     print(
         f"done: {artifact.steps} steps ({artifact.stop_reason}{resumed}) in "
         f"{artifact.wall_time_s:.1f} s",

@@ -155,7 +155,7 @@ class ChunkCache:
             if not temporary:  # every chunk in its slot: one take per key
                 shift = np.empty(needed[-1] - first + 1 if needed else 0, dtype=np.intp)
                 for cid in needed:
-                    shift[cid - first] = (slots[cid] - cid) * cs  # type: ignore[operator]
+                    shift[cid - first] = (slots[cid] - cid) * cs  # type: ignore[operator]  # no temporary chunk: every slot is an int
                 local = idx + shift[cids - first]
                 return {k: b.take(local, axis=0) for k, b in buffers.items()}
             return self._gather_mixed(idx, cids, needed, slots, temporary, buffers)

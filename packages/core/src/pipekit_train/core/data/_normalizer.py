@@ -289,7 +289,7 @@ class Normalizer:
             for k in self._mean
         )
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # unhashable: __eq__ compares arrays
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}: {m.shape}" for k, m in self._mean.items())

@@ -309,7 +309,7 @@ class SimulationDataset:
                     "deterministic given its parameters?)",
                     exc,
                 )
-            return sample  # type: ignore[return-value]
+            return sample  # type: ignore[return-value]  # `_error` raised if it is None
         return self._item(raw)
 
     def _raw_batch(self, raw: np.ndarray) -> Batch:

@@ -558,6 +558,7 @@ class AdapterConformance:
         np.testing.assert_array_equal(losses, reference.history["loss"])
         return policy
 
+    @pytest.mark.slow
     def test_exact_resume_after_sigkill(self, tmp_path: Path) -> None:
         self._kill_and_resume(tmp_path, str(tmp_path / "ckpt"))
 
@@ -697,6 +698,7 @@ class AdapterConformance:
         with loopback_s3(cls.s3_bucket) as server:
             yield server
 
+    @pytest.mark.slow
     def test_exact_resume_after_sigkill_on_s3(self, tmp_path: Path, loopback: LoopbackS3) -> None:
         if not self.cloud_resume:
             pytest.skip("cloud_resume is off for this variant (its backend runs it elsewhere)")
