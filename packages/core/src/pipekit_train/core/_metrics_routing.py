@@ -158,7 +158,7 @@ class MetricRouting:
                     from .callbacks import NonFiniteLossError
 
                     streak = self._consecutive_skips if policy == "skip" else None
-                    raise NonFiniteLossError(step, "loss", loss, streak)  # type: ignore[arg-type]
+                    raise NonFiniteLossError(step, "loss", loss, streak)  # type: ignore[arg-type]  # loss is a float once bad is set
 
     def _fetch_rows(self, groups: Sequence[_PendingGroup]) -> None:
         """Fill `group.rows` for every group that lacks them, with one fetch call."""
