@@ -16,6 +16,7 @@ from ._checkpointing import TornCheckpointWarning
 from ._cycle import Cycle, NeuralForward, NonFiniteStateError
 from ._errors import CheckpointError, ConfigError, IntegrityError, PipekitError
 from ._heads import Gaussian
+from ._mixture import Mixture
 from ._history import History
 from ._loop import TrainingLoop
 from ._online import OnlineTrainer
@@ -101,6 +102,7 @@ __all__ = [
     "Loss",
     "MemoryWriter",
     "MetricWriter",
+    "Mixture",
     "MlflowWriter",
     "ModelOp",
     "ModelOpBase",
