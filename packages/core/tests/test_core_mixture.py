@@ -11,7 +11,6 @@ import pytest
 
 from pipekit_train.core import LocalModelRegistry, Mixture, NeuralForward, losses
 from pipekit_train.core._errors import ConfigError, IntegrityError
-from pipekit_train.core._mixture import mixture_from_output
 from pipekit_train.core.data import Normalizer
 from pipekit_train.core.testing._numpy_model import NumpyLinearOp
 
@@ -82,12 +81,12 @@ def test_decoded_output_scores_like_the_training_loss(covariance: str) -> None:
     rng = np.random.default_rng(2)
     out = rng.normal(size=(6, losses.mixture_width(3, 2, covariance)))
     y = rng.normal(size=(6, 2))
-    mix = mixture_from_output(out, 3, covariance)
+    mix = Mixture.from_output(out, 3, covariance)
     expected = losses.mixture_log_prob(out, y, n_components=3, covariance=covariance)
     np.testing.assert_allclose(mix.log_prob(y), expected, rtol=1e-12)
     np.testing.assert_allclose(mix.weights.sum(-1), 1.0)
     with pytest.raises(ConfigError, match=r"output width must be.*Received: output shape \(6, 14\)"):
-        mixture_from_output(out[:, :14], 3, covariance)
+        Mixture.from_output(out[:, :14], 3, covariance)
 
 
 @pytest.mark.parametrize("covariance", ["diag", "full"])
@@ -98,7 +97,7 @@ def test_mixture_head_is_in_original_units(covariance: str) -> None:
     mix = forward.distribution(states)
     assert isinstance(mix, Mixture) and mix.means.shape == (3, 3, 2)
 
-    raw = mixture_from_output(op(norm.apply({"x": states})["x"]), 3, covariance)
+    raw = Mixture.from_output(op(norm.apply({"x": states})["x"]), 3, covariance)
     scale, offset = np.array([10.0, 0.01]), np.array([100.0, -0.5])
     np.testing.assert_allclose(mix.weights, raw.weights, rtol=1e-12)
     np.testing.assert_allclose(mix.means, raw.means * scale + offset, rtol=1e-6)

@@ -108,6 +108,18 @@ class Mixture:
         tril = np.take_along_axis(trils, idx[..., None], axis=-3)[..., 0, :, :]
         return mu + np.einsum("...ij,...j->...i", tril, eps)
 
+    @classmethod
+    def from_output(cls, out: Any, n_components: int, covariance: str = "diag") -> Mixture:
+        """Decode a raw model output `(..., width)` in the `mixture_nll` layout.
+
+        The mixture is in the output's units (normalised units for a model trained with
+        a `Normalizer`; `NeuralForward(head="mixture").distribution` converts).
+
+        Raises:
+            ConfigError: the width fits no target size for `n_components`/`covariance`.
+        """
+        return mixture_from_output(out, n_components, covariance)
+
     def __getitem__(self, index: Any) -> Mixture:
         """The mixtures at `index` of the batch axes (numpy indexing)."""
         return Mixture(self.weights[index], self.means[index], self.scale_tril[index])
