@@ -123,7 +123,9 @@ def c2st(a: np.ndarray, b: np.ndarray, *, seed: int = 0, folds: int = 5) -> floa
     return float(np.mean(scores))
 
 
-def posterior_samples(posterior: NeuralForward, x: np.ndarray, n: int, rng) -> tuple[np.ndarray, float]:
+def posterior_samples(
+    posterior: NeuralForward, x: np.ndarray, n: int, rng
+) -> tuple[np.ndarray, float]:
     """`n` network posterior draws at `x` inside the prior box, and the share rejected."""
     dist = posterior.distribution(x)
     kept: list[np.ndarray] = []

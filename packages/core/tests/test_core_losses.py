@@ -405,7 +405,9 @@ def test_mixture_nll_params_and_shape_errors():
     with pytest.raises(ConfigError, match=r"Received: covariance='tied'.*'diag'"):
         losses.mixture_nll(covariance="tied")
     loss = losses.mixture_nll(n_components=3)
-    with pytest.raises(ConfigError, match=r"\(15,\).*Received: pred.shape=\(8, 14\).*mixture_width"):
+    with pytest.raises(
+        ConfigError, match=r"\(15,\).*Received: pred.shape=\(8, 14\).*mixture_width"
+    ):
         loss(np.zeros((8, 14)), np.zeros((8, 2)))
     with pytest.raises(ConfigError, match=r"Received: pred.shape=\(8, 15\), target.shape=\(7, 2\)"):
         loss(np.zeros((8, 15)), np.zeros((7, 2)))

@@ -51,7 +51,9 @@ def test_mixture_samples_have_the_mixture_moments_and_weights() -> None:
     expected_cov = second - np.outer(mix.mean, mix.mean)
     np.testing.assert_allclose(np.cov(draws.T), expected_cov, atol=0.03)
     # the share of draws nearer the first component is its weight (the modes are far apart)
-    near_first = np.linalg.norm(draws - [-2.0, 1.0], axis=1) < np.linalg.norm(draws - [3.0, 0.0], axis=1)
+    near_first = np.linalg.norm(draws - [-2.0, 1.0], axis=1) < np.linalg.norm(
+        draws - [3.0, 0.0], axis=1
+    )
     assert near_first.mean() == pytest.approx(0.3, abs=0.01)
 
 
@@ -65,12 +67,16 @@ def test_mixture_log_prob_is_a_normalised_density() -> None:
     assert density.sum() * cell == pytest.approx(1.0, abs=1e-4)
     # a sample's log-density under the batch's mixtures: (n, *batch)
     batch = Mixture(
-        np.tile(mix.weights, (4, 1)), np.tile(mix.means, (4, 1, 1)), np.tile(mix.scale_tril, (4, 1, 1, 1))
+        np.tile(mix.weights, (4, 1)),
+        np.tile(mix.means, (4, 1, 1)),
+        np.tile(mix.scale_tril, (4, 1, 1, 1)),
     )
     draws = batch.sample(np.random.default_rng(1), n=5)
     assert draws.shape == (5, 4, 2) and batch.log_prob(draws).shape == (5, 4)
     np.testing.assert_allclose(batch.log_prob(draws)[:, 0], mix.log_prob(draws[:, 0]))
-    with pytest.raises(ConfigError, match=r"2 values on its last axis. Received: value.shape=\(3,\)"):
+    with pytest.raises(
+        ConfigError, match=r"2 values on its last axis. Received: value.shape=\(3,\)"
+    ):
         mix.log_prob(np.zeros(3))
     with pytest.raises(ConfigError, match="Received: weights.shape"):
         Mixture(np.ones(3) / 3, np.zeros((2, 2)), np.zeros((2, 2, 2)))
@@ -85,14 +91,18 @@ def test_decoded_output_scores_like_the_training_loss(covariance: str) -> None:
     expected = losses.mixture_log_prob(out, y, n_components=3, covariance=covariance)
     np.testing.assert_allclose(mix.log_prob(y), expected, rtol=1e-12)
     np.testing.assert_allclose(mix.weights.sum(-1), 1.0)
-    with pytest.raises(ConfigError, match=r"output width must be.*Received: output shape \(6, 14\)"):
+    with pytest.raises(
+        ConfigError, match=r"output width must be.*Received: output shape \(6, 14\)"
+    ):
         Mixture.from_output(out[:, :14], 3, covariance)
 
 
 @pytest.mark.parametrize("covariance", ["diag", "full"])
 def test_mixture_head_is_in_original_units(covariance: str) -> None:
     op, norm = mixture_op(covariance=covariance), normalizer()
-    forward = NeuralForward(op, normalizer=norm, head="mixture", n_components=3, covariance=covariance)
+    forward = NeuralForward(
+        op, normalizer=norm, head="mixture", n_components=3, covariance=covariance
+    )
     states = np.array([[1.0, -2.0], [3.0, 0.0], [-1.0, -2.5]], dtype=np.float32)
     mix = forward.distribution(states)
     assert isinstance(mix, Mixture) and mix.means.shape == (3, 3, 2)
@@ -127,7 +137,9 @@ def test_mixture_head_validation() -> None:
         NeuralForward(mixture_op(), head="gaussian", n_components=3)
     with pytest.raises(ConfigError, match=r"Received: covariance='tied'"):
         NeuralForward(mixture_op(), head="mixture", n_components=3, covariance="tied")
-    wrong = NeuralForward(mixture_op(k=3), head="mixture", n_components=4)  # 15 outputs, not 4k(1+2d)
+    wrong = NeuralForward(
+        mixture_op(k=3), head="mixture", n_components=4
+    )  # 15 outputs, not 4k(1+2d)
     with pytest.raises(ConfigError, match=r"n_components=4.*Received: output shape \(1, 15\)"):
         wrong(np.zeros(2))
     config = NeuralForward(mixture_op(), head="mixture", n_components=3).get_config()
@@ -146,7 +158,9 @@ def test_mixture_head_travels_through_the_registry(tmp_path: Path) -> None:
         registry.register("posterior", op, head_options={"n_components": 3})
     assert registry.versions("posterior") == []  # nothing written
     options = {"n_components": 3, "covariance": "full"}
-    record = registry.register("posterior", op, normalizer=norm, head="mixture", head_options=options)
+    record = registry.register(
+        "posterior", op, normalizer=norm, head="mixture", head_options=options
+    )
     assert record.head == "mixture" and record.head_options == options
 
     loaded_record, loaded = registry.load_record_and_model("posterior")

@@ -16,9 +16,9 @@ from ._checkpointing import TornCheckpointWarning
 from ._cycle import Cycle, NeuralForward, NonFiniteStateError
 from ._errors import CheckpointError, ConfigError, IntegrityError, PipekitError
 from ._heads import Gaussian
-from ._mixture import Mixture
 from ._history import History
 from ._loop import TrainingLoop
+from ._mixture import Mixture
 from ._online import OnlineTrainer
 from ._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
 from ._runtime import RunState

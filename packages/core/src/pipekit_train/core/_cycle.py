@@ -15,8 +15,8 @@ import numpy as np
 
 from ._errors import ConfigError, PipekitError
 from ._heads import Gaussian, check_head, check_head_options
-from ._mixture import Mixture, mixture_from_output
 from ._imports import object_path
+from ._mixture import Mixture, mixture_from_output
 from .registry._record import normalizer_to_dict
 
 __all__ = ["Cycle", "NeuralForward", "NonFiniteStateError"]

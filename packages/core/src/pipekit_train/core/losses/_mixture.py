@@ -123,9 +123,7 @@ def check_layout(pred: Any, target: Any, n_components: int, covariance: str) -> 
     return d
 
 
-def mixture_log_prob(
-    pred: Any, target: Any, *, n_components: int, covariance: str = "diag"
-) -> Any:
+def mixture_log_prob(pred: Any, target: Any, *, n_components: int, covariance: str = "diag") -> Any:
     """The mixture's log-density of `target`, per sample: shape `target.shape[:-1]`.
 
     `pred` has the layout of the module docstring; any array-API library (numpy, jax,
