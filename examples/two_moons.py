@@ -146,24 +146,35 @@ def plot(path: Path, observations, references, samples, scores, backend: str, he
     import matplotlib.pyplot as plt
 
     n = len(observations)
-    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 4.6), dpi=100, squeeze=False)
+    fig, axes = plt.subplots(2, n, figsize=(4.2 * n, 8.8), dpi=100, squeeze=False)
     fig.suptitle(
         f"two moons, {backend}, {head} head: posterior samples (blue) vs exact reference "
-        "(grey)", fontsize=12,
+        "(grey); bottom row: zoom on the mode holding the true θ", fontsize=12,
     )  # fmt: skip
-    for i, ax in enumerate(axes[0]):
+    for i in range(n):
         ref, got = references[i][:1500], samples[i][:1500]
-        ax.scatter(ref[:, 0], ref[:, 1], s=2, c="0.55", alpha=0.5, label="reference", lw=0)
-        ax.scatter(got[:, 0], got[:, 1], s=2, c="C0", alpha=0.5, label=head, lw=0)
-        ax.plot(*THETA_OBS[i], "r+", ms=12, mew=2, label="true θ")
-        ax.plot([-1, 1], [1, -1], color="0.8", lw=0.8, ls="--")
-        ax.set(
-            xlim=(-1, 1), ylim=(-1, 1), xlabel="θ1", ylabel="θ2",
-            title=f"x = ({observations[i][0]:.3f}, {observations[i][1]:.3f})\nC2ST {scores[i]:.3f}",
-        )  # fmt: skip
-        ax.set_aspect("equal")
+        truth = THETA_OBS[i]
+        side = np.sign(truth.sum())
+        mode = ref[np.sign(ref.sum(axis=1)) == side]
+        centre = mode.mean(axis=0)
+        half = max(0.12, 1.3 * float(np.abs(mode - centre).max()))
+        for row, ax in enumerate(axes[:, i]):
+            ax.scatter(ref[:, 0], ref[:, 1], s=2 + 3 * row, c="0.5", alpha=0.5, lw=0,
+                       label="reference")  # fmt: skip
+            ax.scatter(got[:, 0], got[:, 1], s=2 + 3 * row, c="C0", alpha=0.4, lw=0, label=head)
+            ax.plot(*truth, "r+", ms=12, mew=2, label="true θ")
+            if row == 0:
+                ax.plot([-1, 1], [1, -1], color="0.8", lw=0.8, ls="--")
+                ax.set(xlim=(-1, 1), ylim=(-1, 1), title=(
+                    f"x = ({observations[i][0]:.3f}, {observations[i][1]:.3f})\n"
+                    f"C2ST {scores[i]:.3f}"))  # fmt: skip
+            else:
+                ax.set(xlim=(centre[0] - half, centre[0] + half),
+                       ylim=(centre[1] - half, centre[1] + half), title="zoom")  # fmt: skip
+            ax.set(xlabel="θ1", ylabel="θ2")
+            ax.set_aspect("equal")
         if i == 0:
-            ax.legend(loc="lower left", fontsize=8)
+            axes[0, 0].legend(loc="lower left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -174,8 +185,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--backend", default="equinox", choices=["equinox", "lightning", "keras"])
     parser.add_argument("--head", default="mixture", choices=["mixture", "gaussian"])
     parser.add_argument("--components", type=int, default=8, help="mixture components K")
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--samples", type=int, default=32768, help="simulation budget")
+    parser.add_argument("--steps", type=int, default=10000)
+    parser.add_argument("--samples", type=int, default=65536, help="simulation budget")
     parser.add_argument("--posterior-samples", type=int, default=2000, help="per side, for C2ST")
     parser.add_argument("--out", default=str(Path(__file__).parent / "out" / "two_moons"))
     args = parser.parse_args(argv)
@@ -249,6 +260,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "c2st": [float(s) for s in scores],
         "c2st_mean": float(np.mean(scores)),
         "leakage": [float(v) for v in leakage],
+        # the share of draws in the mode θ1 + θ2 > 0 (exactly 1/2 in the true posterior)
+        "mode_share": [float(np.mean(g.sum(axis=1) > 0)) for g in samples],
         "head": record.head,
         "head_options": record.head_options,
         "seconds": elapsed,
