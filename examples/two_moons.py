@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--steps", type=int, default=10000)
     parser.add_argument("--samples", type=int, default=65536, help="simulation budget")
     parser.add_argument("--posterior-samples", type=int, default=2000, help="per side, for C2ST")
+    parser.add_argument("--seed", type=int, default=0, help="network initialisation seed")
     parser.add_argument("--out", default=str(Path(__file__).parent / "out" / "two_moons"))
     args = parser.parse_args(argv)
     out = Path(args.out) / args.backend / args.head
@@ -206,7 +207,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     else:
         loss, width = losses.gaussian_nll, 4
     loop = TrainingLoop(
-        model=toymodels.model_op(args.backend, in_size=2, out_size=width, width=128, seed=0),
+        model=toymodels.model_op(
+            args.backend, in_size=2, out_size=width, width=128, seed=args.seed
+        ),
         data=train,
         validation=val,
         normalizer=norm,
