@@ -48,6 +48,7 @@ def mixture_width(n_components: int, dim: int, covariance: str = "diag") -> int:
         covariance: `"diag"` or `"full"` (see the module docstring for the layout).
 
     Examples:
+        >>> from pipekit_train.core.losses import mixture_width
         >>> mixture_width(5, 2), mixture_width(5, 2, "full")
         (25, 30)
     """
