@@ -185,3 +185,23 @@ def test_mixture_head_round_trip(backend: str, tmp_path: Path) -> None:
     np.testing.assert_allclose(
         dist.log_prob(y), raw.log_prob((y - offset) / scale) - np.log(scale).sum(), rtol=1e-4
     )
+
+
+def test_mixture_width_is_checked_before_any_work(tmp_path: Path) -> None:
+    """A model whose output width does not fit `mixture_nll`'s layout is refused by
+    `TrainingLoop` itself, naming the width it needs."""
+    from pipekit_train.core import ConfigError, losses
+
+    train, _ = regression_task(n_train=64, n_val=8, out_size=2)
+    with pytest.raises(ConfigError, match=r"2 target values need 15 outputs.*out_size=15"):
+        TrainingLoop(
+            model=toymodels.model_op("equinox", in_size=4, out_size=14, width=8, seed=0),
+            data=train,
+            loss=losses.mixture_nll(n_components=3),
+            optimizer_config={"name": "adam", "lr": 1e-2},
+            batch_size=16,
+            max_steps=5,
+            checkpoint=str(tmp_path / "ckpt"),
+            progress=False,
+        )
+    assert not (tmp_path / "ckpt").exists()  # nothing on disk
