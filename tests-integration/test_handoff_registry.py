@@ -141,3 +141,67 @@ def test_gaussian_head_round_trip(backend: str, tmp_path: Path) -> None:
     np.testing.assert_allclose(dist.mean, raw[:, :1] * scale + offset, rtol=1e-5)
     np.testing.assert_allclose(dist.std, np.exp(0.5 * raw[:, 1:]) * scale, rtol=1e-5)
     assert dist.mean.shape == dist.std.shape == (32, 1) and np.all(dist.std > 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mixture_head_round_trip(backend: str, tmp_path: Path) -> None:
+    """A `mixture_nll` model from any backend is registered with its mixture head and its
+    options, and loads back as a `Mixture` in the target's original units."""
+    from pipekit_train.core import Mixture, losses
+
+    train, val = regression_task(n_train=128, n_val=32)
+    norm = Normalizer.fit(train, keys=("x", "y"))
+    width = losses.mixture_width(3, 1, "full")
+    artifact = TrainingLoop(
+        model=toymodels.model_op(backend, in_size=4, out_size=width, width=16, seed=0),
+        data=train,
+        normalizer=norm,
+        loss=losses.mixture_nll(n_components=3, covariance="full"),
+        optimizer_config={"name": "adam", "lr": 1e-2},
+        batch_size=32,
+        max_steps=30,
+        seed=0,
+        progress=False,
+    ).run()
+    assert np.isfinite(artifact.final_metrics["loss"])
+    registry = LocalModelRegistry(tmp_path / "registry")
+    registered = artifact.register(registry, "posterior")  # head and options from the loss
+    assert registered.head == "mixture"
+    assert registered.head_options == {"n_components": 3, "covariance": "full"}
+    record, loaded = registry.load_record_and_model("posterior")
+    assert record.head_options == registered.head_options and record.backend == backend
+    x = val.get_batch(np.arange(32))["x"]
+    dist = NeuralForward.from_record(record, loaded).distribution(x)
+    assert isinstance(dist, Mixture) and dist.means.shape == (32, 3, 1)
+
+    raw = Mixture.from_output(
+        np.asarray(artifact.model(norm.apply({"x": x})["x"]), dtype=np.float64), 3, "full"
+    )
+    scale, offset = norm.std["y"], norm.mean["y"]
+    np.testing.assert_allclose(dist.weights, raw.weights, rtol=1e-5)
+    np.testing.assert_allclose(dist.means, raw.means * scale + offset, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dist.scale_tril, raw.scale_tril * scale, rtol=1e-5)
+    y = val.get_batch(np.arange(32))["y"]
+    np.testing.assert_allclose(
+        dist.log_prob(y), raw.log_prob((y - offset) / scale) - np.log(scale).sum(), rtol=1e-4
+    )
+
+
+def test_mixture_width_is_checked_before_any_work(tmp_path: Path) -> None:
+    """A model whose output width does not fit `mixture_nll`'s layout is refused by
+    `TrainingLoop` itself, naming the width it needs."""
+    from pipekit_train.core import ConfigError, losses
+
+    train, _ = regression_task(n_train=64, n_val=8, out_size=2)
+    with pytest.raises(ConfigError, match=r"2 target values need 15 outputs.*out_size=15"):
+        TrainingLoop(
+            model=toymodels.model_op("equinox", in_size=4, out_size=14, width=8, seed=0),
+            data=train,
+            loss=losses.mixture_nll(n_components=3),
+            optimizer_config={"name": "adam", "lr": 1e-2},
+            batch_size=16,
+            max_steps=5,
+            checkpoint=str(tmp_path / "ckpt"),
+            progress=False,
+        )
+    assert not (tmp_path / "ckpt").exists()  # nothing on disk

@@ -329,9 +329,13 @@ def test_gaussian_samples_match_the_predicted_spread() -> None:
 
 
 def test_gaussian_head_validation() -> None:
-    with pytest.raises(ConfigError, match=r"`head` must be one of \['point', 'gaussian'\]"):
+    with pytest.raises(
+        ConfigError, match=r"`head` must be one of \['point', 'gaussian', 'mixture'\]"
+    ):
         NeuralForward(gaussian_op(), head="laplace")
-    with pytest.raises(ConfigError, match=r"needs a Gaussian head. Received: head='point'"):
+    with pytest.raises(
+        ConfigError, match=r"needs a Gaussian or mixture head. Received: head='point'"
+    ):
         NeuralForward(gaussian_op()).distribution(np.zeros(2))
     odd = NumpyLinearOp(FACTORY, in_size=2, out_size=3)
     with pytest.raises(ConfigError, match=r"even-sized last axis\). Received: output shape \(3,\)"):

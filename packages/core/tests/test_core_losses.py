@@ -149,6 +149,7 @@ def test_registry_names_get_and_unknown():
         "gaussian_nll",
         "huber",
         "mae",
+        "mixture_nll",
         "mse",
     ]
     assert losses.get("mse") is losses.mse
@@ -317,3 +318,103 @@ def test_losses_pickle_and_deepcopy():
         for clone in (pickle.loads(pickle.dumps(loss)), copy.deepcopy(loss)):
             assert clone.describe() == loss.describe()
     assert float(pickle.loads(pickle.dumps(losses.huber))(P, T)) == float(losses.huber(P, T))
+
+
+# --------------------------------------------------------------------------- mixture
+
+
+def _mixture_reference(pred, target, k, covariance):
+    """The mixture NLL by the textbook formula: build each covariance, invert it."""
+    pred, target = np.asarray(pred, np.float64), np.asarray(target, np.float64)
+    d = target.shape[-1]
+    total = []
+    for p, y in zip(pred, target, strict=True):
+        logits, rest = p[:k], p[k:]
+        weights = np.exp(logits) / np.exp(logits).sum()
+        means = rest[: k * d].reshape(k, d)
+        log_scales = rest[k * d : 2 * k * d].reshape(k, d)
+        lower = rest[2 * k * d :].reshape(k, -1)
+        density = 0.0
+        for c in range(k):
+            chol = np.diag(np.exp(log_scales[c]))
+            if covariance == "full":
+                chol[np.tril_indices(d, -1)] = lower[c]
+            cov = chol @ chol.T
+            r = y - means[c]
+            quad = r @ np.linalg.solve(cov, r)
+            norm = np.sqrt((2 * np.pi) ** d * np.linalg.det(cov))
+            density += weights[c] * np.exp(-0.5 * quad) / norm
+        total.append(-np.log(density))
+    return float(np.mean(total))
+
+
+@pytest.mark.parametrize("covariance", ["diag", "full"])
+@pytest.mark.parametrize("k,d", [(1, 1), (3, 2), (4, 3)])
+def test_mixture_nll_matches_the_textbook_density(k, d, covariance):
+    width = losses.mixture_width(k, d, covariance)
+    assert width == k * (1 + 2 * d + (d * (d - 1) // 2 if covariance == "full" else 0))
+    rng = np.random.default_rng(k * 10 + d)
+    pred = (0.5 * rng.normal(size=(16, width))).astype(np.float32)
+    target = rng.normal(size=(16, d)).astype(np.float32)
+    loss = losses.mixture_nll(n_components=k, covariance=covariance)
+    value = loss(pred, target)
+    assert value.dtype == np.float32 and value.shape == ()
+    assert float(value) == pytest.approx(_mixture_reference(pred, target, k, covariance), rel=1e-5)
+    # float64 in, float64 out, and the same value to float64 precision
+    value64 = loss(pred.astype(np.float64), target)
+    assert value64.dtype == np.float64
+    assert float(value64) == pytest.approx(
+        _mixture_reference(pred, target, k, covariance), rel=1e-10
+    )
+
+
+def test_mixture_nll_one_component_is_the_exact_gaussian_nll():
+    pred = np.stack([np.zeros(8), P[:, 0], 0.3 * P[:, 1]], axis=1)  # d=1: [logit, mean, log-scale]
+    target = T[:, :1].astype(np.float64)
+    as_gaussian = np.stack([pred[:, 1], 2 * pred[:, 2]], axis=1)  # log-var = 2 log-scale
+    expected = float(losses.gaussian_nll(full=True)(as_gaussian, target))
+    assert float(losses.mixture_nll(pred, target)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_mixture_nll_is_stable_far_from_every_component():
+    # Components 1e3 standard deviations away and logits of 1e4: finite, and the exact value.
+    k, d = 2, 2
+    pred = np.zeros((1, losses.mixture_width(k, d)))
+    pred[0, :2] = [1e4, -1e4]
+    target = np.full((1, d), 1e3)
+    value = float(losses.mixture_nll(n_components=k)(pred, target))
+    # the first component dominates: 0.5*|y|^2 + d/2 log(2 pi) (its weight is 1 - 0)
+    assert value == pytest.approx(0.5 * 2 * 1e6 + np.log(2 * np.pi), rel=1e-12)
+    assert np.isfinite(value)
+
+
+def test_mixture_nll_bimodal_beats_unimodal_on_bimodal_data():
+    # The loss prefers the right answer: two modes at ±2 fit a ±2 sample better than one.
+    target = np.array([[-2.0], [2.0]] * 8)
+    two = np.tile([0.0, 0.0, -2.0, 2.0, np.log(0.3), np.log(0.3)], (16, 1))
+    one = np.tile([0.0, 0.0, 0.0, 0.0, np.log(2.0), np.log(2.0)], (16, 1))
+    loss = losses.mixture_nll(n_components=2)
+    assert float(loss(two, target)) < float(loss(one, target)) - 0.5
+
+
+def test_mixture_nll_params_and_shape_errors():
+    with pytest.raises(ConfigError, match=r"Received: n_components=0\..*n_components=5"):
+        losses.mixture_nll(n_components=0)
+    with pytest.raises(ConfigError, match="Received: n_components=True"):
+        losses.mixture_nll(n_components=True)
+    with pytest.raises(ConfigError, match=r"Received: covariance='tied'.*'diag'"):
+        losses.mixture_nll(covariance="tied")
+    loss = losses.mixture_nll(n_components=3)
+    with pytest.raises(
+        ConfigError, match=r"\(15,\).*Received: pred.shape=\(8, 14\).*mixture_width"
+    ):
+        loss(np.zeros((8, 14)), np.zeros((8, 2)))
+    with pytest.raises(ConfigError, match=r"Received: pred.shape=\(8, 15\), target.shape=\(7, 2\)"):
+        loss(np.zeros((8, 15)), np.zeros((7, 2)))
+    with pytest.raises(ConfigError, match="trailing axis"):
+        loss(np.zeros((8, 15)), np.zeros(8))
+    with pytest.raises(ConfigError, match="must be an array"):
+        loss([[0.0] * 15], np.zeros((1, 2)))
+    described = loss.describe()
+    assert described == {"name": "mixture_nll", "params": {"n_components": 3, "covariance": "diag"}}
+    assert losses.from_description(json.loads(json.dumps(described))).params == loss.params

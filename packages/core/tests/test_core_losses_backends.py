@@ -18,6 +18,9 @@ LABELS = RNG.integers(0, 4, size=8)
 ONE_HOT = np.eye(4, dtype=np.float32)[LABELS]
 BINARY = (RNG.random(size=(8, 4)) > 0.5).astype(np.float32)
 GAUSS_T = T[:, :2]
+MIX_T = T[:, :2]  # 3 components over 2 values: widths 15 (diagonal) and 18 (full)
+MIX_DIAG = (0.5 * RNG.normal(size=(8, 15))).astype(np.float32)
+MIX_FULL = (0.5 * RNG.normal(size=(8, 18))).astype(np.float32)
 
 
 def _torch_gaussian(full):
@@ -25,6 +28,29 @@ def _torch_gaussian(full):
         import torch.nn.functional as F  # noqa: TID251 (tests may use torch)
 
         return F.gaussian_nll_loss(p[:, :2], t, p[:, 2:].exp(), full=full)
+
+    return ref
+
+
+def _torch_mixture(k, full):
+    """torch.distributions' own mixture: MixtureSameFamily of MultivariateNormal(scale_tril)."""
+
+    def ref(p, t):
+        import torch  # noqa: TID251 (tests may use torch)
+        from torch import distributions as D  # noqa: TID251
+
+        n, d = t.shape
+        means = p[:, k : k + k * d].reshape(n, k, d)
+        tril = torch.diag_embed(p[:, k + k * d : k + 2 * k * d].reshape(n, k, d).exp())
+        if full:
+            rows, cols = torch.tril_indices(d, d, -1)
+            off = torch.zeros(n, k, d, d)
+            off[:, :, rows, cols] = p[:, k + 2 * k * d :].reshape(n, k, -1)
+            tril = tril + off
+        mix = D.MixtureSameFamily(
+            D.Categorical(logits=p[:, :k]), D.MultivariateNormal(means, scale_tril=tril)
+        )
+        return -mix.log_prob(t).mean()
 
     return ref
 
@@ -48,6 +74,14 @@ CASES = [
     ("huber_0.3", losses.huber(delta=0.3), P, T, _fn("huber_loss", delta=0.3)),
     ("gaussian_nll", losses.gaussian_nll, P, GAUSS_T, _torch_gaussian(False)),
     ("gaussian_nll_full", losses.gaussian_nll(full=True), P, GAUSS_T, _torch_gaussian(True)),
+    ("mixture_nll", losses.mixture_nll(n_components=3), MIX_DIAG, MIX_T, _torch_mixture(3, False)),
+    (
+        "mixture_nll_full",
+        losses.mixture_nll(n_components=3, covariance="full"),
+        MIX_FULL,
+        MIX_T,
+        _torch_mixture(3, True),
+    ),
     ("cross_entropy_int", losses.cross_entropy, P, LABELS, _fn("cross_entropy")),
     ("cross_entropy_onehot", losses.cross_entropy, P, ONE_HOT, _fn("cross_entropy")),
     ("bce", losses.binary_cross_entropy, P * 3, BINARY, _fn("binary_cross_entropy_with_logits")),

@@ -20,6 +20,7 @@ from ._heads import Gaussian
 from ._history import History
 from ._loop import TrainingLoop
 from ._lr_find import LRFindResult, lr_find
+from ._mixture import Mixture
 from ._online import OnlineTrainer
 from ._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
 from ._preemption import PREEMPTED_EXIT_STATUS, Preempted
@@ -106,6 +107,7 @@ __all__ = [
     "Loss",
     "MemoryWriter",
     "MetricWriter",
+    "Mixture",
     "MlflowWriter",
     "ModelOp",
     "ModelOpBase",

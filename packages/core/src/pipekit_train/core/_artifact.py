@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import ConfigError
-from ._heads import head_for_loss
+from ._heads import head_for_loss, head_options_for_loss
 from ._history import History
 
 __all__ = ["TrainingArtifact"]
@@ -132,6 +132,7 @@ class TrainingArtifact:
         normalizer: Any = None,
         head: str | None = None,
         test_metrics: Mapping[str, float] | None = None,
+        head_options: dict[str, Any] | None = None,
     ) -> Any:
         """Hand the trained model to a `ModelRegistry` and return its `ModelRecord`.
 
@@ -139,16 +140,25 @@ class TrainingArtifact:
             registry: a `ModelRegistry` (e.g. `LocalModelRegistry(root)`).
             name: the model name in the registry.
             normalizer: a `Normalizer` to store with the model (default: the run's).
-            head: what the model's output means (`"gaussian"` or `"point"`). Default:
-                `"gaussian"` when the run's loss was `gaussian_nll`, else not recorded.
+            head: what the model's output means (`"gaussian"`, `"mixture"` or
+                `"point"`). Default: `"gaussian"` when the run's loss was `gaussian_nll`,
+                `"mixture"` when it was `mixture_nll`, else not recorded.
+            head_options: the head's options (`{"n_components": K, "covariance": ...}`
+                for a mixture). Default: `mixture_nll`'s parameters when the run's loss
+                was `mixture_nll` and the head is `"mixture"`.
             test_metrics: held-out metrics (e.g. `artifact.evaluate(test)`), recorded
                 beside the run's final metrics with a `test_` prefix (covered by the
                 record's digest like every metric).
         """
         norm = normalizer if normalizer is not None else self.normalizer
+        loss = self.plan.get("loss")
         if head is None:
-            head = head_for_loss(self.plan.get("loss"))
-        extra = {} if head is None else {"head": head}
+            head = head_for_loss(loss)
+        if head_options is None and head is not None and head == head_for_loss(loss):
+            head_options = head_options_for_loss(loss)
+        extra: dict[str, Any] = {} if head is None else {"head": head}
+        if head_options is not None:
+            extra["head_options"] = head_options
         recorded = dict(self.final_metrics)
         if test_metrics is not None:
             if not isinstance(test_metrics, Mapping):

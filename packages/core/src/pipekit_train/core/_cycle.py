@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from ._errors import ConfigError, PipekitError
-from ._heads import Gaussian, check_head
+from ._heads import Gaussian, check_head, check_head_options
 from ._imports import object_path
+from ._mixture import Mixture, mixture_from_output
 from .registry._record import normalizer_to_dict
 
 __all__ = ["Cycle", "NeuralForward", "NonFiniteStateError"]
@@ -70,14 +71,24 @@ class NeuralForward:
     `Cycle`. `NeuralForward.from_record(record, model_op)` reads the head and the
     normalizer from the registry record.
 
+    **Mixture head.** With `head="mixture"` (and `n_components=K`, `covariance="diag"` or
+    `"full"`, as the model was trained with `losses.mixture_nll`) the output holds a
+    Gaussian mixture in normalised units (layout in `pipekit_train.core.losses._mixture`).
+    `distribution(state)` returns a `Mixture` in original units: the component means
+    de-normalised, each Cholesky factor's rows scaled by the normalizer's scale (so the
+    covariances are `diag(s) L L^T diag(s)`), the weights unchanged. Calling the forward
+    returns the mixture mean.
+
     Args:
         model_op: a model operator, `model_op(batch) -> batch` on numpy arrays.
         normalizer: `None`, or an object with `apply(dict)` and `invert(dict)`.
         residual: if True the model's output is an increment added to the input state.
         state_key: the normalizer key of the input state (default `"x"`).
         output_key: the normalizer key of the model's output (default `"y"`).
-        head: `"point"` (the output is the prediction) or `"gaussian"` (mean and
-            log-variance, see above).
+        head: `"point"` (the output is the prediction), `"gaussian"` (mean and
+            log-variance) or `"mixture"` (see above).
+        n_components: the number of mixture components (`head="mixture"` only).
+        covariance: `"diag"` or `"full"` (`head="mixture"` only).
 
     Examples:
         ```python
@@ -99,6 +110,9 @@ class NeuralForward:
         state_key: str = "x",
         output_key: str = "y",
         head: str = "point",
+        *,
+        n_components: int | None = None,
+        covariance: str | None = None,
     ):
         if not callable(model_op):
             raise ConfigError(
@@ -125,6 +139,21 @@ class NeuralForward:
         self.state_key = state_key
         self.output_key = output_key
         self.head = check_head(head)
+        if self.head != "mixture" and (n_components is not None or covariance is not None):
+            raise ConfigError(
+                "`n_components` and `covariance` are only for head='mixture'. Received: "
+                f"n_components={n_components!r}, covariance={covariance!r}, head={head!r}. "
+                "Pass head='mixture', or leave them out."
+            )
+        if self.head == "mixture" and n_components is None:
+            raise ConfigError(
+                "head='mixture' needs the number of components. Received: n_components=None. "
+                "Pass n_components=K (as in mixture_nll(n_components=K) at training)."
+            )
+        options = None
+        if self.head == "mixture":
+            options = {"n_components": n_components, "covariance": covariance or "diag"}
+        self.head_options = check_head_options(self.head, options)
 
     @classmethod
     def from_record(
@@ -148,14 +177,20 @@ class NeuralForward:
         Raises:
             ConfigError: the record names a head this version does not know.
         """
-        head = getattr(record, "head", None)
+        head = check_head(
+            "point" if getattr(record, "head", None) is None else record.head, field="record.head"
+        )
+        options = check_head_options(
+            head, getattr(record, "head_options", None), field="record.head_options"
+        )
         return cls(
             model_op,
             normalizer=record.load_normalizer(),
             residual=residual,
             state_key=state_key,
             output_key=output_key,
-            head=check_head("point" if head is None else head, field="record.head"),
+            head=head,
+            **(options or {}),
         )
 
     def _batch(self, state: Any) -> tuple[np.ndarray, bool]:
@@ -207,21 +242,40 @@ class NeuralForward:
             std = std * np.abs(scale)
         return Gaussian(self._add_state(batch, mean.astype(np.float64)), std)
 
-    def distribution(self, state: Any) -> Gaussian:
-        """The predicted `Gaussian` for one state `(d,)` or a batch `(n, d)`, in original units.
+    def _mixture(self, batch: np.ndarray) -> Mixture:
+        assert self.head_options is not None
+        out = np.asarray(self._model(batch))
+        raw = mixture_from_output(out, **self.head_options)
+        n, k, d = raw.means.shape
+        means = self._invert(raw.means.reshape(n * k, d)).astype(np.float64).reshape(n, k, d)
+        tril = raw.scale_tril
+        if self.normalizer is not None:
+            probe = np.ones((1, d), dtype=np.float64)
+            scale = (self._invert(probe) - self._invert(np.zeros_like(probe)))[0]
+            tril = tril * scale[:, None]  # diag(scale) @ L: row i scaled by scale[i]
+        if self.residual:
+            if d != batch.shape[-1]:
+                self._add_state(batch, means[:, 0])  # raises the residual shape error
+            means = means + batch[:, None, :]
+        return Mixture(raw.weights, means, tril)
+
+    def distribution(self, state: Any) -> Gaussian | Mixture:
+        """The predicted distribution for one state `(d,)` or a batch `(n, d)`, in original
+        units: a `Gaussian` (`head="gaussian"`) or a `Mixture` (`head="mixture"`).
 
         Raises:
             ConfigError: the forward has `head="point"` (no distribution is predicted),
-                or the model's output does not hold a mean and a log-variance.
+                or the model's output does not have the head's layout.
         """
-        if self.head != "gaussian":
+        if self.head == "point":
             raise ConfigError(
-                "`distribution()` needs a Gaussian head. Received: head='point'. Construct "
-                "NeuralForward(..., head='gaussian') for a model trained with `gaussian_nll`, "
-                "or call the forward for the point prediction."
+                "`distribution()` needs a Gaussian or mixture head. Received: head='point'. "
+                "Construct NeuralForward(..., head='gaussian') for a model trained with "
+                "`gaussian_nll` (or head='mixture', n_components=K for `mixture_nll`), or "
+                "call the forward for the point prediction."
             )
         batch, single = self._batch(state)
-        dist = self._gaussian(batch)
+        dist = self._gaussian(batch) if self.head == "gaussian" else self._mixture(batch)
         return dist[0] if single else dist
 
     def __call__(self, state: Any) -> np.ndarray:
@@ -232,6 +286,8 @@ class NeuralForward:
         batch, single = self._batch(state)
         if self.head == "gaussian":
             pred = self._gaussian(batch).mean
+        elif self.head == "mixture":
+            pred = self._mixture(batch).mean
         else:
             pred = self._add_state(batch, self._invert(np.asarray(self._model(batch))))
         return pred[0] if single else pred
@@ -251,10 +307,13 @@ class NeuralForward:
             "state_key": self.state_key,
             "output_key": self.output_key,
             "head": self.head,
+            **({"head_options": self.head_options} if self.head_options else {}),
         }
 
     def __repr__(self) -> str:
         head = "" if self.head == "point" else f", head={self.head!r}"
+        if self.head_options:
+            head += "".join(f", {k}={v!r}" for k, v in self.head_options.items())
         return f"NeuralForward({self.model_op!r}, residual={self.residual}{head})"
 
 

@@ -7,9 +7,13 @@ A *head* names how to read a trained model's raw output:
 - `"gaussian"`: the output's last axis holds `2k` values for a target of `k` values:
   `out[..., :k]` is the mean and `out[..., k:]` the log-variance of a normal
   distribution over the (normalised) target. This is the layout `gaussian_nll` trains.
+- `"mixture"`: the output holds a mixture of `n_components` Gaussians (weight logits,
+  means, log-scales and, with `covariance="full"`, Cholesky entries), the layout
+  `mixture_nll` trains (`pipekit_train.core.losses._mixture`). Its *head options*
+  `{"n_components": K, "covariance": "diag" | "full"}` say how to split the output.
 
-The head is recorded in the model registry (`register(..., head=...)`), so a loader
-knows what the output means without the training code.
+The head (and its options) is recorded in the model registry (`register(..., head=...,
+head_options=...)`), so a loader knows what the output means without the training code.
 """
 
 from __future__ import annotations
@@ -22,10 +26,17 @@ import numpy as np
 
 from ._errors import ConfigError
 
-__all__ = ["HEADS", "Gaussian", "check_head", "head_for_loss"]
+__all__ = [
+    "HEADS",
+    "Gaussian",
+    "check_head",
+    "check_head_options",
+    "head_for_loss",
+    "head_options_for_loss",
+]
 
 #: The known heads.
-HEADS = ("point", "gaussian")
+HEADS = ("point", "gaussian", "mixture")
 
 
 def check_head(head: Any, *, field: str = "head") -> str:
@@ -34,20 +45,69 @@ def check_head(head: Any, *, field: str = "head") -> str:
         raise ConfigError(
             f"`{field}` must be one of {list(HEADS)}. Received: {field}={head!r}. Use "
             "'gaussian' for a model trained with `gaussian_nll` (mean and log-variance "
-            "outputs), 'point' for a plain prediction."
+            "outputs), 'mixture' for one trained with `mixture_nll`, 'point' for a plain "
+            "prediction."
         )
     return head
 
 
+def check_head_options(head: str, options: Any, *, field: str = "head_options") -> dict | None:
+    """Validate the options of `head`: `{"n_components", "covariance"}` for `"mixture"`.
+
+    Returns:
+        The options as a new dict (`covariance` filled in with `"diag"`), or None for a
+        head without options.
+
+    Raises:
+        ConfigError: options for a head that takes none, or bad/missing mixture options.
+    """
+    if head != "mixture":
+        if options:
+            raise ConfigError(
+                f"`{field}` is only for head='mixture'. Received: {field}={options!r} with "
+                f"head={head!r}. Leave `{field}` out."
+            )
+        return None
+    if not isinstance(options, dict) or "n_components" not in options:
+        raise ConfigError(
+            f"head='mixture' needs `{field}` with the number of components. Received: "
+            f"{field}={options!r}. Pass {field}={{'n_components': K}} (and 'covariance': "
+            "'full' for a full-covariance mixture), as trained by mixture_nll(n_components=K)."
+        )
+    unknown = sorted(set(options) - {"n_components", "covariance"})
+    if unknown:
+        raise ConfigError(
+            f"`{field}` has unknown keys for head='mixture'. Received: {unknown}. Use only "
+            "'n_components' and 'covariance'."
+        )
+    from .losses._mixture import check_params
+
+    out = {"n_components": options["n_components"], "covariance": options.get("covariance", "diag")}
+    check_params(out)
+    return out
+
+
 def head_for_loss(loss: Any) -> str | None:
-    """The head a loss description implies: `"gaussian"` for `gaussian_nll`, else None.
+    """The head a loss description implies: `"gaussian"` for `gaussian_nll`, `"mixture"`
+    for `mixture_nll`, else None.
 
     Args:
         loss: a plan's loss description (`{"name": "gaussian_nll", ...}`).
     """
-    if isinstance(loss, dict) and loss.get("name") == "gaussian_nll":
-        return "gaussian"
+    if isinstance(loss, dict):
+        return {"gaussian_nll": "gaussian", "mixture_nll": "mixture"}.get(loss.get("name"))
     return None
+
+
+def head_options_for_loss(loss: Any) -> dict | None:
+    """The head options a loss description implies (`mixture_nll`'s parameters), or None."""
+    if head_for_loss(loss) != "mixture":
+        return None
+    params = loss.get("params") or {}
+    return {
+        "n_components": params.get("n_components", 1),
+        "covariance": params.get("covariance", "diag"),
+    }
 
 
 @dataclass(frozen=True, eq=False)

@@ -21,6 +21,7 @@ _LOSS_NAMES = {
     "mae": "MAE",
     "huber": "Huber",
     "gaussian_nll": "Gaussian NLL",
+    "mixture_nll": "mixture NLL",
     "cross_entropy": "cross-entropy",
     "binary_cross_entropy": "binary cross-entropy",
 }

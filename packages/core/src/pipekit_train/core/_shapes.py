@@ -130,9 +130,14 @@ def check_shapes(adapter: Adapter, plan: Plan) -> None:
             except Exception as exc:
                 raise _input_error(adapter, model, name, x_shape, np.dtype(x.dtype), exc) from exc
             probed[key] = out
-        if out is None or not same_shape:
+        if out is None:
             continue
         out = tuple(int(d) for d in out)
+        mixture = _mixture_params(plan.loss)
+        if mixture is not None and y_shape:
+            _check_mixture(model, mixture, name, out[1:], y_shape)
+        if not same_shape:
+            continue
         if out != (plan.batch_size, *y_shape):
             raise _target_error(model, plan.loss, name, out[1:], y_shape)
 
@@ -167,6 +172,36 @@ def _input_error(
         f"inputs. {received} ({dtype}); the backend raised: {_first_line(exc)}. Make the data match "
         "the model's input (the original error is chained above)."
     )
+
+
+def _mixture_params(loss: Any) -> dict[str, Any] | None:
+    """`mixture_nll`'s parameters when `loss` is that built-in loss, else None."""
+    from .losses import Loss
+    from .losses import _mixture as mixture
+
+    if isinstance(loss, Loss) and loss.fn is mixture.mixture_nll:
+        return loss.params
+    return None
+
+
+def _check_mixture(
+    model: Any, params: dict[str, Any], name: str, pred: tuple[int, ...], target: tuple[int, ...]
+) -> None:
+    from .losses import mixture_width
+
+    k, cov = params["n_components"], params["covariance"]
+    width = mixture_width(k, target[-1], cov)
+    if pred != (*target[:-1], width):
+        size = _size_kwarg(model, _OUT_KWARGS)
+        fix = f"build the model with {size[0]}={width}" if size is not None else "change the model"
+        raise ConfigError(
+            f"`{name}` targets do not fit the model's predictions for `mixture_nll` with "
+            f"n_components={k}, covariance={cov!r}: {target[-1]} target values need "
+            f"{width} outputs (mixture_width({k}, {target[-1]}, {cov!r})). Received: "
+            f"{name}['y'] with samples of shape {target}, but the model predicts samples of "
+            f"shape {pred} ({_describe_model(model, size)}). Make the outputs match: {fix}, "
+            "or change n_components."
+        )
 
 
 def _target_error(

@@ -7,7 +7,7 @@ The built-in losses run unchanged on numpy, jax (inside `jax.jit` / `jax.grad`) 
 >>> losses.get("mse") is losses.mse
 True
 >>> losses.names()
-['binary_cross_entropy', 'cross_entropy', 'gaussian_nll', 'huber', 'mae', 'mse']
+['binary_cross_entropy', 'cross_entropy', 'gaussian_nll', 'huber', 'mae', 'mixture_nll', 'mse']
 
 Every loss is a `Loss` with a JSON `describe()`; compose with `Loss.weighted(...)` or
 `losses.mse + 0.1 * losses.mae` (the same object), and `Loss.per_key(...)` for dict
@@ -24,7 +24,16 @@ from ._compose import (
     names,
     register,
 )
-from ._losses import binary_cross_entropy, cross_entropy, gaussian_nll, huber, mae, mse
+from ._losses import (
+    binary_cross_entropy,
+    cross_entropy,
+    gaussian_nll,
+    huber,
+    mae,
+    mixture_nll,
+    mse,
+)
+from ._mixture import mixture_log_prob, mixture_width
 
 __all__ = [
     "Loss",
@@ -38,6 +47,9 @@ __all__ = [
     "get",
     "huber",
     "mae",
+    "mixture_log_prob",
+    "mixture_nll",
+    "mixture_width",
     "mse",
     "names",
     "register",

@@ -30,6 +30,8 @@ import array_api_compat
 from pipekit_train.core._errors import ConfigError
 
 from ._compose import Loss, register
+from ._mixture import check_params as _check_mixture
+from ._mixture import mixture_nll as _mixture_nll
 
 __all__ = [
     "binary_cross_entropy",
@@ -37,6 +39,7 @@ __all__ = [
     "gaussian_nll",
     "huber",
     "mae",
+    "mixture_nll",
     "mse",
 ]
 
@@ -261,6 +264,16 @@ gaussian_nll: Loss = register(
     "gaussian_nll", Loss(_gaussian_nll, params={"full": False}, check=_check_gaussian)
 )
 """Gaussian NLL from mean and log-variance; `gaussian_nll(full=True)` adds `0.5*log(2*pi)`."""
+
+mixture_nll: Loss = register(
+    "mixture_nll",
+    Loss(_mixture_nll, params={"n_components": 1, "covariance": "diag"}, check=_check_mixture),
+)
+"""Gaussian-mixture NLL; `mixture_nll(n_components=5)` (diagonal) or `covariance="full"`.
+
+The network's output layout (weight logits, means, log-scales, Cholesky entries) is
+documented in `pipekit_train.core.losses._mixture`; `losses.mixture_width` gives its size.
+"""
 
 cross_entropy: Loss = register("cross_entropy", _cross_entropy)
 """Softmax cross-entropy from logits with integer or one-hot targets."""

@@ -142,7 +142,10 @@ class ModelRecord:
         normalizer: the normalizer's JSON, if one was registered with the model.
         head: what the model's output means, if recorded: `"gaussian"` (a mean and a
             log-variance per target value, as `gaussian_nll` trains) or `"point"`; None
-            (not recorded) reads as `"point"`. `NeuralForward.from_record` uses it.
+            (not recorded) reads as `"point"`; `"mixture"` (a Gaussian mixture, as
+            `mixture_nll` trains). `NeuralForward.from_record` uses it.
+        head_options: the head's options, if it has any: `{"n_components": K,
+            "covariance": "diag" | "full"}` for `"mixture"`; None otherwise.
         record_sha256: `record_digest` of the manifest (every field above but `uri`),
             checked on `record()`/`load()`; None for a record written before pipekit-train
             stored it (only its weights are then verified).
@@ -158,6 +161,7 @@ class ModelRecord:
     created: str = ""
     normalizer: dict[str, Any] | None = None
     head: str | None = None
+    head_options: dict[str, Any] | None = None
     record_sha256: str | None = None
 
     def load_normalizer(self) -> Any:
@@ -191,6 +195,7 @@ class ModelRecord:
             "created": self.created,
             "normalizer": self.normalizer,
             "head": self.head,
+            "head_options": self.head_options,
             "record_sha256": self.record_sha256,
         }
 
@@ -198,13 +203,14 @@ class ModelRecord:
         """The `manifest.json` content: every field but `uri`, plus the `format` tag.
 
         `record_sha256` is left out while it is None (a record being built, or an old one),
-        and so is `head` (not recorded), so records written before either existed keep
-        their digest.
+        and so are `head` and `head_options` (not recorded), so records written before
+        they existed keep their digest.
         """
         manifest = {"format": MANIFEST_FORMAT, **self.to_json()}
         del manifest["uri"]
-        if manifest["head"] is None:
-            del manifest["head"]
+        for optional in ("head", "head_options"):
+            if manifest[optional] is None:
+                del manifest[optional]
         if manifest["record_sha256"] is None:
             del manifest["record_sha256"]
         return manifest
@@ -260,6 +266,12 @@ class ModelRecord:
         head = data.get("head")
         if head is not None and not isinstance(head, str):
             raise ConfigError(f"`head` must be a string or absent. Received: head={head!r:.80}.")
+        head_options = data.get("head_options")
+        if head_options is not None and not isinstance(head_options, Mapping):
+            raise ConfigError(
+                f"`head_options` must be a JSON object or absent. Received: "
+                f"head_options={head_options!r:.80}."
+            )
         digest = data.get("record_sha256")
         if digest is not None and (not isinstance(digest, str) or len(digest) != 64):
             raise ConfigError(
@@ -276,5 +288,6 @@ class ModelRecord:
             created=str(data["created"]),
             normalizer=None if normalizer is None else dict(normalizer),
             head=head,
+            head_options=None if head_options is None else dict(head_options),
             record_sha256=digest,
         )

@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
 from pipekit_train.core._errors import ConfigError, IntegrityError, PipekitError
-from pipekit_train.core._heads import check_head
+from pipekit_train.core._heads import check_head, check_head_options
 from pipekit_train.core._imports import optional_import
 from pipekit_train.core._operators import model_op_from_config
 from pipekit_train.core._trust import TrustedList
@@ -88,6 +88,7 @@ class ModelRegistry(Protocol):
         lineage: Mapping[str, Any] | None = None,
         normalizer: Any = None,
         head: str | None = None,
+        head_options: Mapping[str, Any] | None = None,
     ) -> ModelRecord:
         """Store a new version of `name` and return its record."""
         ...
@@ -364,6 +365,7 @@ class FsspecModelRegistry:
         lineage: Mapping[str, Any] | None = None,
         normalizer: Any = None,
         head: str | None = None,
+        head_options: Mapping[str, Any] | None = None,
     ) -> ModelRecord:
         """Store `model_op` as a new version of `name` and return its record.
 
@@ -379,10 +381,14 @@ class FsspecModelRegistry:
                 back as `record.normalizer` (a dict); `record.load_normalizer()` rebuilds
                 a core `Normalizer`.
             head: what the model's output means: `"gaussian"` (a mean and a log-variance
-                per target value, the layout `gaussian_nll` trains) or `"point"`; None
+                per target value, the layout `gaussian_nll` trains), `"mixture"` (a
+                Gaussian mixture, the layout `mixture_nll` trains) or `"point"`; None
                 records nothing (read as `"point"`). It comes back as `record.head`, and
-                `NeuralForward.from_record` uses it to return a `Gaussian` in original
-                units.
+                `NeuralForward.from_record` uses it to return a `Gaussian` or a
+                `Mixture` in original units.
+            head_options: for `head="mixture"`, `{"n_components": K}` (and
+                `"covariance": "full"` for a full-covariance mixture; default `"diag"`);
+                recorded as `record.head_options` and covered by the record digest.
 
         Returns:
             The new version's `ModelRecord`.
@@ -393,8 +399,14 @@ class FsspecModelRegistry:
             RegistryError: no version could be claimed after many attempts.
         """
         _check_name(name)
+        options = None
         if head is not None:
-            check_head(head)
+            options = check_head_options(check_head(head), head_options)
+        elif head_options:
+            raise ConfigError(
+                f"`head_options` needs a `head`. Received: head_options={head_options!r}, "
+                "head=None. Pass head='mixture' with it."
+            )
         for attr in ("get_config", "serialize_weights"):
             if not callable(getattr(model_op, attr, None)):
                 raise ConfigError(
@@ -442,6 +454,7 @@ class FsspecModelRegistry:
                         created=datetime.now(UTC).isoformat(timespec="microseconds"),
                         normalizer=normalizer_json,
                         head=head,
+                        head_options=options,
                     )
                     record = dataclasses.replace(record, record_sha256=record.digest())
                     manifest = json.dumps(
