@@ -15,10 +15,11 @@
 from typing import Any as _Any
 
 from ._adapter import Lightning
+from ._compile import CompileFallbackWarning
 from ._model import LightningModelOp
 from ._torch import Torch
 
-__all__ = ["Lightning", "LightningModelOp", "Torch", "__version__"]
+__all__ = ["CompileFallbackWarning", "Lightning", "LightningModelOp", "Torch", "__version__"]
 
 
 def __getattr__(name: str) -> _Any:

@@ -74,11 +74,24 @@ class Objective:
         self._net, self._loss, self._amp, self._device = net, loss, amp, device
         self._options = compile_options(compile)
         self._compiled: Callable[[Any, Any], Any] | None = None
-        if self._options is not None:
-            self._compiled = torch.compile(self._eager, **self._options)
-        self._first = self._compiled is not None
         self.compile_seconds: float | None = None
         self.fell_back: str | None = None
+        if self._options is not None:
+            try:
+                self._compiled = torch.compile(self._eager, **self._options)
+            except Exception as exc:  # e.g. an unknown backend name
+                self._fall_back(exc, stacklevel=3)
+        self._first = self._compiled is not None
+
+    def _fall_back(self, exc: Exception, stacklevel: int) -> None:
+        self._compiled = None
+        self.fell_back = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        warnings.warn(
+            f"torch.compile failed ({self.fell_back}); training continues eagerly. "
+            f"Received: compile={self._options!r}. Use compile=False to skip the attempt.",
+            CompileFallbackWarning,
+            stacklevel=stacklevel,
+        )
 
     def _eager(self, x: Any, y: Any) -> Any:
         if self._amp.dtype is None:
@@ -96,14 +109,7 @@ class Objective:
         try:
             out = self._compiled(x, y)
         except Exception as exc:  # compilation failed: eager from this first step on
-            self._compiled = None
-            self.fell_back = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
-            warnings.warn(
-                f"torch.compile failed ({self.fell_back}); training continues eagerly. "
-                f"Received: compile={self._options!r}. Use compile=False to skip the attempt.",
-                CompileFallbackWarning,
-                stacklevel=2,
-            )
+            self._fall_back(exc, stacklevel=3)
             return self._eager(x, y)
         self.compile_seconds = time.perf_counter() - start
         _log.info("torch.compile of the training step: %.1f s", self.compile_seconds)
