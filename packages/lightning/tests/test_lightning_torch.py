@@ -59,9 +59,7 @@ def loop(data: Any, adapter: Any, **kwargs: Any) -> TrainingLoop:
 
 
 # -- native parity: the loop every PyTorch user writes --------------------------------------
-def hand_loop(
-    data: ArrayDataset, make_optimizer: Any, steps: int
-) -> tuple[bytes, list[float]]:
+def hand_loop(data: ArrayDataset, make_optimizer: Any, steps: int) -> tuple[bytes, list[float]]:
     """zero_grad / forward / F.mse_loss / backward / step over core's batches for seed 0."""
     net = mlp().model
     import copy
@@ -108,8 +106,12 @@ def test_fused_steps_match_single_steps_with_accumulation_schedule_and_clip() ->
     train, val = regression_task()
     config = {
         "name": "adamw",
-        "lr": {"schedule": "warmup_cosine", "peak_value": 0.02, "warmup_steps": 5,
-               "decay_steps": 30},
+        "lr": {
+            "schedule": "warmup_cosine",
+            "peak_value": 0.02,
+            "warmup_steps": 5,
+            "decay_steps": 30,
+        },
         "weight_decay": 0.05,
         "clip_norm": 0.5,
     }
@@ -173,8 +175,13 @@ def test_float16_grad_scaler_state_resumes_exactly(tmp_path: Path) -> None:
 
     adapter = Torch(precision="float16-mixed")
     with pytest.raises(RuntimeError, match="crash"):
-        loop(train, adapter, max_steps=24, checkpoint=policy,
-             callbacks=[LambdaCallback(on_step_end=crash)]).run()
+        loop(
+            train,
+            adapter,
+            max_steps=24,
+            checkpoint=policy,
+            callbacks=[LambdaCallback(on_step_end=crash)],
+        ).run()
     assert step_dirs(policy) == [4, 8, 12]
     extra = json.loads((tmp_path / "ck" / "12" / "extra.json").read_text())
     assert extra["grad_scaler"]["scale"] > 0
@@ -236,7 +243,9 @@ def test_lightning_only_options_point_to_lightning() -> None:
         Torch(strategy="ddp")
     with pytest.raises(ConfigError, match=r"Received: devices=2.*Lightning\("):
         Torch(devices=2)
-    with pytest.raises(ConfigError, match=r"`steps_per_execution`.*Received: steps_per_execution=0"):
+    with pytest.raises(
+        ConfigError, match=r"`steps_per_execution`.*Received: steps_per_execution=0"
+    ):
         Torch(steps_per_execution=0)
     with pytest.raises(ConfigError, match=r"Received: precision='float8'"):
         Torch(precision="float8")
@@ -255,8 +264,11 @@ def test_multi_process_run_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path:
 def test_cuda_graph_mode_is_refused_on_cpu(tmp_path: Path) -> None:
     train, _ = regression_task()
     with pytest.raises(ConfigError, match=r"needs a CUDA device.*Received: compile='cuda-graphs'"):
-        loop(train, Torch(compile="cuda-graphs"),
-             checkpoint=Checkpoint(tmp_path / "ck", every_n_steps=2))
+        loop(
+            train,
+            Torch(compile="cuda-graphs"),
+            checkpoint=Checkpoint(tmp_path / "ck", every_n_steps=2),
+        )
     assert not (tmp_path / "ck").exists()
 
 

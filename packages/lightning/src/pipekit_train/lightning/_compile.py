@@ -101,6 +101,8 @@ class Objective:
 
     def __call__(self, x: Any, y: Any) -> Any:
         if self._compiled is None:
+            if self._amp.dtype is None:
+                return self._loss(self._net(x), y)
             return self._eager(x, y)
         if not self._first:
             return self._compiled(x, y)

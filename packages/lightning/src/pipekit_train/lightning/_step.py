@@ -11,7 +11,9 @@ logs.
 
 Dropout and other random layers draw from a private torch CPU RNG state carried in the
 training state (the caller's global RNG is left alone), so it checkpoints and resumes
-exactly with the model, optimizer, schedule and grad scaler.
+exactly with the model, optimizer, schedule and grad scaler. The state is swapped in
+around each call only when the model may draw random numbers (`_determinism.py`: any
+module outside a list of torch layers known not to).
 """
 
 from __future__ import annotations
@@ -26,8 +28,16 @@ import torch
 from pipekit_train.core.adapter import DirectoryCheckpointer, Plan, StepBackend
 
 from ._amp import amp_for
-from ._checkpoint import TorchState, decode_state, derive_seed, encode_snapshot, fetch, snapshot_state
+from ._checkpoint import (
+    TorchState,
+    decode_state,
+    derive_seed,
+    encode_snapshot,
+    fetch,
+    snapshot_state,
+)
 from ._compile import Objective
+from ._determinism import is_deterministic
 from ._losses import torch_loss
 from ._model import LightningModelOp, as_input, module_dtype
 from ._optim import build_optimizer, gradient_clip
@@ -82,6 +92,8 @@ class TorchStepBackend(StepBackend[TorchState]):
         self._cuda = self._device.type == "cuda"
         self.steps_per_execution = max(1, int(steps_per_execution))
         self.objective: Objective | None = None
+        # the private RNG is swapped in only around modules that may draw from it
+        self._random = not is_deterministic(self._op.model)
 
     # -- state -----------------------------------------------------------------------------
     def init_state(self) -> TorchState:
@@ -146,12 +158,31 @@ class TorchStepBackend(StepBackend[TorchState]):
         return loader_pass(data)
 
     # -- steps -----------------------------------------------------------------------------
+    def _plain_update(self, state: TorchState, batch: Mapping[str, Any]) -> Any:
+        """The update of a hand-written loop (one batch, no scaler, no skip); its loss."""
+        optimizer = state.optimizers[0]
+        optimizer.zero_grad(set_to_none=True)
+        loss = self.objective(batch["x"], batch["y"])  # type: ignore[misc]
+        loss.backward()
+        if self._clip is not None:
+            value, algorithm = self._clip
+            if algorithm == "norm":
+                torch.nn.utils.clip_grad_norm_(state.module.parameters(), value)
+            else:
+                torch.nn.utils.clip_grad_value_(state.module.parameters(), value)
+        optimizer.step()
+        for scheduler in state.schedulers:
+            scheduler.step()
+        return loss.detach()
+
     def _update(self, state: TorchState, batches: Sequence[Mapping[str, Any]]) -> list[Any]:
         """One optimizer update from `len(batches)` accumulated batches; their losses."""
         net, optimizer, scaler = state.module, state.optimizers[0], state.scaler
         objective = self.objective
         assert objective is not None
         m = len(batches)
+        if m == 1 and scaler is None and not self._skip:
+            return [self._plain_update(state, batches[0])]
         saved = None
         if self._skip:
             buffers = [b for b in net.buffers() if b.is_floating_point()]
@@ -193,7 +224,7 @@ class TorchStepBackend(StepBackend[TorchState]):
         return losses
 
     def _enter_rng(self, state: TorchState) -> torch.Tensor | None:
-        if state.torch_rng is None:
+        if state.torch_rng is None or not self._random:
             return None
         outer = torch.get_rng_state()
         torch.set_rng_state(state.torch_rng)
@@ -209,6 +240,8 @@ class TorchStepBackend(StepBackend[TorchState]):
         self, state: TorchState, batch: Mapping[str, Any]
     ) -> tuple[TorchState, dict[str, Any]]:
         """One optimizer update; the loss stays a tensor."""
+        if not self._random and state.scaler is None and not self._skip:
+            return state, {"loss": self._plain_update(state, batch)}
         outer = self._enter_rng(state)
         try:
             losses = self._update(state, (batch,))
