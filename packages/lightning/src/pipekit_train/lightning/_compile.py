@@ -85,7 +85,8 @@ class Objective:
 
     def _fall_back(self, exc: Exception, stacklevel: int) -> None:
         self._compiled = None
-        self.fell_back = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        # the whole message on one line (torch puts the backend's own error on the next)
+        self.fell_back = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
         warnings.warn(
             f"torch.compile failed ({self.fell_back}); training continues eagerly. "
             f"Received: compile={self._options!r}. Use compile=False to skip the attempt.",
