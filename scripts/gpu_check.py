@@ -372,6 +372,8 @@ def bench_commands(device: str) -> list[tuple[str, list[str], dict[str, str]]]:
     return [
         ("bench_equinox", ["--quick", "--skip-rss"], jax_env),
         ("bench_lightning", ["--quick", "--accelerator", accelerator], {}),
+        # Torch(): K=1, K=10, fused optimizer, compile (and its CUDA-graph mode on CUDA)
+        ("bench_torch", ["--quick", "--device", "cpu" if device == "cpu" else "cuda"], {}),
         ("bench_keras", ["--quick", "--backend", "jax"], jax_env),
     ]
 

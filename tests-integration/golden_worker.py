@@ -1,8 +1,9 @@
 """Run the golden-run suite on one backend and write its runs as JSON.
 
-`python golden_worker.py <equinox|lightning|keras|plain_torch> <out.json>` (Keras's
+`python golden_worker.py <equinox|lightning|torch|torch_k10|keras|plain_torch> <out.json>` (Keras's
 backend comes from `KERAS_BACKEND`). One process per backend: Keras's backend is fixed per
-process. `plain_torch` is the example adapter of `examples/plain_torch_adapter.py`.
+process. `plain_torch` is the example adapter of `examples/plain_torch_adapter.py`;
+`torch` / `torch_k10` are `pipekit_train.lightning.Torch()` with 1 / 10 fused steps.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ def main(backend: str, out: str) -> None:
         golden = GoldenBackend("plain-torch", mlp_from_weights, lambda precision: PlainTorch())
         cases = [c for c in GOLDEN_CASES if c.precision == "float32"]
         runs = run_golden(golden, cases)
+    elif backend in ("torch", "torch_k10"):
+        from pipekit_train.lightning.testing import torch_golden_backend
+
+        runs = run_golden(torch_golden_backend(10 if backend == "torch_k10" else 1))
     else:
         testing = importlib.import_module(f"pipekit_train.{backend}.testing")
         runs = run_golden(testing.golden_backend())

@@ -30,6 +30,9 @@ WORKER = HERE / "golden_worker.py"
 SETUPS = {
     "equinox": ("equinox", None),
     "lightning": ("lightning", None),
+    # pipekit_train.lightning.Torch(): plain torch on core's run loop, 1 and 10 fused steps
+    "torch": ("torch", None),
+    "torch-k10": ("torch_k10", None),
     "keras-jax": ("keras", "jax"),
     "keras-torch": ("keras", "torch"),
     # the adapter-author walk-through (examples/plain_torch_adapter.py): float32 only
@@ -64,7 +67,9 @@ def golden(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("label", ["lightning", "keras-jax", "keras-torch", "plain-torch"])
+@pytest.mark.parametrize(
+    "label", ["lightning", "torch", "torch-k10", "keras-jax", "keras-torch", "plain-torch"]
+)
 def test_every_case_matches_equinox(golden: dict[str, dict], label: str) -> None:
     cases = [c for c in GOLDEN_CASES if label != "plain-torch" or c.precision == "float32"]
     problems = compare_golden(golden["equinox"], golden[label], cases)
@@ -90,3 +95,12 @@ def test_the_full_description_agrees_to_1e_3_over_100_steps(golden: dict[str, di
     # and the curve really trains: the loss falls well below where it started
     losses = golden["equinox"]["accumulate_2"].losses
     assert sum(losses[-10:]) < 0.5 * sum(losses[:10])
+
+
+@pytest.mark.slow
+def test_torch_fused_steps_give_the_same_losses(golden: dict[str, dict]) -> None:
+    """`Torch(steps_per_execution=10)` runs the same updates as K=1: every loss equal."""
+    for case in GOLDEN_CASES:
+        one, fused = golden["torch"][case.name], golden["torch-k10"][case.name]
+        assert one.losses == fused.losses, case.name
+        assert one.val_loss == fused.val_loss, case.name

@@ -21,3 +21,17 @@ def regression() -> Any:
     from pipekit_train.core.testing import regression_task
 
     return regression_task()
+
+
+@pytest.fixture(scope="session")
+def torch_worker() -> Any:
+    """`torch_worker.py` as a module: its `build(spec, kill_at=...)` makes the test's loops."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).with_name("torch_worker.py")
+    spec = importlib.util.spec_from_file_location("pipekit_lightning_torch_worker", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

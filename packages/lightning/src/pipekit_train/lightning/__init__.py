@@ -3,18 +3,23 @@
 - `Lightning(**trainer_kwargs)`: the adapter; `TrainingLoop(...).run()` trains with
   `lightning.Trainer.fit`, with core's batching, callbacks, writers, validation schedule,
   checkpoints (exact resume) and artifact.
+- `Torch(steps_per_execution=..., precision=..., compile=...)`: plain PyTorch on core's
+  run loop (no Lightning loop; `lightning` is never imported), with fused steps.
 - `LightningModelOp(factory, seed=..., **kwargs)`: a `torch.nn.Module` as a model
   operator (numpy in, numpy out; safetensors weights).
 
-`import pipekit_train.lightning` does not import lightning itself; training does.
+`import pipekit_train.lightning` does not import lightning itself; training with
+`Lightning()` does, training with `Torch()` never does.
 """
 
 from typing import Any as _Any
 
 from ._adapter import Lightning
+from ._compile import CompileFallbackWarning
 from ._model import LightningModelOp
+from ._torch import Torch
 
-__all__ = ["Lightning", "LightningModelOp", "__version__"]
+__all__ = ["CompileFallbackWarning", "Lightning", "LightningModelOp", "Torch", "__version__"]
 
 
 def __getattr__(name: str) -> _Any:

@@ -68,7 +68,9 @@ class TorchState:
         rng: RNG records to save (one per process), captured just before a save.
         extra: small JSON state (e.g. a grad scaler's).
         pending: restored optimizer/scheduler/RNG state not yet applied.
-        torch_rng: a private torch CPU RNG state (the online step backend's), or None.
+        torch_rng: a private torch CPU RNG state (the step backend's), or None.
+        scaler: the `torch.amp.GradScaler` of a float16-mixed step backend, or None (its
+            state travels in `extra`).
     """
 
     module: torch.nn.Module
@@ -78,6 +80,7 @@ class TorchState:
     extra: dict[str, Any] = field(default_factory=dict)
     pending: dict[str, Any] = field(default_factory=dict)
     torch_rng: torch.Tensor | None = None
+    scaler: Any = None
 
     def apply_pending(self) -> None:
         """Load pending optimizer/scheduler state into the objects that now exist."""

@@ -111,10 +111,12 @@ def _decoupled(base: type) -> type:
     return Decoupled
 
 
-def _torch_optimizer(spec: OptimizerSpec, params: list[Any], lr: float) -> Any:
+def _torch_optimizer(spec: OptimizerSpec, params: list[Any], lr: float, fused: bool = False) -> Any:
     import torch
 
     h, wd = spec.hyper, spec.weight_decay
+    if fused and spec.name != "rmsprop":  # torch has no fused RMSprop
+        return _fused_optimizer(spec, params, lr)
     if spec.name in ("adam", "adamw"):
         cls: Callable[..., Any] = torch.optim.AdamW if wd else torch.optim.Adam
         kwargs: dict[str, Any] = {"betas": (h["b1"], h["b2"]), "eps": h["eps"]}
@@ -145,8 +147,42 @@ def _torch_optimizer(spec: OptimizerSpec, params: list[Any], lr: float) -> Any:
     return cls(params, lr=lr, **kwargs)
 
 
+def _fused_optimizer(spec: OptimizerSpec, params: list[Any], lr: float) -> Any:
+    """The spec with torch's fused kernels (`fused=True`): one kernel per update.
+
+    Decoupled weight decay is applied by the `_decoupled` wrapper (AdamW's own for adam),
+    exactly as in the for-loop build; the fused kernels agree with it to float rounding.
+    """
+    import torch
+
+    h, wd = spec.hyper, spec.weight_decay
+    if spec.name in ("adam", "adamw"):
+        cls = torch.optim.AdamW if wd else torch.optim.Adam
+        kwargs: dict[str, Any] = {"betas": (h["b1"], h["b2"]), "eps": h["eps"], "fused": True}
+        if wd:
+            kwargs["weight_decay"] = wd
+        return cls(params, lr=lr, **kwargs)
+    if spec.name == "sgd":
+        cls, kwargs = (
+            torch.optim.SGD,
+            {"momentum": h["momentum"], "nesterov": h["nesterov"], "fused": True},
+        )
+    else:
+        cls, kwargs = (
+            torch.optim.Adagrad,
+            {
+                "initial_accumulator_value": h["initial_accumulator_value"],
+                "eps": h["eps"],
+                "fused": True,
+            },
+        )
+    if wd:
+        return _decoupled(cls)(params, lr=lr, decoupled_weight_decay=wd, **kwargs)
+    return cls(params, lr=lr, **kwargs)
+
+
 def build_optimizer(
-    config: Any, params: Iterable[Any], *, total_steps: int | None
+    config: Any, params: Iterable[Any], *, total_steps: int | None, fused: bool = False
 ) -> tuple[Any, Any]:
     """Build `(optimizer, scheduler or None)` over `params`.
 
@@ -154,6 +190,8 @@ def build_optimizer(
         config: core's canonical config dict, or a callable `params -> Optimizer`.
         params: the parameters (or parameter groups) to optimize.
         total_steps: the run length (kept for custom builders; core schedules carry theirs).
+        fused: use torch's fused optimizer kernel where it has one (not for rmsprop or a
+            callable config); it agrees with the default build to float rounding.
     """
     import torch
 
@@ -169,7 +207,7 @@ def build_optimizer(
     spec = optimizer_spec(config)
     schedule = schedule_fn(spec.learning_rate) if spec.scheduled else None  # type: ignore[arg-type]  # `scheduled`: a schedule dict
     lr = 1.0 if schedule is not None else float(spec.learning_rate)  # type: ignore[arg-type]  # not `scheduled`: a float
-    optimizer = _torch_optimizer(spec, params, lr)
+    optimizer = _torch_optimizer(spec, params, lr, fused=fused)
     # a plain function (not a callable object) keeps LambdaLR's state dict pure JSON
     scheduler = None if schedule is None else torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     return optimizer, scheduler

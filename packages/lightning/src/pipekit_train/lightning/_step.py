@@ -1,28 +1,50 @@
-"""`TorchStepBackend`: plain-torch train/eval steps for core's `OnlineTrainer`.
+"""`TorchStepBackend`: plain-torch train/eval steps on core's run loop.
 
-One optimizer step per call, no Lightning involved. Dropout and other random layers
-draw from a private torch CPU RNG state carried in the training state (the caller's
-global RNG is left alone), so it checkpoints and resumes exactly with the model,
-optimizer and schedule.
+It is the step backend of `Torch()` (driven by core's `run_step_loop`) and of
+`OnlineTrainer` on the Lightning backend; no Lightning is involved. An update is what
+a hand-written torch loop does — `zero_grad`, forward and loss, `backward`, clip,
+`optimizer.step()`, `scheduler.step()` — with, where the plan asks for them, gradient
+accumulation (each of `m` batches' loss divided by `m`), autocast and a grad scaler
+(`_amp.py`) and the non-finite skip. `train_steps` runs K such updates in one call
+(fused steps): the losses stay on the device, stacked, and core fetches them when it
+logs.
+
+Dropout and other random layers draw from a private torch CPU RNG state carried in the
+training state (the caller's global RNG is left alone), so it checkpoints and resumes
+exactly with the model, optimizer, schedule and grad scaler. The state is swapped in
+around each call only when the model may draw random numbers (`_determinism.py`: any
+module outside a list of torch layers known not to).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from pipekit_train.core.adapter import Plan, StepBackend
+from pipekit_train.core.adapter import DirectoryCheckpointer, Plan, StepBackend
 
-from ._checkpoint import TorchState, checkpointer, derive_seed, fetch
+from ._amp import amp_for
+from ._checkpoint import (
+    TorchState,
+    decode_state,
+    derive_seed,
+    encode_snapshot,
+    fetch,
+    snapshot_state,
+)
+from ._compile import Objective
+from ._determinism import is_deterministic
 from ._losses import torch_loss
 from ._model import LightningModelOp, as_input, module_dtype
 from ._optim import build_optimizer, gradient_clip
 
 __all__ = ["TorchStepBackend"]
+
+_SCALER = "grad_scaler"
 
 
 class TorchStepBackend(StepBackend[TorchState]):
@@ -30,11 +52,27 @@ class TorchStepBackend(StepBackend[TorchState]):
 
     Args:
         plan: the plan (`OnlineTrainer`'s or a `TrainingLoop`'s).
+        steps_per_execution: the most updates one `train_steps` call runs.
+        precision: a core precision name (`"float32"`, `"bfloat16-mixed"`,
+            `"float16-mixed"`).
+        compile: False, or `torch.compile` options for the forward-and-loss function
+            (see `Torch`).
+        fused_optimizer: build the optimizer with torch's fused kernel where it has one.
+        device: where to train (None: where the model's parameters are).
     """
 
     name = "lightning"
 
-    def __init__(self, plan: Plan):
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        steps_per_execution: int = 1,
+        precision: str = "float32",
+        compile: Any = False,
+        fused_optimizer: bool = False,
+        device: Any = None,
+    ):
         self.plan = plan
         model = plan.model
         self._op = (
@@ -44,56 +82,201 @@ class TorchStepBackend(StepBackend[TorchState]):
         )
         self._loss = torch_loss(plan.loss)
         self._clip = gradient_clip(plan.optimizer_config)
-        self._dtype, self._device = module_dtype(self._op.model)
+        self._dtype, self._home = module_dtype(self._op.model)
+        self._device = self._home if device is None else torch.device(device)
+        self._amp = amp_for(precision)
+        self._micro = int(plan.accumulate_grad_batches)
+        self._skip = plan.on_nonfinite == "skip"
+        self._fused = bool(fused_optimizer)
+        self._compile = compile
+        self._cuda = self._device.type == "cuda"
+        self.steps_per_execution = max(1, int(steps_per_execution))
+        self.objective: Objective | None = None
+        # the private RNG is swapped in only around modules that may draw from it
+        self._random = not is_deterministic(self._op.model)
 
+    # -- state -----------------------------------------------------------------------------
     def init_state(self) -> TorchState:
-        """A copy of the model, a fresh optimizer (and schedule) and a seeded private RNG."""
-        net = copy.deepcopy(self._op.model)
+        """A copy of the model on the device, a fresh optimizer (and schedule), a seeded RNG."""
+        net = copy.deepcopy(self._op.model).to(self._device)
         net.train()
         optimizer, scheduler = build_optimizer(
-            self.plan.optimizer_config, net.parameters(), total_steps=self.plan.total_steps
+            self.plan.optimizer_config,
+            net.parameters(),
+            total_steps=self.plan.total_steps,
+            fused=self._fused,
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.plan.seed, 0, 1))
             rng = torch.get_rng_state()
-        return TorchState(net, [optimizer], [] if scheduler is None else [scheduler], torch_rng=rng)
+        self.objective = Objective(net, self._loss, self._amp, self._device, self._compile)
+        return TorchState(
+            net,
+            [optimizer],
+            [] if scheduler is None else [scheduler],
+            torch_rng=rng,
+            scaler=self._amp.scaler(self._device),
+        )
 
+    # -- data ------------------------------------------------------------------------------
     def put(self, batch: Mapping[str, np.ndarray]) -> dict[str, Any]:
-        """Numpy batch → tensors on the model's device (floating arrays in its dtype)."""
-        return {k: as_input(v, self._dtype, self._device) for k, v in batch.items()}
+        """A numpy batch (or K stacked ones) as tensors on the device, zero-copy on CPU.
+
+        Floating arrays take the model's dtype; on CUDA the host tensor is pinned and
+        copied without blocking.
+        """
+        out: dict[str, Any] = {}
+        for key, value in batch.items():
+            if type(value) is np.ndarray and value.flags.writeable:
+                t = torch.from_numpy(value)
+            elif isinstance(value, torch.Tensor):
+                t = value
+            else:
+                out[key] = as_input(value, self._dtype, self._device)
+                continue
+            if t.is_floating_point() and t.dtype != self._dtype:
+                t = t.to(self._dtype)
+            if self._cuda and t.device.type == "cpu":
+                t = t.pin_memory().to(self._device, non_blocking=True)
+            elif t.device != self._device:
+                t = t.to(self._device)
+            out[key] = t
+        return out
+
+    def native_batches(
+        self, data: Any, data_state: Mapping[str, Any] | None
+    ) -> Iterator[Mapping[str, np.ndarray]]:
+        """Endless batches of a torch `DataLoader` (epoch after epoch)."""
+        from ._loader import loader_batches
+
+        return loader_batches(data)
+
+    def native_eval_batches(self, data: Any) -> Iterator[Mapping[str, np.ndarray]]:
+        """One pass over a torch `DataLoader`."""
+        from ._loader import loader_pass
+
+        return loader_pass(data)
+
+    # -- steps -----------------------------------------------------------------------------
+    def _plain_update(self, state: TorchState, batch: Mapping[str, Any]) -> Any:
+        """The update of a hand-written loop (one batch, no scaler, no skip); its loss."""
+        optimizer = state.optimizers[0]
+        optimizer.zero_grad(set_to_none=True)
+        loss = self.objective(batch["x"], batch["y"])  # type: ignore[misc]
+        loss.backward()
+        if self._clip is not None:
+            value, algorithm = self._clip
+            if algorithm == "norm":
+                torch.nn.utils.clip_grad_norm_(state.module.parameters(), value)
+            else:
+                torch.nn.utils.clip_grad_value_(state.module.parameters(), value)
+        optimizer.step()
+        for scheduler in state.schedulers:
+            scheduler.step()
+        return loss.detach()
+
+    def _update(self, state: TorchState, batches: Sequence[Mapping[str, Any]]) -> list[Any]:
+        """One optimizer update from `len(batches)` accumulated batches; their losses."""
+        net, optimizer, scaler = state.module, state.optimizers[0], state.scaler
+        objective = self.objective
+        assert objective is not None
+        m = len(batches)
+        if m == 1 and scaler is None and not self._skip:
+            return [self._plain_update(state, batches[0])]
+        saved = None
+        if self._skip:
+            buffers = [b for b in net.buffers() if b.is_floating_point()]
+            if buffers:
+                with torch.no_grad():
+                    saved = (buffers, [b.clone() for b in buffers])
+        optimizer.zero_grad(set_to_none=True)
+        losses = []
+        for batch in batches:
+            loss = objective(batch["x"], batch["y"])
+            scaled = loss / m if m > 1 else loss
+            if scaler is not None:
+                scaled = scaler.scale(scaled)
+            scaled.backward()
+            losses.append(loss.detach())
+        if self._skip and not all(bool(torch.isfinite(v)) for v in losses):
+            # on_nonfinite="skip": parameters, optimizer state, schedule and buffers stay
+            optimizer.zero_grad(set_to_none=True)
+            if saved is not None:
+                with torch.no_grad():
+                    for buffer, before in zip(*saved, strict=True):
+                        buffer.copy_(before)
+            return losses
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        if self._clip is not None:
+            value, algorithm = self._clip
+            if algorithm == "norm":
+                torch.nn.utils.clip_grad_norm_(net.parameters(), value)
+            else:
+                torch.nn.utils.clip_grad_value_(net.parameters(), value)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        for scheduler in state.schedulers:
+            scheduler.step()
+        return losses
+
+    def _enter_rng(self, state: TorchState) -> torch.Tensor | None:
+        if state.torch_rng is None or not self._random:
+            return None
+        outer = torch.get_rng_state()
+        torch.set_rng_state(state.torch_rng)
+        return outer
+
+    @staticmethod
+    def _leave_rng(state: TorchState, outer: torch.Tensor | None) -> None:
+        if outer is not None:
+            state.torch_rng = torch.get_rng_state()
+            torch.set_rng_state(outer)
 
     def train_step(
         self, state: TorchState, batch: Mapping[str, Any]
     ) -> tuple[TorchState, dict[str, Any]]:
-        """One optimizer step; the loss stays a tensor."""
-        net, optimizer = state.module, state.optimizers[0]
-        with torch.random.fork_rng(devices=[]):
-            if state.torch_rng is not None:
-                torch.set_rng_state(state.torch_rng)
-            loss = self._loss(net(batch["x"]), batch["y"])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if self._clip is not None:
-                value, algorithm = self._clip
-                if algorithm == "norm":
-                    torch.nn.utils.clip_grad_norm_(net.parameters(), value)
-                else:
-                    torch.nn.utils.clip_grad_value_(net.parameters(), value)
-            optimizer.step()
-            for scheduler in state.schedulers:
-                scheduler.step()
-            state.torch_rng = torch.get_rng_state()
-        return state, {"loss": loss.detach()}
+        """One optimizer update; the loss stays a tensor."""
+        if not self._random and state.scaler is None and not self._skip:
+            return state, {"loss": self._plain_update(state, batch)}
+        outer = self._enter_rng(state)
+        try:
+            losses = self._update(state, (batch,))
+        finally:
+            self._leave_rng(state, outer)
+        return state, {"loss": losses[0]}
+
+    def train_steps(
+        self, state: TorchState, stacked: Mapping[str, Any]
+    ) -> tuple[TorchState, dict[str, Any]]:
+        """K updates over `K * m` stacked batches (`m`: accumulation), in one call.
+
+        The loss of every batch stays on the device, stacked (shape `(K * m,)`).
+        """
+        n = int(stacked["x"].shape[0])
+        m = self._micro
+        rows = [{key: value[i] for key, value in stacked.items()} for i in range(n)]
+        losses: list[Any] = []
+        outer = self._enter_rng(state)
+        try:
+            for start in range(0, n, m):
+                losses += self._update(state, rows[start : start + m])
+        finally:
+            self._leave_rng(state, outer)
+        return state, {"loss": torch.stack(losses)}
 
     def eval_batch(
         self, state: TorchState, batch: Mapping[str, np.ndarray]
     ) -> tuple[np.ndarray, float]:
-        """`(predictions, mean loss)` in eval mode without autograd."""
+        """`(predictions, mean loss)` in eval mode without autograd (autocast as in training)."""
         net = state.module
         was = net.training
         net.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), self._amp.autocast(self._device):
                 inputs = self.put(batch)
                 pred = net(inputs["x"])
                 loss = float(self._loss(pred, inputs["y"]))
@@ -113,12 +296,32 @@ class TorchStepBackend(StepBackend[TorchState]):
         return fetch(values)
 
     def model_op(self, state: TorchState) -> LightningModelOp:
-        """An independent operator holding a copy of the current module."""
-        net = copy.deepcopy(state.module)
+        """An independent operator holding a copy of the current module (where it came from)."""
+        net = copy.deepcopy(state.module).to(self._home)
         net.eval()
         return self._op.with_model(net)
 
-    def checkpointer(self) -> Any:
-        """Core's atomic directory store with the torch encoding."""
+    # -- checkpoints -----------------------------------------------------------------------
+    def checkpointer(self) -> DirectoryCheckpointer:
+        """Core's atomic directory store with the torch encoding (grad scaler included).
+
+        The training thread only copies the tensors into host buffers reused from one
+        save to the next; encoding, hashing and writing run on the writer thread.
+        """
         assert self.plan.checkpoint is not None
-        return checkpointer(self.plan.checkpoint)
+        buffers: dict[str, torch.Tensor] = {}
+
+        def snapshot(state: TorchState) -> list[tuple[str, Any]]:
+            if state.scaler is not None:
+                state.extra = {**state.extra, _SCALER: state.scaler.state_dict()}
+            return snapshot_state(state, buffers)
+
+        def decode(blobs: Mapping[str, bytes], template: TorchState) -> TorchState:
+            state = decode_state(blobs, template)
+            if state.scaler is not None and _SCALER in state.extra:
+                state.scaler.load_state_dict(dict(state.extra[_SCALER]))
+            return state
+
+        return DirectoryCheckpointer(
+            self.plan.checkpoint, snapshot=snapshot, encode=encode_snapshot, decode=decode
+        )

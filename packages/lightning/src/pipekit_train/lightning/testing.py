@@ -14,7 +14,7 @@ import torch
 
 from pipekit_train.core import model_factory
 
-__all__ = ["golden_backend", "linear", "mlp", "mlp_from_weights", "tied"]
+__all__ = ["golden_backend", "linear", "mlp", "mlp_from_weights", "tied", "torch_golden_backend"]
 
 _ACTIVATIONS = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}
 
@@ -96,4 +96,16 @@ def golden_backend() -> Any:
         name="lightning",
         model_from_weights=mlp_from_weights,
         adapter=lambda p: Lightning(accelerator="cpu", precision=p),
+    )
+
+
+def torch_golden_backend(steps_per_execution: int = 1) -> Any:
+    """The `Torch()` backend of the cross-backend golden-run suite."""
+    from pipekit_train.core.testing import GoldenBackend
+    from pipekit_train.lightning import Torch
+
+    return GoldenBackend(
+        name="torch" if steps_per_execution == 1 else f"torch-k{steps_per_execution}",
+        model_from_weights=mlp_from_weights,
+        adapter=lambda p: Torch(precision=p, steps_per_execution=steps_per_execution),
     )

@@ -1,0 +1,288 @@
+"""`Torch`: plain PyTorch on core's run loop — no Lightning loop, `lightning` never imported.
+
+The adapter is a `StepAdapter`: core's `run_step_loop` runs the whole loop (batching,
+callbacks, writers, validation and checkpoint schedules, exact resume, the artifact, and
+whatever run-level features core adds) over `TorchStepBackend` (`_step.py`), whose
+update is the loop a PyTorch user writes by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipekit_train.core import ConfigError, TrainingArtifact
+from pipekit_train.core.adapter import (
+    PRECISIONS,
+    Capabilities,
+    Plan,
+    StepAdapter,
+    resolve_precision,
+    run_step_loop,
+)
+
+from ._adapter import _TRAINER_KWARGS, Lightning, is_lightning_module
+from ._compile import CUDA_GRAPHS, compile_options
+from ._data import is_datamodule
+from ._model import LightningModelOp
+from ._optim import check_optimizer_config
+from ._step import TorchStepBackend
+
+__all__ = ["Torch"]
+
+_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", CUDA_GRAPHS)
+_POINTER = "Use adapter=Lightning(...) for Lightning's strategies, devices and plugins."
+
+
+class Torch(StepAdapter):
+    """Train a `torch.nn.Module` (or `LightningModelOp`) with a plain torch loop.
+
+    Each optimizer update is what a hand-written loop does (`zero_grad`, forward and
+    loss, `backward`, clip, `step`, schedule): with float32 and one step per call it
+    ends bit-identical to such a loop over the same batches. It runs the whole canonical
+    spec (every optimizer, decoupled weight decay, clipping, every schedule, gradient
+    accumulation, the non-finite policies, core's three precisions), core datasets and
+    torch `DataLoader`s, `OnlineTrainer`, and exact resume. It trains in one process on
+    one device; for Lightning's strategies (DDP, FSDP, several devices), a
+    `LightningModule` or a `LightningDataModule` use `Lightning()`.
+
+    Args:
+        steps_per_execution: fused steps: the most optimizer updates one call runs (core
+            stacks their batches and fetches their losses once). Callbacks and writers
+            still see every step, with the same numbers as `steps_per_execution=1`.
+        precision: `"float32"`, `"bfloat16-mixed"` or `"float16-mixed"` (autocast over
+            forward and loss; float16 with a `GradScaler`).
+        compile: opt-in `torch.compile` of the forward-and-loss function: True, a mode
+            name (`"default"`, `"reduce-overhead"`, `"max-autotune"`, ...), a dict of
+            `torch.compile` arguments, or `"cuda-graphs"` (CUDA only: torch's CUDA-graph
+            mode, `"reduce-overhead"`). The first step compiles (timed: see
+            `compile_report`); if compilation fails the run warns and continues eagerly.
+            A compiled step may differ from the eager one by float rounding.
+        fused_optimizer: build the optimizer with torch's fused kernel (`fused=True`,
+            all but rmsprop): faster on small models, equal to the default build to
+            float rounding, not bit for bit.
+        device: where to train (`"cpu"`, `"cuda"`, `"cuda:1"`, a `torch.device`; None:
+            where the model's parameters are). Batches go there through pinned memory
+            with non-blocking copies on CUDA.
+
+    Attributes:
+        compile_report: after a run with `compile=`: `{"compiled", "compile_seconds",
+            "fell_back"}` (None before, or without `compile=`).
+
+    Raises:
+        ConfigError: a bad option, or a Lightning-only option (with a pointer to
+            `Lightning()`).
+
+    Examples:
+        >>> from pipekit_train.core import TrainingLoop
+        >>> from pipekit_train.core.testing import regression_task
+        >>> from pipekit_train.lightning import LightningModelOp, Torch
+        >>> train, val = regression_task(in_size=4)
+        >>> art = TrainingLoop(
+        ...     model=LightningModelOp("pipekit_train.lightning.testing:mlp", in_size=4, out_size=1),
+        ...     data=train, batch_size=32, max_steps=20, progress=False,
+        ...     adapter=Torch(steps_per_execution=10)).run()
+        >>> art.steps
+        20
+    """
+
+    name = "torch"
+    native_loaders = "a torch DataLoader"
+    capabilities = Capabilities(
+        native_data=True,
+        online=True,
+        fused_steps=True,
+        accumulation=True,
+        precisions=PRECISIONS,
+        skip_nonfinite=True,
+    )
+
+    def __init__(
+        self,
+        *,
+        steps_per_execution: int = 1,
+        precision: str = "float32",
+        compile: bool | str | Mapping[str, Any] = False,
+        fused_optimizer: bool = False,
+        device: str | torch.device | None = None,
+        **lightning_only: Any,
+    ):
+        for key, value in lightning_only.items():
+            if key in _TRAINER_KWARGS or key in ("max_steps", "max_epochs"):
+                raise ConfigError(
+                    f"`{key}` is a Lightning() option: Torch() trains in one process on one "
+                    f"device with a plain torch loop. Received: {key}={value!r}. {_POINTER}"
+                )
+            raise ConfigError(
+                f"`{key}` is not a Torch() argument. Received: {key}={value!r}. Use "
+                "steps_per_execution, precision, compile, fused_optimizer or device."
+            )
+        if (
+            isinstance(steps_per_execution, bool)
+            or not isinstance(steps_per_execution, int)
+            or steps_per_execution < 1
+        ):
+            raise ConfigError(
+                "`steps_per_execution` must be an integer >= 1. Received: "
+                f"steps_per_execution={steps_per_execution!r}. Use e.g. steps_per_execution=10."
+            )
+        self.steps_per_execution = int(steps_per_execution)
+        self.precision = resolve_precision(precision)
+        if not (
+            compile in (True, False, None)
+            or (isinstance(compile, str) and compile in _MODES)
+            or (isinstance(compile, Mapping) and all(isinstance(k, str) for k in compile))
+        ):
+            raise ConfigError(
+                f"`compile` must be True/False, one of {list(_MODES)} or a dict of "
+                f"torch.compile arguments. Received: compile={compile!r}. Use compile=True."
+            )
+        self.compile = False if compile is None else compile
+        if not isinstance(fused_optimizer, bool):
+            raise ConfigError(
+                "`fused_optimizer` must be True or False. Received: "
+                f"fused_optimizer={fused_optimizer!r}."
+            )
+        self.fused_optimizer = fused_optimizer
+        try:
+            self.device = None if device is None else torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ConfigError(
+                f"`device` must name a torch device. Received: device={device!r} ({exc}). "
+                "Use 'cpu' or 'cuda'."
+            ) from exc
+        self.compile_report: dict[str, Any] | None = None
+
+    # -- description -----------------------------------------------------------------------
+    def _kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        if self.steps_per_execution != 1:
+            kwargs["steps_per_execution"] = self.steps_per_execution
+        if self.precision != "float32":
+            kwargs["precision"] = self.precision
+        if self.compile is not False:
+            kwargs["compile"] = json.loads(json.dumps(self.compile, default=repr))
+        if self.fused_optimizer:
+            kwargs["fused_optimizer"] = True
+        if self.device is not None:
+            kwargs["device"] = str(self.device)
+        return kwargs
+
+    def get_config(self) -> dict[str, Any]:
+        """`{"type": "pipekit_train.lightning:Torch", "kwargs": ...}` (non-default options)."""
+        return {"type": "pipekit_train.lightning:Torch", "kwargs": self._kwargs()}
+
+    def __repr__(self) -> str:
+        return f"Torch({', '.join(f'{k}={v!r}' for k, v in self._kwargs().items())})"
+
+    # -- data ------------------------------------------------------------------------------
+    def accepts_data(self, data: Any) -> bool:
+        """Torch `DataLoader`s (a `LightningDataModule` needs `Lightning()`)."""
+        return isinstance(data, torch.utils.data.DataLoader)
+
+    # -- validation ------------------------------------------------------------------------
+    def _device_of(self, plan: Plan) -> torch.device:
+        if self.device is not None:
+            return self.device
+        net = plan.model.model if isinstance(plan.model, LightningModelOp) else plan.model
+        for p in net.parameters():
+            return p.device
+        return torch.device("cpu")
+
+    def _check_model(self, model: Any) -> None:
+        if is_lightning_module(model) or (
+            isinstance(model, LightningModelOp) and is_lightning_module(model.model)
+        ):
+            raise self._unsupported(
+                "A LightningModule (its training_step and configure_optimizers belong to "
+                "Lightning's loop)",
+                f"model={type(model).__name__}",
+                "Use adapter=Lightning(), or pass the plain torch.nn.Module inside it.",
+            )
+        if not isinstance(model, (LightningModelOp, torch.nn.Module)):
+            raise ConfigError(
+                "Torch() trains a LightningModelOp or a torch.nn.Module. Received: "
+                f"model={type(model).__name__}. Wrap the network, e.g. "
+                "LightningModelOp('my_pkg.models:net', in_size=..., out_size=...)."
+            )
+
+    def validate(self, plan: Plan) -> None:
+        """Raise `ConfigError` for anything `Torch()` cannot run (before any work)."""
+        self._check_model(plan.model)
+        world = os.environ.get("WORLD_SIZE", "1")
+        if world.isdigit() and int(world) > 1:
+            raise self._unsupported(
+                "A multi-process run",
+                f"WORLD_SIZE={world}",
+                "Torch() trains in one process; use adapter=Lightning(strategy='ddp').",
+            )
+        for field in ("data", "validation"):
+            if is_datamodule(getattr(plan, field)):
+                raise self._unsupported(
+                    "A LightningDataModule",
+                    f"{field}={type(getattr(plan, field)).__name__}",
+                    "Pass its DataLoaders (datamodule.train_dataloader()) or use "
+                    "adapter=Lightning().",
+                )
+        super().validate(plan)
+        self.validate_online(plan)
+
+    def validate_online(self, plan: Plan) -> None:
+        """Checks shared by `TrainingLoop` and `OnlineTrainer`: model, optimizer, device."""
+        self._check_model(plan.model)
+        check_optimizer_config(plan.optimizer_config, plan.total_steps)
+        device = self._device_of(plan)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(
+                f"`device` is a CUDA device but torch sees no CUDA GPU. Received: device={str(device)!r}. "
+                "Use device='cpu'."
+            )
+        if self.compile == CUDA_GRAPHS and device.type != "cuda":
+            raise ConfigError(
+                "CUDA-graph mode replays captured CUDA kernels, so it needs a CUDA device. "
+                f"Received: compile='cuda-graphs' on device={str(device)!r}. Use compile=True "
+                "(or False) on the CPU, or device='cuda'."
+            )
+        if self.fused_optimizer and not isinstance(plan.optimizer_config, Mapping):
+            raise ConfigError(
+                "`fused_optimizer` builds the optimizer from the canonical spec. Received: "
+                "fused_optimizer=True with a callable optimizer_config. Pass fused=True to "
+                "your own optimizer instead, or use a dict optimizer_config."
+            )
+
+    # -- shape probe -----------------------------------------------------------------------
+    def output_shape(
+        self, model: Any, input_shape: tuple[int, ...], dtype: Any = np.float32
+    ) -> tuple[int, ...] | None:
+        """The prediction's shape, from a forward pass of one zero row (as `Lightning`)."""
+        return Lightning.output_shape(self, model, input_shape, dtype)  # type: ignore[arg-type]
+
+    def expected_input_shape(self, model: Any) -> tuple[int, ...] | None:
+        """`(in_features,)` of a `torch.nn.Sequential` that starts with a `Linear` layer."""
+        return Lightning.expected_input_shape(self, model)  # type: ignore[arg-type]
+
+    # -- running ---------------------------------------------------------------------------
+    def step_backend(self, plan: Plan) -> TorchStepBackend:
+        """The plain-torch step backend of one run (also `OnlineTrainer`'s)."""
+        return TorchStepBackend(
+            plan,
+            steps_per_execution=self.steps_per_execution,
+            precision=self.precision,
+            compile=self.compile,
+            fused_optimizer=self.fused_optimizer,
+            device=self.device,
+        )
+
+    def run(self, plan: Plan) -> TrainingArtifact:
+        """Train with core's step loop and return the artifact."""
+        backend = self.step_backend(plan)
+        try:
+            return run_step_loop(plan, backend)
+        finally:
+            if compile_options(self.compile) is not None and backend.objective is not None:
+                self.compile_report = dict(backend.objective.describe())

@@ -1,0 +1,67 @@
+"""Subprocess worker of the `Torch()` kill-and-resume tests.
+
+`python torch_worker.py spec.json` trains the spec's loop with `Torch(**adapter)` and
+checkpoints; at `kill_at` it sends itself SIGKILL, like a preempted job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+
+def build(spec: dict[str, Any], *, kill_at: int | None) -> Any:
+    """The loop of `spec` (the test builds the same one for the resume and the reference)."""
+    from pipekit_train.core import Checkpoint, TrainingLoop
+    from pipekit_train.core.callbacks import LambdaCallback
+    from pipekit_train.core.testing import regression_task
+    from pipekit_train.lightning import LightningModelOp, Torch
+
+    train, val = regression_task()
+
+    def on_step_end(state: Any) -> None:
+        if kill_at is not None and state.step >= kill_at:
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    directory = spec.get("directory")
+    return TrainingLoop(
+        model=LightningModelOp(
+            "pipekit_train.lightning.testing:mlp",
+            in_size=4,
+            out_size=1,
+            width=16,
+            dropout=0.1,
+            seed=0,
+        ),
+        data=train,
+        validation=val,
+        loss="mse",
+        optimizer_config=spec["optimizer_config"],
+        batch_size=16,
+        max_steps=spec["max_steps"],
+        accumulate_grad_batches=spec.get("accumulate_grad_batches", 1),
+        checkpoint=None
+        if directory is None
+        else Checkpoint(directory, every_n_steps=spec["every_n_steps"], max_to_keep=None),
+        validate_every_n_steps=8,
+        seed=0,
+        adapter=Torch(**spec["adapter"]),
+        callbacks=[LambdaCallback(on_step_end=on_step_end)],
+        progress=False,
+    )
+
+
+def main(path: str) -> None:
+    with open(path) as fh:
+        spec = json.load(fh)
+    build(spec, kill_at=int(spec["kill_at"])).run()
+    print("worker finished without being killed", flush=True)
+    sys.exit(3)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
