@@ -7,25 +7,32 @@
 - `loopback_s3`, `LoopbackS3`: a moto S3 API server on 127.0.0.1 for cloud-checkpoint and
   registry tests (development dependencies `moto[server]`, `boto3`, `s3fs`).
 - `run_golden`, `compare_golden`, `GOLDEN_CASES`, ...: the cross-backend golden-run suite
-  (the same description and initial weights give the same loss curve on every backend).
+  (the same description and initial weights give the same loss curve on every backend);
+  `run_golden_field`, `GOLDEN_FIELD_CASES`: its conv-net cases on channels-last fields.
 """
 
 from typing import Any
 
 from ._golden import (
     GOLDEN_CASES,
+    GOLDEN_FIELD_CASES,
+    GOLDEN_FIELD_STEPS,
     GOLDEN_STEPS,
     GoldenBackend,
     GoldenCase,
     GoldenRun,
     compare_golden,
+    conv_sizes,
     dump_runs,
+    golden_conv_weights,
+    golden_field_task,
     golden_task,
     golden_weights,
     load_runs,
     max_differences,
     mlp_sizes,
     run_golden,
+    run_golden_field,
 )
 from ._numpy_adapter import NumpyAdapter
 from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arrays, linear
@@ -35,6 +42,8 @@ from ._tasks import damped_oscillator_step, oscillator_task, regression_task
 __all__ = [
     "BAD_INPUTS",
     "GOLDEN_CASES",
+    "GOLDEN_FIELD_CASES",
+    "GOLDEN_FIELD_STEPS",
     "GOLDEN_STEPS",
     "GoldenBackend",
     "GoldenCase",
@@ -42,13 +51,17 @@ __all__ = [
     "AdapterConformance",
     "HookRecorder",
     "compare_golden",
+    "conv_sizes",
     "dump_runs",
+    "golden_conv_weights",
+    "golden_field_task",
     "golden_task",
     "golden_weights",
     "load_runs",
     "max_differences",
     "mlp_sizes",
     "run_golden",
+    "run_golden_field",
     "LinearModel",
     "LoopbackS3",
     "NumpyAdapter",
