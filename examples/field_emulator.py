@@ -1,4 +1,4 @@
-"""Field emulator: learn ten steps of 2-D Gray–Scott reaction–diffusion with a conv net.
+"""Field emulator: learn five steps of 2-D Gray–Scott reaction–diffusion with a conv net.
 
     uv run examples/field_emulator.py                      # equinox, default settings
     uv run examples/field_emulator.py --backend lightning
@@ -38,8 +38,8 @@ GRID = 32  # cells per side
 DU, DV = 0.2, 0.1  # diffusivities [cell² per unit time]
 FEED, KILL = 0.04, 0.06  # feed rate F and kill rate k [per unit time]
 DT = 1.0  # the simulator's (explicit Euler) time step
-INNER = 10  # simulator steps per emulator step
-BURN_IN = 60  # training states are drawn after 0..BURN_IN emulator steps of evolution
+INNER = 5  # simulator steps per emulator step
+BURN_IN = 80  # training states are drawn after 0..BURN_IN emulator steps of evolution
 START = 10  # rollouts start from held-out states after START emulator steps
 
 
@@ -104,7 +104,7 @@ def channel_normalizer(dataset: Any) -> Normalizer:
     return Normalizer(mean, std, count=per_cell.count)
 
 
-def model_op(backend: str, width: int = 16, depth: int = 2, seed: int = 0) -> Any:
+def model_op(backend: str, width: int = 24, depth: int = 3, seed: int = 0) -> Any:
     """The backend's periodic `conv_net` on channels-last (u, v) fields."""
     kwargs = {"in_channels": 2, "out_channels": 2, "width": width, "depth": depth, "seed": seed}
     if backend == "equinox":
@@ -166,7 +166,7 @@ def rollout_figure(
     times = [0, n_steps // 5, n_steps // 2, n_steps]
     fig = Figure(figsize=(15, 8.2), dpi=100)
     FigureCanvasAgg(fig)
-    grid = fig.add_gridspec(3, 6, width_ratios=[1, 1, 1, 1, 0.06, 2.3], wspace=0.25)
+    grid = fig.add_gridspec(3, 7, width_ratios=[1, 1, 1, 1, 0.06, 0.45, 2.3], wspace=0.12)
     v_sim, v_emu = simulated[:, 0, ..., 1], emulated[:, 0, ..., 1]
     vmax = float(max(v_sim.max(), v_emu.max()))
     dmax = float(np.abs(v_emu - v_sim)[times].max()) or 1.0
@@ -186,7 +186,7 @@ def rollout_figure(
             if c == 0:
                 ax.set_ylabel(label, fontsize=9)
         fig.colorbar(image, cax=fig.add_subplot(grid[r, 4]))
-    err = fig.add_subplot(grid[:, 5])
+    err = fig.add_subplot(grid[:, 6])
     growth = error_growth(emulated, simulated)
     still = error_growth(np.broadcast_to(simulated[:1], simulated.shape), simulated)
     steps = np.arange(n_steps + 1)
@@ -194,7 +194,7 @@ def rollout_figure(
         err.plot(steps[1:], growth[1:, i], color=f"C{i}", label=f"emulator, state {i}")
         err.plot(steps[1:], still[1:, i], color=f"C{i}", ls=":", label=f"persistence, state {i}")
     err.set(
-        xlabel="emulator step (10 simulator steps each)",
+        xlabel=f"emulator step ({INNER} simulator steps each)",
         ylabel="relative field error ‖Δ(u, v)‖ / ‖(u, v)‖",
         yscale="log",
         title="error growth (dotted: persistence forecast)",
@@ -211,13 +211,55 @@ def rollout_figure(
     return fig
 
 
+def training_loop(
+    backend: str,
+    train: Any,
+    val: Any,
+    normalizer: Normalizer,
+    *,
+    steps: int,
+    batch_size: int = 32,
+    width: int = 24,
+    depth: int = 3,
+    checkpoint: Checkpoint | None = None,
+    callbacks: Any = (),
+) -> TrainingLoop:
+    """The example's training description (conv net, MSE on the normalised increment, Adam
+    with warm-up cosine), the same on every backend."""
+    return TrainingLoop(
+        model=model_op(backend, width=width, depth=depth, seed=0),
+        data=train,
+        validation=val,
+        normalizer=normalizer,
+        loss="mse",
+        optimizer_config={
+            "name": "adam",
+            "lr": {
+                "schedule": "warmup_cosine",
+                "init_value": 0.0,
+                "peak_value": 3e-3,
+                "warmup_steps": max(1, steps // 20),
+                "decay_steps": steps,
+                "end_value": 3e-5,
+            },
+        },
+        batch_size=batch_size,
+        max_steps=steps,
+        validate_every_n_steps=max(1, steps // 5),
+        checkpoint=checkpoint,
+        callbacks=list(callbacks),
+        seed=0,
+        progress=False,
+    )
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="equinox", choices=["equinox", "lightning", "keras"])
-    parser.add_argument("--steps", type=int, default=1500)
-    parser.add_argument("--samples", type=int, default=2048)
-    parser.add_argument("--width", type=int, default=16)
-    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--samples", type=int, default=4096)
+    parser.add_argument("--width", type=int, default=24)
+    parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rollout", type=int, default=50)
     parser.add_argument(
@@ -241,28 +283,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     norm = channel_normalizer(train)
 
     # 2. train the conv net on the normalised increment over one emulator step
-    loop = TrainingLoop(
-        model=model_op(args.backend, width=args.width, depth=args.depth, seed=0),
-        data=train,
-        validation=val,
-        normalizer=norm,
-        loss="mse",
-        optimizer_config={
-            "name": "adam",
-            "lr": {
-                "schedule": "warmup_cosine",
-                "init_value": 0.0,
-                "peak_value": 3e-3,
-                "warmup_steps": max(1, args.steps // 20),
-                "decay_steps": args.steps,
-                "end_value": 3e-5,
-            },
-        },
+    loop = training_loop(
+        args.backend,
+        train,
+        val,
+        norm,
+        steps=args.steps,
         batch_size=args.batch_size,
-        max_steps=args.steps,
-        validate_every_n_steps=max(1, args.steps // 5),
+        width=args.width,
+        depth=args.depth,
         checkpoint=Checkpoint(out / "checkpoints", every_n_steps=max(1, args.steps // 3)),
-        seed=0,
     )
     artifact = loop.run()
     print(artifact.summary())

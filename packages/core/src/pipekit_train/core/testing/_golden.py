@@ -43,6 +43,7 @@ __all__ = [
     "GoldenRun",
     "GOLDEN_STEPS",
     "compare_golden",
+    "conv_forward",
     "conv_sizes",
     "dump_runs",
     "golden_conv_weights",
@@ -395,6 +396,31 @@ def golden_conv_weights(
         out.append(rng.uniform(-bound, bound, shape).astype(np.float32))
         out.append(rng.uniform(-bound, bound, (c_out,)).astype(np.float32))
     return out
+
+
+def conv_forward(
+    weights: Sequence[np.ndarray], x: np.ndarray, activation: str = "tanh"
+) -> np.ndarray:
+    """The canonical conv net in numpy (float64): the reference every backend's matches.
+
+    Periodic cross-correlations with the `(kh, kw, c_in, c_out)` kernels of `weights` on
+    channels-last fields `x` `(N, H, W, C)`, `activation` (`"tanh"` or `"relu"`) after
+    every layer but the last.
+    """
+    h = np.asarray(x, dtype=np.float64)
+    n_layers = len(weights) // 2
+    for i in range(n_layers):
+        kernel, bias = np.asarray(weights[2 * i], np.float64), weights[2 * i + 1]
+        kh, kw = kernel.shape[:2]
+        out = np.zeros((*h.shape[:3], kernel.shape[3]))
+        for di in range(kh):
+            for dj in range(kw):
+                shifted = np.roll(h, (kh // 2 - di, kw // 2 - dj), axis=(1, 2))
+                out += shifted @ kernel[di, dj]
+        h = out + bias
+        if i < n_layers - 1:
+            h = np.tanh(h) if activation == "tanh" else np.maximum(h, 0.0)
+    return h
 
 
 def conv_sizes(weights: Sequence[np.ndarray]) -> dict[str, int]:
