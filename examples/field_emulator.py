@@ -47,9 +47,7 @@ def _laplacian(a: np.ndarray) -> np.ndarray:
     """The periodic 5-point Laplacian over the last two axes."""
     pad = [(0, 0)] * (a.ndim - 2) + [(1, 1), (1, 1)]
     p = np.pad(a, pad, mode="wrap")
-    return (
-        p[..., :-2, 1:-1] + p[..., 2:, 1:-1] + p[..., 1:-1, :-2] + p[..., 1:-1, 2:] - 4.0 * a
-    )
+    return p[..., :-2, 1:-1] + p[..., 2:, 1:-1] + p[..., 1:-1, :-2] + p[..., 1:-1, 2:] - 4.0 * a
 
 
 def gray_scott(state: np.ndarray, n_steps: int = INNER) -> np.ndarray:
