@@ -77,4 +77,4 @@ def test_field_cases_train(golden_fields: dict[str, dict]) -> None:
         for case in GOLDEN_FIELD_CASES:
             losses = runs[case.name].losses
             assert len(losses) == GOLDEN_FIELD_STEPS, (label, case.name)
-            assert sum(losses[-5:]) < 0.2 * sum(losses[:5]), (label, case.name, losses[:5])
+            assert sum(losses[-5:]) < 0.5 * sum(losses[:5]), (label, case.name, losses[-5:])
