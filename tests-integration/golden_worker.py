@@ -1,7 +1,8 @@
 """Run the golden-run suite on one backend and write its runs as JSON.
 
 `python golden_worker.py <equinox|lightning|torch|torch_k10|keras|plain_torch> <out.json>` (Keras's
-backend comes from `KERAS_BACKEND`). One process per backend: Keras's backend is fixed per
+backend comes from `KERAS_BACKEND`); a third argument `field` runs the conv-net field cases
+(`run_golden_field`) instead. One process per backend: Keras's backend is fixed per
 process. `plain_torch` is the example adapter of `examples/plain_torch_adapter.py`;
 `torch` / `torch_k10` are `pipekit_train.lightning.Torch()` with 1 / 10 fused steps.
 """
@@ -14,11 +15,16 @@ import time
 from pathlib import Path
 
 
-def main(backend: str, out: str) -> None:
+def main(backend: str, out: str, suite: str = "mlp") -> None:
     from pipekit_train.core.testing import GOLDEN_CASES, GoldenBackend, dump_runs, run_golden
 
     start = time.perf_counter()
-    if backend == "plain_torch":
+    if suite == "field":
+        from pipekit_train.core.testing import run_golden_field
+
+        testing = importlib.import_module(f"pipekit_train.{backend}.testing")
+        runs = run_golden_field(testing.golden_backend())
+    elif backend == "plain_torch":
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
         from plain_torch_adapter import PlainTorch
 
@@ -39,4 +45,4 @@ def main(backend: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

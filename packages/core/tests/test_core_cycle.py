@@ -379,3 +379,32 @@ def test_gaussian_head_travels_through_the_registry(tmp_path: Path) -> None:
     path.write_text(json.dumps(manifest))
     with pytest.raises(IntegrityError, match="does not match its digest"):
         registry.load("posterior")
+
+
+def test_neural_forward_rolls_out_fields_with_state_ndim_3() -> None:
+    """`state_ndim=3`: one (H, W, C) field or a batch (n, H, W, C), per-channel statistics."""
+    from pipekit_train.core.data import Normalizer
+
+    def model(batch: np.ndarray) -> np.ndarray:  # a normalised increment: half a cell's value
+        assert batch.ndim == 4
+        return 0.5 * batch
+
+    norm = Normalizer(
+        {"x": np.array([1.0, 0.0]), "y": np.array([0.0, 0.0])},
+        {"x": np.array([2.0, 1.0]), "y": np.array([0.1, 0.1])},
+    )
+    forward = NeuralForward(model, normalizer=norm, residual=True, state_ndim=3)
+    field = np.random.default_rng(0).standard_normal((4, 5, 2))
+    expected = field + 0.1 * 0.5 * (field - [1.0, 0.0]) / [2.0, 1.0]
+    np.testing.assert_allclose(forward(field), expected)
+    np.testing.assert_allclose(forward(np.stack([field, field]))[1], expected)
+    trajectory = Cycle(forward, 3).run(np.stack([field, 2 * field]))
+    assert trajectory.shape == (4, 2, 4, 5, 2)
+    assert forward.get_config()["state_ndim"] == 3
+    assert "state_ndim" not in NeuralForward(model).get_config()
+    with pytest.raises(ConfigError, match=r"one state \(3-D\) or a batch of states \(4-D\)"):
+        forward(np.zeros((4, 2)))
+    with pytest.raises(ConfigError, match=r"state_ndim=3"):
+        NeuralForward(model)(field)  # a field on a vector forward: the fix is named
+    with pytest.raises(ConfigError, match=r"Received: state_ndim=0"):
+        NeuralForward(model, state_ndim=0)

@@ -89,6 +89,9 @@ class NeuralForward:
             log-variance) or `"mixture"` (see above).
         n_components: the number of mixture components (`head="mixture"` only).
         covariance: `"diag"` or `"full"` (`head="mixture"` only).
+        state_ndim: the number of axes of one state: 1 for a vector `(d,)` (default), 3
+            for a channels-last 2-D field `(H, W, C)`. An input with `state_ndim + 1` axes
+            is a batch of states.
 
     Examples:
         ```python
@@ -110,6 +113,7 @@ class NeuralForward:
         state_key: str = "x",
         output_key: str = "y",
         head: str = "point",
+        state_ndim: int = 1,
         *,
         n_components: int | None = None,
         covariance: str | None = None,
@@ -133,6 +137,12 @@ class NeuralForward:
                 raise ConfigError(
                     f"`{field}` must be a non-empty string. Received: {field}={key!r}."
                 )
+        if isinstance(state_ndim, bool) or not isinstance(state_ndim, int) or state_ndim < 1:
+            raise ConfigError(
+                f"`state_ndim` must be a positive int (the axes of one state). Received: "
+                f"state_ndim={state_ndim!r}. Use 1 for vectors, 3 for (H, W, C) fields."
+            )
+        self.state_ndim = state_ndim
         self.model_op = model_op
         self.normalizer = normalizer
         self.residual = residual
@@ -164,6 +174,7 @@ class NeuralForward:
         residual: bool = False,
         state_key: str = "x",
         output_key: str = "y",
+        state_ndim: int = 1,
     ) -> NeuralForward:
         """A forward operator for a registered model, with its normalizer and head.
 
@@ -173,6 +184,7 @@ class NeuralForward:
             residual: as for the constructor.
             state_key: as for the constructor.
             output_key: as for the constructor.
+            state_ndim: as for the constructor.
 
         Raises:
             ConfigError: the record names a head this version does not know.
@@ -191,16 +203,19 @@ class NeuralForward:
             output_key=output_key,
             head=head,
             **(options or {}),
+            state_ndim=state_ndim,
         )
 
     def _batch(self, state: Any) -> tuple[np.ndarray, bool]:
         x = np.asarray(state)
-        if x.ndim not in (1, 2):
+        n = self.state_ndim
+        if x.ndim not in (n, n + 1):
             raise ConfigError(
-                "`state` must be one state (1-D) or a batch of states (2-D). "
+                f"`state` must be one state ({n}-D) or a batch of states ({n + 1}-D). "
                 f"Received: state.shape={x.shape}."
+                + ("" if n > 1 else " For (H, W, C) fields use NeuralForward(..., state_ndim=3).")
             )
-        return (x[None, :], True) if x.ndim == 1 else (x, False)
+        return (x[None], True) if x.ndim == n else (x, False)
 
     def _model(self, batch: np.ndarray) -> Any:
         inputs = batch
@@ -308,6 +323,7 @@ class NeuralForward:
             "output_key": self.output_key,
             "head": self.head,
             **({"head_options": self.head_options} if self.head_options else {}),
+            **({"state_ndim": self.state_ndim} if self.state_ndim != 1 else {}),
         }
 
     def __repr__(self) -> str:

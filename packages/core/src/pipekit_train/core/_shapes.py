@@ -23,6 +23,44 @@ if TYPE_CHECKING:
 __all__ = ["check_shapes"]
 
 
+_CHANNEL_KWARGS = ("in_channels", "input_channels", "n_channels", "channels")
+
+
+def _layout_error(model: Any, name: str, x_shape: tuple[int, ...]) -> ConfigError | None:
+    """A `ConfigError` when a field's channel axis and the model's layout disagree, else None.
+
+    pipekit-train datasets hold fields channels-last: a sample of a 2-D field is
+    `(H, W, C)`. Checked only for samples of rank 3 and a model whose factory names its
+    input channels (`in_channels=...`): data stored channels-first `(C, H, W)` is refused
+    for every backend, and channels-last data is refused for a model operator that
+    declares `layout="channels_first"` (a torch module without the boundary permute).
+    """
+    if len(x_shape) != 3:
+        return None
+    size = _size_kwarg(model, _CHANNEL_KWARGS)
+    if size is None:
+        return None
+    field, channels = size
+    layout = getattr(model, "layout", None)
+    described = _describe_model(model, size)
+    received = f"Received: {name}['x'] with samples of shape {x_shape}"
+    if x_shape[-1] != channels and x_shape[0] == channels:
+        return ConfigError(
+            f"`{name}` holds fields channels-first (C, H, W), but pipekit-train datasets are "
+            f"channels-last (H, W, C) and the model ({described}) reads {channels} channels "
+            f"on the last axis. {received}. Store x as (N, H, W, C), e.g. "
+            "np.moveaxis(x, 1, -1) on the (N, C, H, W) array."
+        )
+    if layout == "channels_first" and x_shape[-1] == channels and x_shape[0] != channels:
+        return ConfigError(
+            f"`{name}` is channels-last (H, W, C), but the model ({described}) declares "
+            f"layout='channels_first' and would read axis 0 (size {x_shape[0]}) as its "
+            f"{channels} channels. {received}. Build the operator with "
+            "layout='channels_last' (it permutes to channels-first at the model's boundary)."
+        )
+    return None
+
+
 _IN_KWARGS = ("in_size", "in_features", "input_size", "input_dim", "in_dim", "n_inputs")
 _OUT_KWARGS = ("out_size", "out_features", "output_size", "output_dim", "out_dim", "n_outputs")
 
@@ -101,8 +139,9 @@ def check_shapes(adapter: Adapter, plan: Plan) -> None:
     checked where the adapter cannot probe (`output_shape` returns None).
 
     Raises:
-        ConfigError: the model cannot take the data's inputs (the backend's error is the
-            `__cause__`), or its predictions and the targets differ in shape for a loss
+        ConfigError: a field's channel axis does not match the model's layout (fields
+            are channels-last, `(H, W, C)`), the model cannot take the data's inputs (the
+            backend's error is the `__cause__`), or its predictions and the targets differ in shape for a loss
             that needs them equal (`mse`, `mae`, `huber`, `binary_cross_entropy`).
     """
     from ._plan import is_core_dataset
@@ -120,6 +159,9 @@ def check_shapes(adapter: Adapter, plan: Plan) -> None:
         x, y = spec
         x_shape = tuple(int(d) for d in x.shape)
         y_shape = tuple(int(d) for d in y.shape)
+        layout_error = _layout_error(model, name, x_shape)
+        if layout_error is not None:
+            raise layout_error
         batch = (plan.batch_size, *x_shape)
         key = (batch, np.dtype(x.dtype))
         if key in probed:  # validation usually has the training data's shapes
@@ -167,10 +209,16 @@ def _input_error(
             f"`{name}` does not fit the model. {received}, but the model expects inputs of "
             f"shape {tuple(expected)} ({described}). {fix}."
         )
+    hint = ""
+    if len(x_shape) == 3:
+        hint = (
+            " Fields are channels-last (H, W, C); a channels-first torch module needs "
+            "layout='channels_last' on its operator."
+        )
     return ConfigError(
         f"`{name}` does not fit the model: the model ({described}) fails on a batch of its "
         f"inputs. {received} ({dtype}); the backend raised: {_first_line(exc)}. Make the data match "
-        "the model's input (the original error is chained above)."
+        f"the model's input (the original error is chained above).{hint}"
     )
 
 

@@ -28,8 +28,11 @@ Outputs = Float[Array, " outputs"]
 
 __all__ = [
     "BatchNormMLP",
+    "ConvNet",
     "DropoutMLP",
     "batchnorm_mlp",
+    "conv_from_weights",
+    "conv_net",
     "dropout_mlp",
     "golden_backend",
     "linear",
@@ -85,13 +88,106 @@ def mlp_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") ->
     return op.with_model(model)
 
 
+class ConvNet(eqx.Module):
+    """A periodic convolutional net on one channels-last field `(H, W, C_in) -> (H, W, C_out)`.
+
+    `eqx.nn.Conv2d` acts on one channels-first sample `(C, H, W)`; this module moves the
+    channel axis at its boundary, so datasets keep pipekit-train's channels-last layout.
+    Every convolution pads periodically (`padding_mode="CIRCULAR"`), so the output has
+    the input's grid.
+    """
+
+    layers: tuple[eqx.nn.Conv2d, ...]
+    activation: str = eqx.field(static=True)
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        width: int,
+        depth: int,
+        kernel_size: int,
+        activation: str,
+        *,
+        key: PRNGKeyArray,
+    ):
+        sizes = [in_channels] + [width] * depth + [out_channels]
+        keys = jax.random.split(key, len(sizes) - 1)
+        self.layers = tuple(
+            eqx.nn.Conv2d(
+                c_in,
+                c_out,
+                kernel_size,
+                padding=kernel_size // 2,
+                padding_mode="CIRCULAR",
+                key=k,
+            )
+            for c_in, c_out, k in zip(sizes[:-1], sizes[1:], keys, strict=True)
+        )
+        self.activation = activation
+
+    def __call__(
+        self, x: Float[Array, "height width channels"]
+    ) -> Float[Array, "height width out_channels"]:
+        h = jnp.moveaxis(x, -1, 0)
+        act = _ACTIVATIONS[self.activation]
+        for layer in self.layers[:-1]:
+            h = act(layer(h))
+        return jnp.moveaxis(self.layers[-1](h), 0, -1)
+
+
+@model_factory
+def conv_net(
+    in_channels: int,
+    out_channels: int,
+    width: int = 16,
+    depth: int = 2,
+    kernel_size: int = 3,
+    activation: str = "tanh",
+    *,
+    key: PRNGKeyArray,
+) -> ConvNet:
+    """A periodic conv net on channels-last fields: `depth` hidden convolutions of `width`.
+
+    The same architecture and initialisation family (uniform `±1/sqrt(fan_in)`,
+    `fan_in = in_channels * kernel_size**2`, for kernels and biases) as `conv_net` in
+    `pipekit_train.lightning.testing` and `pipekit_train.keras.testing`.
+    """
+    return ConvNet(in_channels, out_channels, width, depth, kernel_size, activation, key=key)
+
+
+def conv_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") -> EquinoxModelOp:
+    """An `EquinoxModelOp` of `conv_net` holding canonical conv weights `[K0, b0, ...]`.
+
+    `K` has shape `(kh, kw, c_in, c_out)` (see `pipekit_train.core.testing.golden_conv_weights`).
+    """
+    from pipekit_train.core.testing import conv_sizes
+    from pipekit_train.equinox import EquinoxModelOp
+
+    op = EquinoxModelOp(
+        "pipekit_train.equinox.testing:conv_net", activation=activation, **conv_sizes(weights)
+    )
+    model = op.model
+    for i in range(len(model.layers)):
+        k, b = weights[2 * i], weights[2 * i + 1]
+        model = eqx.tree_at(
+            lambda m, i=i: (m.layers[i].weight, m.layers[i].bias),
+            model,
+            (jnp.asarray(np.transpose(k, (3, 2, 0, 1))), jnp.asarray(b[:, None, None])),
+        )
+    return op.with_model(model)
+
+
 def golden_backend() -> GoldenBackend:
     """The Equinox backend of the cross-backend golden-run suite."""
     from pipekit_train.core.testing import GoldenBackend
     from pipekit_train.equinox import Equinox
 
     return GoldenBackend(
-        name="equinox", model_from_weights=mlp_from_weights, adapter=lambda p: Equinox(precision=p)
+        name="equinox",
+        model_from_weights=mlp_from_weights,
+        adapter=lambda p: Equinox(precision=p),
+        conv_from_weights=conv_from_weights,
     )
 
 

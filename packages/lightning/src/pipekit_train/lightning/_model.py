@@ -18,6 +18,46 @@ if TYPE_CHECKING:
 
 __all__ = ["LightningModelOp"]
 
+LAYOUTS = ("channels_first", "channels_last")
+"""The layouts a `LightningModelOp` takes its inputs in (see `LightningModelOp`)."""
+
+
+def _to_channels_first(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Forward pre-hook: a channels-last batch `(N, H, W, C)` becomes `(N, C, H, W)`."""
+    if args and isinstance(args[0], torch.Tensor) and args[0].ndim == 4:
+        return (args[0].permute(0, 3, 1, 2), *args[1:])
+    return None
+
+
+def _to_channels_last(module: torch.nn.Module, args: tuple[Any, ...], out: Any) -> Any:
+    """Forward hook: a channels-first prediction `(N, C, H, W)` becomes `(N, H, W, C)`."""
+    if isinstance(out, torch.Tensor) and out.ndim == 4:
+        return out.permute(0, 2, 3, 1)
+    return None
+
+
+def check_layout(layout: Any) -> str:
+    """`layout` if it is one of `LAYOUTS`, else the `ConfigError` naming the choices."""
+    if layout not in LAYOUTS:
+        raise ConfigError(
+            f"`layout` must be one of {list(LAYOUTS)}. Received: layout={layout!r}. Use "
+            "layout='channels_last' for pipekit-train's (N, H, W, C) fields on a channels-first "
+            "torch module."
+        )
+    return str(layout)
+
+
+def set_layout(module: torch.nn.Module, layout: str) -> None:
+    """Attach the boundary permutes of `layout="channels_last"` to `module` (idempotent).
+
+    Hooks change no parameter, buffer or state-dict key, so the weights are the module's own.
+    """
+    if layout != "channels_last" or getattr(module, "_pipekit_channels_last", False):
+        return
+    module.register_forward_pre_hook(_to_channels_first)
+    module.register_forward_hook(_to_channels_last)
+    module._pipekit_channels_last = True  # type: ignore[assignment]
+
 
 def _to_numpy(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
@@ -100,9 +140,18 @@ class LightningModelOp(ModelOpBase):
     of the state dict: the same weights give the same bytes, tied weights are stored once,
     and loading never unpickles.
 
+    **Layout.** pipekit-train datasets hold fields channels-last, `(N, H, W, C)`; torch's
+    convolutions are channels-first, `(N, C, H, W)`. With `layout="channels_last"` the
+    operator permutes 4-D inputs to channels-first before the module and 4-D outputs
+    back after it (forward hooks on the module, so its state dict, weights and native
+    training loop are unchanged), and records `"layout"` in its config and registry
+    record. The default `"channels_first"` hands inputs to the module as they are.
+
     Args:
         factory: `"package.module:function"` or the function itself (importable by name).
         seed: the seed the module's parameters are initialised under.
+        layout: `"channels_first"` (default: the module's own layout) or
+            `"channels_last"` (permute 4-D inputs and outputs at the boundary).
         **kwargs: JSON keyword arguments for the factory.
 
     Examples:
@@ -115,6 +164,18 @@ class LightningModelOp(ModelOpBase):
 
     backend: ClassVar[str] = "lightning"
     framework: ClassVar[str | None] = "torch"
+    layout: str = "channels_first"
+
+    def __init__(
+        self,
+        factory: str | Callable[..., Any],
+        *,
+        seed: int = 0,
+        layout: str = "channels_first",
+        **kwargs: Any,
+    ):
+        self.layout = check_layout(layout)
+        super().__init__(factory, seed=seed, **kwargs)
 
     def _build(self, factory: Callable[..., Any], kwargs: dict[str, Any], seed: int) -> Any:
         with torch.random.fork_rng(devices=[]):
@@ -126,13 +187,33 @@ class LightningModelOp(ModelOpBase):
                 "A LightningModelOp factory must return a torch.nn.Module. "
                 f"Received: {type(module).__name__} from factory={self.factory!r}."
             )
+        set_layout(module, self.layout)
         return module
 
+    def get_config(self) -> dict[str, Any]:
+        """`ModelOpBase.get_config()`, plus `"layout"` when it is `"channels_last"`."""
+        config = super().get_config()
+        if self.layout != "channels_first":
+            config["layout"] = self.layout
+        return config
+
     @classmethod
-    def wrap(cls, module: torch.nn.Module, *, seed: int = 0) -> LightningModelOp:
+    def from_config(cls, config: Mapping[str, Any]) -> LightningModelOp:
+        """Rebuild the operator (freshly initialised, with its layout) from `get_config()`."""
+        return cls(
+            config["factory"],
+            seed=config.get("seed", 0),
+            layout=config.get("layout", "channels_first"),
+            **config.get("kwargs", {}),
+        )
+
+    @classmethod
+    def wrap(
+        cls, module: torch.nn.Module, *, seed: int = 0, layout: str = "channels_first"
+    ) -> LightningModelOp:
         """An operator around an existing module (e.g. a user `LightningModule` after training).
 
-        Its config names the module's class as the factory and its JSON `hparams` as the
+        `layout="channels_last"` attaches the boundary permutes to `module` itself. Its config names the module's class as the factory and its JSON `hparams` as the
         keyword arguments, so `from_config` can rebuild it when the class is importable
         and takes those arguments.
         """
@@ -150,14 +231,19 @@ class LightningModelOp(ModelOpBase):
             kwargs = json.loads(json.dumps(hparams, allow_nan=False))
         except (TypeError, ValueError):
             kwargs = {}
+        layout = check_layout(layout)
         op = object.__new__(cls)
-        op.factory, op.seed, op.kwargs = factory, int(seed), kwargs
+        op.factory, op.seed, op.kwargs, op.layout = factory, int(seed), kwargs, layout
         op._factory_fn = type(module)
+        set_layout(module, layout)
         op.model = module
         return op
 
     def __call__(self, inputs: Any) -> Any:
-        """Run the module on a numpy batch (eval mode, no autograd) and return numpy."""
+        """Run the module on a numpy batch (eval mode, no autograd) and return numpy.
+
+        With `layout="channels_last"`, 4-D inputs and outputs are `(N, H, W, C)`.
+        """
         return predict(self.model, inputs)
 
     def serialize_weights(self) -> bytes:

@@ -14,7 +14,16 @@ import torch
 
 from pipekit_train.core import model_factory
 
-__all__ = ["golden_backend", "linear", "mlp", "mlp_from_weights", "tied", "torch_golden_backend"]
+__all__ = [
+    "conv_from_weights",
+    "conv_net",
+    "golden_backend",
+    "linear",
+    "mlp",
+    "mlp_from_weights",
+    "tied",
+    "torch_golden_backend",
+]
 
 _ACTIVATIONS = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}
 
@@ -49,6 +58,57 @@ def mlp(
         size = int(width)
     layers.append(torch.nn.Linear(size, int(out_size)))
     return torch.nn.Sequential(*layers)
+
+
+@model_factory
+def conv_net(
+    in_channels: int,
+    out_channels: int,
+    width: int = 16,
+    depth: int = 2,
+    kernel_size: int = 3,
+    activation: str = "tanh",
+) -> torch.nn.Sequential:
+    """A periodic conv net, channels-first as torch is: `(N, C_in, H, W) -> (N, C_out, H, W)`.
+
+    `depth` hidden `Conv2d` layers of `width` with `activation`, each padded periodically
+    (`padding_mode="circular"`). Train it on pipekit-train's channels-last datasets with
+    `LightningModelOp(..., layout="channels_last")`, which permutes at the boundary. The
+    same architecture and initialisation family (torch's default, uniform `±1/sqrt(fan_in)`
+    with `fan_in = in_channels * kernel_size**2`) as `conv_net` in
+    `pipekit_train.equinox.testing` and `pipekit_train.keras.testing`.
+    """
+    sizes = [int(in_channels)] + [int(width)] * int(depth) + [int(out_channels)]
+    layers: list[torch.nn.Module] = []
+    for i, (c_in, c_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        k = int(kernel_size)
+        layers.append(torch.nn.Conv2d(c_in, c_out, k, padding=k // 2, padding_mode="circular"))
+        if i < len(sizes) - 2:
+            layers.append(_ACTIVATIONS[activation]())
+    return torch.nn.Sequential(*layers)
+
+
+def conv_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") -> Any:
+    """A channels-last `LightningModelOp` of `conv_net` holding canonical weights `[K0, b0, ...]`.
+
+    `K` has shape `(kh, kw, c_in, c_out)` (see `pipekit_train.core.testing.golden_conv_weights`).
+    """
+    from pipekit_train.core.testing import conv_sizes
+    from pipekit_train.lightning import LightningModelOp
+
+    op = LightningModelOp(
+        "pipekit_train.lightning.testing:conv_net",
+        layout="channels_last",
+        activation=activation,
+        **conv_sizes(weights),
+    )
+    convs = [m for m in op.model.modules() if isinstance(m, torch.nn.Conv2d)]
+    with torch.no_grad():
+        for i, layer in enumerate(convs):
+            kernel = np.transpose(weights[2 * i], (3, 2, 0, 1))
+            layer.weight.copy_(torch.from_numpy(np.ascontiguousarray(kernel)))
+            layer.bias.copy_(torch.from_numpy(weights[2 * i + 1]))
+    return op
 
 
 class _Tied(torch.nn.Module):
@@ -96,6 +156,7 @@ def golden_backend() -> Any:
         name="lightning",
         model_from_weights=mlp_from_weights,
         adapter=lambda p: Lightning(accelerator="cpu", precision=p),
+        conv_from_weights=conv_from_weights,
     )
 
 

@@ -9,25 +9,33 @@
 - `small_filesystem`: a tiny tmpfs mounted for a test (root only) that fills up like a
   full disk.
 - `run_golden`, `compare_golden`, `GOLDEN_CASES`, ...: the cross-backend golden-run suite
-  (the same description and initial weights give the same loss curve on every backend).
+  (the same description and initial weights give the same loss curve on every backend);
+  `run_golden_field`, `GOLDEN_FIELD_CASES`: its conv-net cases on channels-last fields.
 """
 
 from typing import Any
 
 from ._golden import (
     GOLDEN_CASES,
+    GOLDEN_FIELD_CASES,
+    GOLDEN_FIELD_STEPS,
     GOLDEN_STEPS,
     GoldenBackend,
     GoldenCase,
     GoldenRun,
     compare_golden,
+    conv_forward,
+    conv_sizes,
     dump_runs,
+    golden_conv_weights,
+    golden_field_task,
     golden_task,
     golden_weights,
     load_runs,
     max_differences,
     mlp_sizes,
     run_golden,
+    run_golden_field,
 )
 from ._numpy_adapter import NumpyAdapter
 from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arrays, linear
@@ -38,6 +46,8 @@ from ._tasks import damped_oscillator_step, oscillator_task, regression_task
 __all__ = [
     "BAD_INPUTS",
     "GOLDEN_CASES",
+    "GOLDEN_FIELD_CASES",
+    "GOLDEN_FIELD_STEPS",
     "GOLDEN_STEPS",
     "GoldenBackend",
     "GoldenCase",
@@ -45,13 +55,18 @@ __all__ = [
     "AdapterConformance",
     "HookRecorder",
     "compare_golden",
+    "conv_forward",
+    "conv_sizes",
     "dump_runs",
+    "golden_conv_weights",
+    "golden_field_task",
     "golden_task",
     "golden_weights",
     "load_runs",
     "max_differences",
     "mlp_sizes",
     "run_golden",
+    "run_golden_field",
     "LinearModel",
     "LoopbackS3",
     "NumpyAdapter",

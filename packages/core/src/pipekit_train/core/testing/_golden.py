@@ -36,18 +36,25 @@ from pipekit_train.core.data import ArrayDataset
 
 __all__ = [
     "GOLDEN_CASES",
+    "GOLDEN_FIELD_CASES",
+    "GOLDEN_FIELD_STEPS",
     "GoldenBackend",
     "GoldenCase",
     "GoldenRun",
     "GOLDEN_STEPS",
     "compare_golden",
+    "conv_forward",
+    "conv_sizes",
     "dump_runs",
+    "golden_conv_weights",
+    "golden_field_task",
     "golden_task",
     "golden_weights",
     "load_runs",
     "max_differences",
     "mlp_sizes",
     "run_golden",
+    "run_golden_field",
 ]
 
 GOLDEN_STEPS = 120
@@ -155,11 +162,15 @@ class GoldenBackend:
         name: a label for reports (e.g. `"keras-torch"`).
         model_from_weights: canonical MLP weights → a model operator holding them.
         adapter: precision name → the backend's adapter for that precision.
+        conv_from_weights: canonical conv-net weights (`golden_conv_weights`) → a model
+            operator taking channels-last fields `(N, H, W, C)`; None when the backend
+            has no conv net (`run_golden_field` then refuses it).
     """
 
     name: str
     model_from_weights: Callable[[Sequence[np.ndarray]], Any]
     adapter: Callable[[str], Any]
+    conv_from_weights: Callable[[Sequence[np.ndarray]], Any] | None = None
 
 
 @dataclass
@@ -327,3 +338,150 @@ def dump_runs(runs: Mapping[str, GoldenRun]) -> str:
 def load_runs(text: str) -> dict[str, GoldenRun]:
     """The inverse of `dump_runs`."""
     return {k: GoldenRun.from_json(v) for k, v in json.loads(text).items()}
+
+
+# -- the field case: a periodic conv net on channels-last 2-D fields -------------------------
+
+GOLDEN_FIELD_STEPS = 60
+"""Optimizer steps per field case."""
+
+GOLDEN_FIELD_CASES: tuple[GoldenCase, ...] = (
+    GoldenCase("field_adam", {"name": "adam", "lr": 0.01}),
+    GoldenCase(
+        "field_adamw_warmup_cosine_clip_norm",
+        {"name": "adamw", "lr": _WARMUP_COSINE, "weight_decay": 0.05, "clip_norm": 0.5},
+    ),
+)
+"""The field cases: the conv nets of every backend (`conv_from_weights`) on channels-last
+fields, one plain and one with decoupled weight decay, warm-up cosine and clipping."""
+
+
+def golden_field_task(
+    n_train: int = 128, n_val: int = 32, size: int = 12, channels: int = 2, seed: int = 0
+) -> tuple[ArrayDataset, ArrayDataset]:
+    """A nonlinear periodic field map, channels-last float32 `(N, size, size, channels)`.
+
+    `x` is a smooth random periodic field; `y` one explicit step of diffusion with a
+    cubic reaction and a cross-channel coupling (periodic 5-point Laplacian).
+    """
+    rng = np.random.default_rng(seed)
+    n = n_train + n_val
+    grid = np.arange(size) * (2 * np.pi / size)
+    gx, gy = np.meshgrid(grid, grid, indexing="ij")
+    x = np.zeros((n, size, size, channels))
+    for kx, ky in ((1, 0), (0, 1), (1, 1), (2, 1), (1, 2)):
+        amp = rng.normal(0.0, 0.5, (n, 1, 1, channels))
+        phase = rng.uniform(0.0, 2 * np.pi, (n, 1, 1, channels))
+        x += amp * np.cos(kx * gx[None, :, :, None] + ky * gy[None, :, :, None] + phase)
+    lap = sum(np.roll(x, s, axis=a) for s in (-1, 1) for a in (1, 2)) - 4 * x
+    y = x + 0.2 * lap + 0.3 * (x - x**3) + 0.2 * np.roll(x, 1, axis=3)
+    x, y = x.astype(np.float32), y.astype(np.float32)
+    return ArrayDataset(x=x[:n_train], y=y[:n_train]), ArrayDataset(x=x[n_train:], y=y[n_train:])
+
+
+def golden_conv_weights(
+    channels: Sequence[int] = (2, 8, 2), kernel_size: int = 3, seed: int = 0
+) -> list[np.ndarray]:
+    """Canonical conv-net weights `[K0, b0, K1, b1, ...]`, `K` of shape `(kh, kw, c_in, c_out)`.
+
+    Uniform in `±1/sqrt(fan_in)` with `fan_in = c_in * kernel_size**2` (PyTorch's and
+    Equinox's default family for convolutions), float32. `(kh, kw, c_in, c_out)` is
+    Keras's kernel layout; torch and Equinox hold `(c_out, c_in, kh, kw)`.
+    """
+    rng = np.random.default_rng(seed)
+    out: list[np.ndarray] = []
+    for c_in, c_out in zip(channels[:-1], channels[1:], strict=True):
+        bound = 1.0 / math.sqrt(c_in * kernel_size * kernel_size)
+        shape = (kernel_size, kernel_size, c_in, c_out)
+        out.append(rng.uniform(-bound, bound, shape).astype(np.float32))
+        out.append(rng.uniform(-bound, bound, (c_out,)).astype(np.float32))
+    return out
+
+
+def conv_forward(
+    weights: Sequence[np.ndarray], x: np.ndarray, activation: str = "tanh"
+) -> np.ndarray:
+    """The canonical conv net in numpy (float64): the reference every backend's matches.
+
+    Periodic cross-correlations with the `(kh, kw, c_in, c_out)` kernels of `weights` on
+    channels-last fields `x` `(N, H, W, C)`, `activation` (`"tanh"` or `"relu"`) after
+    every layer but the last.
+    """
+    h = np.asarray(x, dtype=np.float64)
+    n_layers = len(weights) // 2
+    for i in range(n_layers):
+        kernel, bias = np.asarray(weights[2 * i], np.float64), weights[2 * i + 1]
+        kh, kw = kernel.shape[:2]
+        out = np.zeros((*h.shape[:3], kernel.shape[3]))
+        for di in range(kh):
+            for dj in range(kw):
+                shifted = np.roll(h, (kh // 2 - di, kw // 2 - dj), axis=(1, 2))
+                out += shifted @ kernel[di, dj]
+        h = out + bias
+        if i < n_layers - 1:
+            h = np.tanh(h) if activation == "tanh" else np.maximum(h, 0.0)
+    return h
+
+
+def conv_sizes(weights: Sequence[np.ndarray]) -> dict[str, int]:
+    """`in_channels`, `out_channels`, `width`, `depth`, `kernel_size` of canonical conv weights."""
+    kernels = weights[::2]
+    return {
+        "in_channels": int(kernels[0].shape[2]),
+        "out_channels": int(kernels[-1].shape[3]),
+        "width": int(kernels[0].shape[3]),
+        "depth": len(kernels) - 1,
+        "kernel_size": int(kernels[0].shape[0]),
+    }
+
+
+def run_golden_field(
+    backend: GoldenBackend,
+    cases: Iterable[GoldenCase] = GOLDEN_FIELD_CASES,
+    *,
+    steps: int = GOLDEN_FIELD_STEPS,
+    batch_size: int = 16,
+    channels: Sequence[int] = (2, 8, 2),
+) -> dict[str, GoldenRun]:
+    """Train every field case on `backend`'s conv net from the canonical conv weights.
+
+    The same data order, loss and optimizer description on every backend; the datasets
+    are channels-last, so each backend's `conv_from_weights` must take `(N, H, W, C)`.
+
+    Raises:
+        ConfigError: `backend` has no `conv_from_weights`.
+    """
+    from pipekit_train.core import ConfigError
+
+    if backend.conv_from_weights is None:
+        raise ConfigError(
+            f"`backend` needs `conv_from_weights` for the field cases. Received: "
+            f"GoldenBackend(name={backend.name!r}, conv_from_weights=None). Pass a function "
+            "from canonical conv weights to a channels-last model operator."
+        )
+    train, val = golden_field_task(channels=channels[0])
+    runs: dict[str, GoldenRun] = {}
+    for case in cases:
+        loop = TrainingLoop(
+            model=backend.conv_from_weights(golden_conv_weights(channels)),
+            data=train,
+            validation=val,
+            loss="mse",
+            optimizer_config=dict(case.optimizer_config),
+            batch_size=batch_size,
+            max_steps=steps,
+            accumulate_grad_batches=case.accumulate_grad_batches,
+            validate_every_n_steps=steps,
+            log_every_n_steps=steps,
+            seed=0,
+            adapter=backend.adapter(case.precision),
+            progress=False,
+        )
+        artifact = loop.run()
+        runs[case.name] = GoldenRun(
+            case=case.name,
+            backend=backend.name,
+            losses=[float(v) for v in artifact.history["loss"]],
+            val_loss=float(artifact.final_metrics["val_loss"]),
+        )
+    return runs
