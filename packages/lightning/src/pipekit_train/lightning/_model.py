@@ -56,7 +56,7 @@ def set_layout(module: torch.nn.Module, layout: str) -> None:
         return
     module.register_forward_pre_hook(_to_channels_first)
     module.register_forward_hook(_to_channels_last)
-    module._pipekit_channels_last = True  # type: ignore[assignment]
+    module._pipekit_channels_last = True  # type: ignore[assignment]  # a marker attribute on a torch module
 
 
 def _to_numpy(value: Any) -> Any:

@@ -162,7 +162,7 @@ class TorchStepBackend(StepBackend[TorchState]):
         """The update of a hand-written loop (one batch, no scaler, no skip); its loss."""
         optimizer = state.optimizers[0]
         optimizer.zero_grad(set_to_none=True)
-        loss = self.objective(batch["x"], batch["y"])  # type: ignore[misc]
+        loss = self.objective(batch["x"], batch["y"])  # type: ignore[misc]  # objective is set per run (eager or compiled)
         loss.backward()
         if self._clip is not None:
             value, algorithm = self._clip

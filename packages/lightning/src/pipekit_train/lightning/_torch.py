@@ -260,11 +260,11 @@ class Torch(StepAdapter):
         self, model: Any, input_shape: tuple[int, ...], dtype: Any = np.float32
     ) -> tuple[int, ...] | None:
         """The prediction's shape, from a forward pass of one zero row (as `Lightning`)."""
-        return Lightning.output_shape(self, model, input_shape, dtype)  # type: ignore[arg-type]
+        return Lightning.output_shape(self, model, input_shape, dtype)  # type: ignore[arg-type]  # the probe reads only the model, not the adapter
 
     def expected_input_shape(self, model: Any) -> tuple[int, ...] | None:
         """`(in_features,)` of a `torch.nn.Sequential` that starts with a `Linear` layer."""
-        return Lightning.expected_input_shape(self, model)  # type: ignore[arg-type]
+        return Lightning.expected_input_shape(self, model)  # type: ignore[arg-type]  # the probe reads only the model, not the adapter
 
     # -- running ---------------------------------------------------------------------------
     def step_backend(self, plan: Plan) -> TorchStepBackend:
