@@ -20,6 +20,7 @@ from ._history import History
 from ._loop import TrainingLoop
 from ._online import OnlineTrainer
 from ._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
+from ._policies import NonFinitePolicy, Precision
 from ._runtime import RunState
 from ._trust import UntrustedFactoryError, is_model_factory, model_factory
 from .callbacks import (
@@ -110,11 +111,13 @@ __all__ = [
     "NaNGuard",
     "NeuralForward",
     "NonFiniteLossError",
+    "NonFinitePolicy",
     "NonFiniteStateError",
     "Normalizer",
     "OnlineTrainer",
     "Operator",
     "PipekitError",
+    "Precision",
     "ProgressBar",
     "RegistryError",
     "RunState",

@@ -9,7 +9,6 @@ history, tracks the best monitored metric, and assembles the `TrainingArtifact`.
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 import sys
 import time
@@ -22,6 +21,7 @@ import numpy as np
 from ._artifact import TrainingArtifact
 from ._history import History, loss_label
 from ._plan import Plan
+from ._versions import library_versions
 
 __all__ = ["SKIPPED_METRIC", "RunContext", "RunState", "default_fetch"]
 
@@ -690,33 +690,3 @@ class RunContext:
             self.close_writers()
         except Exception:
             pass
-
-
-_BACKEND_PACKAGES = {
-    "equinox": ("jax", "jaxlib", "equinox", "optax", "orbax-checkpoint", "pipekit-train-equinox"),
-    "lightning": ("torch", "lightning", "safetensors", "pipekit-train-lightning"),
-    "keras": ("keras", "jax", "torch", "pipekit-train-keras"),
-    "numpy": (),
-}
-
-
-def library_versions(backend: str) -> dict[str, str]:
-    """Versions of numpy, grain, zarr, core and the backend's libraries."""
-    names = (
-        "python",
-        "numpy",
-        "grain",
-        "zarr",
-        "pipekit-train-core",
-        *_BACKEND_PACKAGES.get(backend, ()),
-    )
-    out: dict[str, str] = {}
-    for name in names:
-        if name == "python":
-            out[name] = sys.version.split()[0]
-            continue
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return out

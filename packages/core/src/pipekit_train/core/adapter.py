@@ -19,7 +19,10 @@ classes here and uses the shared machinery, and imports nothing private from cor
 - **The canonical spec**: `OptimizerSpec`/`optimizer_spec` and `OPTIMIZERS` (names and
   hyperparameters every backend runs the same way), `SCHEDULES`, `check_schedule`,
   `learning_rate_at`, `peak_learning_rate` (learning-rate curves in plain Python),
-  `PRECISIONS`/`resolve_precision`.
+  `PRECISIONS`/`resolve_precision`/`canonical_precision` and the typed policies
+  `Precision` and `NonFinitePolicy`.
+- **Registration**: `BackendEntry`, what a `pipekit_train.backends` entry point names
+  (`BACKENDS_GROUP`); `backend_names`, `load_backend`.
 - **Helpers**: `is_core_dataset`, `describe_callable`, `import_string`, `object_path`,
   `optional_import`, `default_fetch`, `check_seed`.
 
@@ -27,6 +30,8 @@ See the "Writing an adapter" page of the docs for a walk-through.
 """
 
 from ._adapter import Adapter, Capabilities, NotSupportedError, StepAdapter, StepBackend
+from ._backends import GROUP as BACKENDS_GROUP
+from ._backends import BackendEntry, backend_names, load_backend
 from ._checkpointing import (
     Checkpointer,
     DirectoryCheckpointer,
@@ -40,6 +45,7 @@ from ._folder_digest import FOLDER_DIGEST, check_folder, seal_folder, sha256_fil
 from ._imports import import_string, object_path, optional_import
 from ._operators import check_seed
 from ._plan import Plan, describe_callable, is_core_dataset, steps_per_epoch
+from ._policies import NonFinitePolicy, Precision
 from ._remote import RemoteSteps
 from ._runtime import RunContext, RunState, default_fetch
 from ._schedules import SCHEDULES, check_schedule, learning_rate_at, peak_learning_rate
@@ -48,12 +54,17 @@ from ._spec import (
     OPTIMIZERS,
     PRECISIONS,
     OptimizerSpec,
+    canonical_precision,
     optimizer_spec,
     resolve_optimizer_config,
     resolve_precision,
 )
 
 __all__ = [
+    "BACKENDS_GROUP",
+    "BackendEntry",
+    "backend_names",
+    "load_backend",
     "OPTIMIZERS",
     "PRECISIONS",
     "SCHEDULES",
@@ -62,9 +73,11 @@ __all__ = [
     "Checkpointer",
     "DirectoryCheckpointer",
     "HostBuffers",
+    "NonFinitePolicy",
     "NotSupportedError",
     "OptimizerSpec",
     "Plan",
+    "Precision",
     "RemoteSteps",
     "Restored",
     "RunContext",
@@ -74,6 +87,7 @@ __all__ = [
     "TornCheckpointWarning",
     "abort_run",
     "check_resume_key",
+    "canonical_precision",
     "check_schedule",
     "check_seed",
     "default_fetch",
