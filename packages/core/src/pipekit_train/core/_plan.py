@@ -13,7 +13,6 @@ from ._policies import NonFinitePolicy
 
 if TYPE_CHECKING:
     from ._adapter import Adapter
-    from .callbacks import Callback
     from .data import Normalizer
     from .writers import MetricWriter
 
@@ -107,7 +106,7 @@ class Plan:
     max_epochs: int | None
     total_steps: int | None
     steps_per_epoch: int | None
-    callbacks: tuple[Callback, ...]
+    callbacks: tuple[Any, ...]  # duck-typed: any subset of the `Callback` hooks
     writers: tuple[MetricWriter, ...]
     checkpoint: Checkpoint | None
     seed: int
