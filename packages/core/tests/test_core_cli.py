@@ -492,17 +492,17 @@ def test_checkpoint_inspect_prints_the_resume_key_in_the_plan_order(
 
 def test_a_factory_that_does_not_import_names_the_pythonpath_key(tmp_path) -> None:
     text = GOOD.replace('backend = "equinox"', 'backend = "numpy"').replace(
-        "pipekit_train.{backend}.testing:mlp", "direct:mlp"
+        "pipekit_train.{backend}.testing:mlp", "pk_missing_models:mlp"
     )
     config = load_run_config(_write(tmp_path, text))
     with pytest.raises(ConfigError) as info:
         build_loop(config)
     message = str(info.value)
     assert (
-        "`model.factory` names a module that cannot be imported: No module named 'direct'"
+        "`model.factory` names a module that cannot be imported: No module named 'pk_missing_models'"
         in message
     )
-    assert "Received: model.factory='direct:mlp', pythonpath=[]" in message
+    assert "Received: model.factory='pk_missing_models:mlp', pythonpath=[]" in message
     assert "the config's `pythonpath` key" in message and 'pythonpath = ["."]' in message
 
 
