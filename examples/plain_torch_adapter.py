@@ -15,6 +15,16 @@ runs = run_golden(GoldenBackend("plain-torch", mlp_from_weights, lambda p: Plain
 ```
 
 Models are `LightningModelOp`s (any `torch.nn.Module` factory), reused as plain operators.
+
+`BACKEND` is what the backend's `pipekit_train.backends` entry point names; a package
+shipping this file would declare, in its `pyproject.toml`,
+
+```toml
+[project.entry-points."pipekit_train.backends"]
+torch = "plain_torch_adapter:BACKEND"
+```
+
+and `pipekit-train run` then takes `backend = "torch"` (no edit to core).
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from safetensors.torch import load, save
 
 from pipekit_train.core import ConfigError
 from pipekit_train.core.adapter import (
+    BackendEntry,
     Capabilities,
     DirectoryCheckpointer,
     Plan,
@@ -41,7 +52,7 @@ from pipekit_train.core.adapter import (
     optimizer_spec,
 )
 
-__all__ = ["PlainTorch"]
+__all__ = ["BACKEND", "PlainTorch"]
 
 
 class PlainTorch(StepAdapter):
@@ -76,6 +87,37 @@ class PlainTorch(StepAdapter):
     def step_backend(self, plan: Plan) -> TorchBackend:
         """The step backend of one run."""
         return TorchBackend(plan)
+
+    def output_shape(
+        self, model: Any, input_shape: tuple[int, ...], dtype: Any = np.float32
+    ) -> tuple[int, ...] | None:
+        """The prediction's shape from one zero row (eval mode, no grad, RNG forked)."""
+        net = getattr(model, "model", None)
+        if not isinstance(net, torch.nn.Module):
+            return None
+        x = torch.zeros((1, *input_shape[1:]), dtype=torch.float32)
+        was_training = net.training
+        with torch.random.fork_rng(devices=[]):
+            net.eval()
+            try:
+                with torch.no_grad():
+                    out = net(x)
+            finally:
+                net.train(was_training)
+        if not isinstance(out, torch.Tensor) or out.ndim == 0:
+            return None
+        return (input_shape[0], *(int(d) for d in out.shape[1:]))
+
+
+BACKEND = BackendEntry(
+    name="torch",
+    adapter="plain_torch_adapter:PlainTorch",
+    model_op="pipekit_train.lightning:LightningModelOp",
+    testing="pipekit_train.lightning.testing",
+    distributions=("torch", "safetensors"),
+    install="pip install torch safetensors pipekit-train-lightning",
+)
+"""The `pipekit_train.backends` entry point's value for this backend."""
 
 
 @dataclass

@@ -101,7 +101,7 @@ def test_set_overrides_parse_toml_values_and_fall_back_to_strings(tmp_path) -> N
         (
             GOOD + '\n[checkpoint]\ndirectory = "c"\nevery = 5\n',
             (),
-            r"Unknown key `checkpoint.every`.*Received: checkpoint.every=5.*Accepted keys at \[checkpoint\]: \['directory', 'every_n_steps'",
+            r"Unknown key `checkpoint.every`.*Did you mean `every_n_steps`.*Received: checkpoint.every=5.*Accepted keys at \[checkpoint\]: \['directory', 'every_n_steps'",
         ),
         (
             GOOD,
@@ -116,7 +116,7 @@ def test_set_overrides_parse_toml_values_and_fall_back_to_strings(tmp_path) -> N
         (
             GOOD,
             ("backend=jax",),
-            r"`backend` must be one of \['equinox', 'lightning', 'keras'\]. Received: backend='jax'",
+            r"`backend` must be an installed backend, one of \['equinox', 'keras', 'lightning', 'numpy'\]. Received: backend='jax'",
         ),
         (GOOD.replace('backend = "equinox"', ""), (), r"No backend chosen.*pass --backend"),
         (GOOD.replace("max_steps = 10", ""), (), r"Set `max_steps` or `max_epochs`"),
@@ -205,17 +205,23 @@ def test_factory_arguments_are_checked_before_any_dataset_is_built(tmp_path) -> 
         build_loop(config)
 
 
-def test_a_missing_backend_package_names_what_to_install(tmp_path, monkeypatch) -> None:
-    from pipekit_train.core.cli import _build
+def test_a_backend_whose_adapter_does_not_import_names_what_to_install(
+    tmp_path, monkeypatch
+) -> None:
+    from pipekit_train.core import _backends
+    from pipekit_train.core.adapter import BackendEntry
 
-    missing = _build.BackendInfo(
-        "pipekit_train.not_installed", "Op", "Adapter", "pip install pipekit-train-keras"
+    broken = BackendEntry(
+        name="keras",
+        adapter="pipekit_train.not_installed:Adapter",
+        model_op="pipekit_train.core.testing:NumpyLinearOp",
+        install="pip install pipekit-train-keras",
     )
-    monkeypatch.setitem(_build._BACKENDS, "keras", missing)
+    monkeypatch.setattr(_backends, "_load", lambda name: (broken, "pipekit-train-keras"))
     config = load_run_config(_write(tmp_path, GOOD), backend="keras")
     with pytest.raises(
         ConfigError,
-        match=r"--backend keras needs the pipekit_train.not_installed package.*Install it with `pip install pipekit-train-keras`",
+        match=r"--backend keras needs pipekit_train.not_installed, which cannot be imported.*Install it with `pip install pipekit-train-keras`",
     ):
         build_loop(config)
 
@@ -390,3 +396,135 @@ def test_console_script_and_module_run_without_importing_a_backend(tmp_path) -> 
         timeout=120,
     )
     assert proc.returncode == 2 and "There is no checkpoint folder" in proc.stderr
+
+
+# -- errors in CLI terms ------------------------------------------------------------------
+
+NUMPY_RUN = """
+backend = "numpy"
+max_steps = 6
+batch_size = 8
+progress = "none"
+
+[optimizer]
+name = "sgd"
+lr = 0.05
+
+[model]
+factory = "pipekit_train.core.testing._numpy_model:linear"
+kwargs = { in_size = 4, out_size = 1 }
+
+[data]
+factory = "pipekit_train.core.testing:regression_task"
+kwargs = { n_train = 32, n_val = 8 }
+
+[checkpoint]
+directory = "ckpt"
+every_n_steps = 3
+async_save = false
+
+[registry]
+uri = "models"
+name = "lin"
+"""
+
+
+def _no_python(text: str) -> None:
+    for python in ("Checkpoint(", " resume='", "version='", "TrainingLoop("):
+        assert python not in text, text
+
+
+def test_a_changed_plan_is_refused_with_cli_fixes(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = _write(tmp_path, NUMPY_RUN)
+    assert main(["run", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(path), "--set", "optimizer.lr=0.01"]) == 1
+    err = capsys.readouterr().err
+    assert "was written by a different plan" in err
+    assert "--set checkpoint.directory=<new folder>" in err
+    assert "--set checkpoint.resume=never" in err
+    _no_python(err)
+
+    assert main(["run", str(path), "--set", "checkpoint.resume=never"]) == 2
+    err = capsys.readouterr().err
+    assert '`checkpoint.resume = "never"` but' in err
+    assert "--set checkpoint.resume=auto" in err
+    _no_python(err)
+
+
+def test_registry_show_of_a_missing_version_names_the_cli_spelling(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(_write(tmp_path, NUMPY_RUN))]) == 0
+    capsys.readouterr()
+    assert main(["registry", "show", "models", "lin:9"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "Model 'lin' has no complete version 9. Received: 'lin:9'. Available versions: [1]" in err
+    )
+    assert "pipekit-train registry show models lin:1" in err and "lin:latest" in err
+    _no_python(err)
+    assert main(["registry", "show", "models", "lin:latest"]) == 0
+
+
+def test_checkpoint_inspect_prints_the_resume_key_in_the_plan_order(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    from pipekit_train.core._plan import RESUME_KEY_FIELDS
+    from pipekit_train.core.cli._inspect import ordered_resume_key
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(_write(tmp_path, NUMPY_RUN))]) == 0
+    capsys.readouterr()
+    assert main(["checkpoint", "inspect", "ckpt"]) == 0
+    out = capsys.readouterr().out
+    printed = re.findall(r"^    (\w+): ", out, flags=re.M)
+    assert printed == list(RESUME_KEY_FIELDS)
+    assert 'checkpoint.resume = "auto"' in out
+    _no_python(out)
+    # an engine that stores sorted (or shuffled) keys reads back in the same order
+    key = {k: i for i, k in enumerate(RESUME_KEY_FIELDS)}
+    for stored in (dict(sorted(key.items())), dict(reversed(key.items())), {**key, "zz": 1}):
+        assert list(ordered_resume_key(stored))[: len(key)] == list(RESUME_KEY_FIELDS)
+
+
+def test_a_factory_that_does_not_import_names_the_pythonpath_key(tmp_path) -> None:
+    text = GOOD.replace('backend = "equinox"', 'backend = "numpy"').replace(
+        "pipekit_train.{backend}.testing:mlp", "pk_missing_models:mlp"
+    )
+    config = load_run_config(_write(tmp_path, text))
+    with pytest.raises(ConfigError) as info:
+        build_loop(config)
+    message = str(info.value)
+    assert (
+        "`model.factory` names a module that cannot be imported: No module named 'pk_missing_models'"
+        in message
+    )
+    assert "Received: model.factory='pk_missing_models:mlp', pythonpath=[]" in message
+    assert "the config's `pythonpath` key" in message and 'pythonpath = ["."]' in message
+
+
+def test_nested_keys_get_a_did_you_mean(tmp_path) -> None:
+    text = GOOD + '\n[checkpoint]\ndirectory = "c"\n'
+    message = _error(tmp_path, text, "checkpoint.every=500")
+    assert "Unknown key `checkpoint.every`" in message and "Did you mean `every_n_steps`" in message
+    message = _error(tmp_path, GOOD, "max_step=5")
+    assert "Did you mean `max_steps`" in message
+
+
+def test_model_kwargs_do_not_offer_what_the_operator_supplies(tmp_path) -> None:
+    pytest.importorskip("equinox")
+    config = load_run_config(_write(tmp_path, GOOD), overrides=["model.kwargs.widht=8"])
+    with pytest.raises(ConfigError) as info:
+        build_loop(config)
+    message = str(info.value)
+    assert "Accepted arguments: ['in_size', 'out_size', 'width'" in message
+    assert "'key'" not in message.split("Accepted arguments:")[1]
+    config = load_run_config(_write(tmp_path, GOOD), overrides=["model.kwargs.key=1"])
+    with pytest.raises(
+        ConfigError,
+        match=r"`model.kwargs.key` is passed to the factory by the equinox model operator \(EquinoxModelOp\)",
+    ):
+        build_loop(config)

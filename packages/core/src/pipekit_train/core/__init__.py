@@ -23,6 +23,7 @@ from ._lr_find import LRFindResult, lr_find
 from ._mixture import Mixture
 from ._online import OnlineTrainer
 from ._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
+from ._policies import NonFinitePolicy, Precision
 from ._preemption import PREEMPTED_EXIT_STATUS, Preempted
 from ._runtime import RunState
 from ._trust import UntrustedFactoryError, is_model_factory, model_factory
@@ -117,11 +118,13 @@ __all__ = [
     "NaNGuard",
     "NeuralForward",
     "NonFiniteLossError",
+    "NonFinitePolicy",
     "NonFiniteStateError",
     "Normalizer",
     "OnlineTrainer",
     "Operator",
     "PipekitError",
+    "Precision",
     "ProgressBar",
     "RegistryError",
     "RunState",

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 import numpy as np
 
 from ._errors import ConfigError
+from ._policies import Precision
 
 if TYPE_CHECKING:
     from ._artifact import TrainingArtifact
@@ -57,11 +58,13 @@ class Capabilities:
         native_data: accepts its framework's own loaders (`Adapter.accepts_data`); a
             step-based backend then supplies their batches (`StepBackend.native_batches`).
         online: has a step backend for `OnlineTrainer` (`Adapter.step_backend`).
-        fused_steps: can fuse several optimizer steps into one call.
+        fused_steps: can fuse several optimizer steps into one call (an adapter whose
+            `steps_per_execution` is above 1 must declare it).
         sharding: accepts a `sharding=` spec on the loop.
         accumulation: supports `TrainingLoop(accumulate_grad_batches=k)` (a step-based
             backend then receives `k` stacked batches per update in `train_steps`).
-        precisions: the canonical precision names it runs.
+        precisions: the canonical precision names it runs (`Precision` values); the
+            adapter's `spec_precision` must be one of them.
         skip_nonfinite: honours `TrainingLoop(on_nonfinite="skip")`: when a step's
             training loss (with accumulation: the loss of any of its batches) is not
             finite, the step leaves the parameters and the optimizer state (including its
@@ -89,10 +92,18 @@ class Adapter(abc.ABC):
     Attributes:
         name: the backend name recorded in plans and artifacts.
         capabilities: what the backend supports (see `Capabilities`).
+        steps_per_execution: how many optimizer steps the adapter fuses into one call
+            (set by adapters with such an option; above 1 needs
+            `Capabilities.fused_steps`).
+        spec_precision: the canonical `Precision` the adapter was configured with (set
+            by adapters with a precision option; must be in `Capabilities.precisions`);
+            None for a framework-native precision with no canonical meaning.
     """
 
     name: ClassVar[str] = "adapter"
     capabilities: ClassVar[Capabilities] = Capabilities()
+    steps_per_execution: int = 1
+    spec_precision: Precision | None = Precision.FLOAT32
     native_loaders: ClassVar[str] = ""
     """What `accepts_data` takes, for error messages (e.g. "a grain MapDataset")."""
 
@@ -108,6 +119,7 @@ class Adapter(abc.ABC):
         implementation checks the plan against `capabilities`.
         """
         caps = self.capabilities
+        self._check_capabilities()
         if plan.sharding is not None and not caps.sharding:
             raise self._unsupported(
                 "`sharding`",
@@ -141,6 +153,24 @@ class Adapter(abc.ABC):
                 )
             self.check_native_data(field, data, plan)
 
+    def _check_capabilities(self) -> None:
+        """The adapter's own options against its declared `capabilities`."""
+        caps = self.capabilities
+        fused = self.steps_per_execution
+        if fused != 1 and not caps.fused_steps:
+            raise self._unsupported(
+                "Fusing optimizer steps",
+                f"steps_per_execution={fused!r}",
+                "Use steps_per_execution=1; this backend runs one step per call.",
+            )
+        precision = self.spec_precision
+        if precision is not None and precision not in caps.precisions:
+            raise self._unsupported(
+                f"Precision {str(precision)!r}",
+                f"precision={str(precision)!r}",
+                f"Use one of {[str(p) for p in caps.precisions]}.",
+            )
+
     def check_native_data(self, field: str, data: Any, plan: Plan) -> None:
         """Backend checks of a native loader `accepts_data` took (`field`: data/validation).
 
@@ -150,6 +180,7 @@ class Adapter(abc.ABC):
 
     def validate_online(self, plan: Plan) -> None:
         """Checks for `OnlineTrainer` (the default refuses when `online` is not declared)."""
+        self._check_capabilities()
         if not self.capabilities.online:
             raise self._unsupported(
                 "Online training (OnlineTrainer)",

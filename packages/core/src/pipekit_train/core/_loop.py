@@ -15,6 +15,7 @@ from ._checkpoint import Checkpoint
 from ._checkpointing import has_checkpoints
 from ._errors import ConfigError
 from ._plan import Plan, is_core_dataset, steps_per_epoch
+from ._policies import NonFinitePolicy, nonfinite_policy
 from ._preemption import DEFAULT_PREEMPTION_SIGNALS, resolve_max_time, resolve_signals
 from ._runtime import HOOKS
 from ._shapes import check_shapes
@@ -22,7 +23,6 @@ from ._spec import resolve_optimizer_config
 
 __all__ = ["TrainingLoop"]
 
-_NONFINITE = ("stop", "skip", "ignore")
 _DEFAULT_MAX_SKIPS = 10
 
 
@@ -261,7 +261,7 @@ class TrainingLoop:
         validate_every_n_steps: int | None = None,
         log_every_n_steps: int = 50,
         accumulate_grad_batches: int = 1,
-        on_nonfinite: str = "stop",
+        on_nonfinite: NonFinitePolicy | str = "stop",
         max_consecutive_skips: int | None = None,
         shuffle: bool = True,
         drop_remainder: bool = True,
@@ -286,21 +286,18 @@ class TrainingLoop:
         )
         log_every_n_steps = _positive_int("log_every_n_steps", log_every_n_steps)  # type: ignore[assignment]  # not None without allow_none
         accumulate_grad_batches = _positive_int("accumulate_grad_batches", accumulate_grad_batches)  # type: ignore[assignment]  # not None without allow_none
-        if on_nonfinite not in _NONFINITE:
-            raise ConfigError(
-                f"`on_nonfinite` must be one of {list(_NONFINITE)}. Received: "
-                f"on_nonfinite={on_nonfinite!r}."
-            )
+        on_nonfinite = nonfinite_policy(on_nonfinite)
         max_consecutive_skips = _positive_int(
             "max_consecutive_skips", max_consecutive_skips, allow_none=True
         )
         if max_consecutive_skips is not None and on_nonfinite != "skip":
             raise ConfigError(
                 "`max_consecutive_skips` only applies with on_nonfinite='skip'. Received: "
-                f"max_consecutive_skips={max_consecutive_skips}, on_nonfinite={on_nonfinite!r}. "
+                f"max_consecutive_skips={max_consecutive_skips}, "
+                f"on_nonfinite={on_nonfinite.value!r}. "
                 "Drop it, or set on_nonfinite='skip'."
             )
-        if on_nonfinite == "skip" and max_consecutive_skips is None:
+        if on_nonfinite is NonFinitePolicy.SKIP and max_consecutive_skips is None:
             max_consecutive_skips = _DEFAULT_MAX_SKIPS
         if not _is_int(seed) or seed < 0:
             raise ConfigError(f"`seed` must be a non-negative int. Received: seed={seed!r}.")

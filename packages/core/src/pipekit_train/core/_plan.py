@@ -6,12 +6,30 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._checkpoint import Checkpoint
+from ._policies import NonFinitePolicy
 from ._preemption import DEFAULT_PREEMPTION_SIGNALS
 
-__all__ = ["Plan", "describe_callable", "is_core_dataset", "steps_per_epoch"]
+if TYPE_CHECKING:
+    from ._adapter import Adapter
+    from .data import Normalizer
+    from .writers import MetricWriter
+
+__all__ = ["RESUME_KEY_FIELDS", "Plan", "describe_callable", "is_core_dataset", "steps_per_epoch"]
+
+RESUME_KEY_FIELDS: tuple[str, ...] = (
+    "backend",
+    "model",
+    "loss",
+    "optimizer",
+    "batch_size",
+    "accumulate_grad_batches",
+    "seed",
+    "shuffle",
+)
+"""The plan fields a checkpoint must match to be resumed (`Plan.resume_key`), in order."""
 
 
 def describe_callable(fn: Any) -> Any:
@@ -89,21 +107,21 @@ class Plan:
     max_epochs: int | None
     total_steps: int | None
     steps_per_epoch: int | None
-    callbacks: tuple[Any, ...]
-    writers: tuple[Any, ...]
+    callbacks: tuple[Any, ...]  # duck-typed: any subset of the `Callback` hooks
+    writers: tuple[MetricWriter, ...]
     checkpoint: Checkpoint | None
     seed: int
-    adapter: Any
+    adapter: Adapter
     sharding: Any = None
     validate_every_n_steps: int | None = None
     accumulate_grad_batches: int = 1
-    on_nonfinite: str = "stop"
+    on_nonfinite: NonFinitePolicy = NonFinitePolicy.STOP
     max_consecutive_skips: int | None = None
     log_every_n_steps: int = 50
     shuffle: bool = True
     drop_remainder: bool = True
     sweep_id: str | None = None
-    normalizer: Any = None
+    normalizer: Normalizer | None = None
     progress: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     preemption_signals: tuple[str, ...] = DEFAULT_PREEMPTION_SIGNALS
@@ -160,7 +178,7 @@ class Plan:
             "sharding": None if self.sharding is None else repr(self.sharding),
             "validate_every_n_steps": self.validate_every_n_steps,
             "accumulate_grad_batches": self.accumulate_grad_batches,
-            "on_nonfinite": self.on_nonfinite,
+            "on_nonfinite": str(self.on_nonfinite),
             "max_consecutive_skips": self.max_consecutive_skips,
             "shuffle": self.shuffle,
             "drop_remainder": self.drop_remainder,
@@ -173,16 +191,4 @@ class Plan:
     def resume_key(self) -> dict[str, Any]:
         """The plan fields that must match for a checkpoint to be resumed."""
         plan = self.to_json()
-        return {
-            k: plan[k]
-            for k in (
-                "backend",
-                "model",
-                "loss",
-                "optimizer",
-                "batch_size",
-                "accumulate_grad_batches",
-                "seed",
-                "shuffle",
-            )
-        }
+        return {k: plan[k] for k in RESUME_KEY_FIELDS}

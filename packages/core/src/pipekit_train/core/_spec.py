@@ -39,12 +39,14 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ._errors import ConfigError
+from ._policies import Precision
 from ._schedules import check_schedule
 
 __all__ = [
     "OPTIMIZERS",
     "PRECISIONS",
     "OptimizerSpec",
+    "canonical_precision",
     "optimizer_spec",
     "resolve_optimizer_config",
     "resolve_precision",
@@ -74,11 +76,12 @@ _ALIASES: Final[dict[str, str]] = {
 _DEFAULT_NAME: Final = "adam"
 _DEFAULT_LR: Final = 1e-3
 
-PRECISIONS: Final[tuple[str, ...]] = ("float32", "bfloat16-mixed", "float16-mixed")
-"""The precision names every backend understands."""
+PRECISIONS: Final[tuple[str, ...]] = tuple(p.value for p in Precision)
+"""The precision names every backend understands (the values of `Precision`)."""
 
 _PRECISION_ALIASES: Final[dict[str, str]] = {
     "32": "float32",
+    "32-true": "float32",
     "fp32": "float32",
     "f32": "float32",
     "bf16-mixed": "bfloat16-mixed",
@@ -280,29 +283,47 @@ def resolve_optimizer_config(config: Any) -> Any:
     return optimizer_spec(config).to_config()
 
 
-def resolve_precision(value: str | None, *, native: Mapping[str, str] | None = None) -> str:
-    """The canonical precision name of `value`.
+def resolve_precision(value: str | None, *, native: Mapping[str, str] | None = None) -> Precision:
+    """The canonical `Precision` of `value`: every spelling is resolved here, once.
 
     Args:
-        value: a canonical name (`PRECISIONS`), a common spelling (`"bf16-mixed"`,
-            `"mixed_bfloat16"`, ...), or one of the backend's own names in `native`.
+        value: a canonical name (`PRECISIONS`, or a `Precision`), a common spelling
+            (`"bf16-mixed"`, `"mixed_bfloat16"`, ...), or one of the backend's own names
+            in `native`; None means float32.
         native: the backend's own names → canonical names.
 
     Raises:
         ConfigError: a name that is neither canonical nor known to the backend.
     """
     if value is None:
-        return "float32"
+        return Precision.FLOAT32
     if isinstance(value, str):
         key = value.strip()
         if key in PRECISIONS:
-            return key
+            return Precision(key)
         if native and key in native:
-            return native[key]
+            return Precision(native[key])
         if key in _PRECISION_ALIASES:
-            return _PRECISION_ALIASES[key]
+            return Precision(_PRECISION_ALIASES[key])
     known = sorted(set(PRECISIONS) | set(_PRECISION_ALIASES) | set(native or {}))
     raise ConfigError(
         f"`precision` must be one of {list(PRECISIONS)} (the names every backend accepts). "
         f"Received: precision={value!r}. This backend also accepts {known}."
     )
+
+
+def canonical_precision(value: object) -> Precision | None:
+    """The `Precision` a string names (canonical or a common spelling), else None.
+
+    For adapters that also take framework-native names with no canonical meaning
+    (a Keras `"bfloat16"` policy, a jmp policy string): those give None.
+    """
+    if isinstance(value, Precision):
+        return value
+    if not isinstance(value, str):
+        return None
+    key = value.strip()
+    if key in PRECISIONS:
+        return Precision(key)
+    alias = _PRECISION_ALIASES.get(key)
+    return None if alias is None else Precision(alias)

@@ -23,7 +23,10 @@ classes here and uses the shared machinery, and imports nothing private from cor
 - **The canonical spec**: `OptimizerSpec`/`optimizer_spec` and `OPTIMIZERS` (names and
   hyperparameters every backend runs the same way), `SCHEDULES`, `check_schedule`,
   `learning_rate_at`, `peak_learning_rate` (learning-rate curves in plain Python),
-  `PRECISIONS`/`resolve_precision`.
+  `PRECISIONS`/`resolve_precision`/`canonical_precision` and the typed policies
+  `Precision` and `NonFinitePolicy`.
+- **Registration**: `BackendEntry`, what a `pipekit_train.backends` entry point names
+  (`BACKENDS_GROUP`); `backend_names`, `load_backend`.
 - **Helpers**: `is_core_dataset`, `describe_callable`, `import_string`, `object_path`,
   `optional_import`, `check_seed`.
 
@@ -31,6 +34,8 @@ See the "Writing an adapter" page of the docs for a walk-through.
 """
 
 from ._adapter import Adapter, Capabilities, NotSupportedError, StepAdapter, StepBackend
+from ._backends import GROUP as BACKENDS_GROUP
+from ._backends import BackendEntry, backend_names, load_backend
 from ._checkpointing import (
     Checkpointer,
     DirectoryCheckpointer,
@@ -45,6 +50,7 @@ from ._imports import import_string, object_path, optional_import
 from ._lifecycle import RunLifecycle
 from ._operators import check_seed
 from ._plan import Plan, describe_callable, is_core_dataset, steps_per_epoch
+from ._policies import NonFinitePolicy, Precision
 from ._remote import RemoteSteps
 from ._runtime import RunContext, RunState
 from ._schedules import SCHEDULES, check_schedule, learning_rate_at, peak_learning_rate
@@ -53,6 +59,7 @@ from ._spec import (
     OPTIMIZERS,
     PRECISIONS,
     OptimizerSpec,
+    canonical_precision,
     optimizer_spec,
     resolve_optimizer_config,
     resolve_precision,
@@ -60,6 +67,10 @@ from ._spec import (
 from ._store import CheckpointStore, FsspecStore, LocalStore, TornStepError, open_store
 
 __all__ = [
+    "BACKENDS_GROUP",
+    "BackendEntry",
+    "backend_names",
+    "load_backend",
     "OPTIMIZERS",
     "PRECISIONS",
     "SCHEDULES",
@@ -71,9 +82,11 @@ __all__ = [
     "FsspecStore",
     "HostBuffers",
     "LocalStore",
+    "NonFinitePolicy",
     "NotSupportedError",
     "OptimizerSpec",
     "Plan",
+    "Precision",
     "RemoteSteps",
     "Restored",
     "RunContext",
@@ -83,6 +96,7 @@ __all__ = [
     "StepBackend",
     "TornCheckpointWarning",
     "TornStepError",
+    "canonical_precision",
     "check_schedule",
     "check_seed",
     "describe_callable",

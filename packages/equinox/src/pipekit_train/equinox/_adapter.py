@@ -25,7 +25,7 @@ from pipekit_train.core.adapter import (
 
 from ._model import EquinoxModelOp, apply_model
 from ._optim import build_optimizer
-from ._precision import DynamicLossScale, Policy, parse_policy
+from ._precision import DynamicLossScale, Policy, resolve_policy
 from ._sharding import ShardingSpec
 
 if TYPE_CHECKING:
@@ -34,18 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["Equinox"]
 
 _LOSS_SCALES: Final = ("auto", "dynamic", "none")
-
-# core's precision vocabulary (and its common spellings) -> jmp policy strings
-_POLICIES: Final[dict[str, str | None]] = {
-    "float32": None,
-    "32-true": None,
-    "bfloat16-mixed": "params=float32,compute=bfloat16,output=float32",
-    "bf16-mixed": "params=float32,compute=bfloat16,output=float32",
-    "mixed_bfloat16": "params=float32,compute=bfloat16,output=float32",
-    "float16-mixed": "params=float32,compute=float16,output=float32",
-    "16-mixed": "params=float32,compute=float16,output=float32",
-    "mixed_float16": "params=float32,compute=float16,output=float32",
-}
 
 
 class Equinox(StepAdapter):
@@ -97,7 +85,8 @@ class Equinox(StepAdapter):
                 f"Received: steps_per_execution={steps_per_execution!r}."
             )
         self.steps_per_execution = int(steps_per_execution)
-        self.policy: Policy = parse_policy(_POLICIES.get(str(precision), precision))
+        self.policy: Policy
+        self.policy, self.spec_precision = resolve_policy(precision)
         self.precision = None if precision is None else str(self.policy)
         if isinstance(loss_scale, str):
             if loss_scale.lower() not in _LOSS_SCALES:

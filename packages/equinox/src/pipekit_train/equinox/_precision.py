@@ -25,12 +25,13 @@ from jaxtyping import Array, Bool, Float, Int, PyTree
 
 import equinox as eqx
 from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import Precision, canonical_precision
 
 Scalar = Float[Array, ""]
 IntScalar = Int[Array, ""]
 BoolScalar = Bool[Array, ""]
 
-__all__ = ["DynamicLossScale", "Policy", "parse_policy"]
+__all__ = ["JMP_POLICIES", "DynamicLossScale", "Policy", "parse_policy", "resolve_policy"]
 
 _DTYPES: Final[dict[str, Any]] = {
     "float32": jnp.float32,
@@ -53,6 +54,13 @@ _KEYS: Final[dict[str, str]] = {
     "o": "output",
 }
 _EXAMPLE: Final = "'params=float32,compute=bfloat16,output=float32'"
+
+JMP_POLICIES: Final[dict[Precision, str | None]] = {
+    Precision.FLOAT32: None,
+    Precision.BFLOAT16_MIXED: "params=float32,compute=bfloat16,output=float32",
+    Precision.FLOAT16_MIXED: "params=float32,compute=float16,output=float32",
+}
+"""Core's `Precision` → the jmp policy string that runs it (None: no casts)."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,24 @@ def parse_policy(spec: Any) -> Policy:
             )
         values[_KEYS[key]] = _DTYPES[value]
     return Policy(**values)
+
+
+def resolve_policy(precision: Any) -> tuple[Policy, Precision | None]:
+    """The `Policy` of an `Equinox(precision=...)` value, and its canonical `Precision`.
+
+    Core's names and their common spellings (resolved by core) map through
+    `JMP_POLICIES`; anything else is read as a jmp policy string, whose canonical
+    precision is None.
+
+    Raises:
+        ConfigError: neither a precision name nor a valid policy string.
+    """
+    if precision is None:
+        return Policy(), Precision.FLOAT32
+    canonical = canonical_precision(precision)
+    if canonical is not None:
+        return parse_policy(JMP_POLICIES[canonical]), canonical
+    return parse_policy(precision), None
 
 
 class DynamicLossScale(eqx.Module):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -11,21 +11,13 @@ from pipekit_train.core.adapter import PRECISIONS as SPEC_PRECISIONS
 from pipekit_train.core.adapter import Adapter, Capabilities
 
 from ._backend import backend_name
+from ._precision import dtype_policy
 
 if TYPE_CHECKING:
     from pipekit_train.core import TrainingArtifact
     from pipekit_train.core.adapter import Plan
 
 __all__ = ["Keras"]
-
-PRECISIONS: Final = ("float32", "mixed_bfloat16", "mixed_float16", "bfloat16", "float16")
-
-# core's precision vocabulary -> Keras dtype policies (None: the float32 default)
-_CANONICAL_PRECISION: Final[dict[str | None, str | None]] = {
-    "float32": None,
-    "bfloat16-mixed": "mixed_bfloat16",
-    "float16-mixed": "mixed_float16",
-}
 
 
 class Keras(Adapter):
@@ -98,16 +90,10 @@ class Keras(Adapter):
                 "`steps_per_execution` must be a positive int. "
                 f"Received: steps_per_execution={steps_per_execution!r}. Use e.g. steps_per_execution=10."
             )
-        if precision in _CANONICAL_PRECISION:
-            precision = _CANONICAL_PRECISION[precision]
-        elif precision is not None and precision not in PRECISIONS:
-            raise ConfigError(
-                f"`precision` must be one of {list(_CANONICAL_PRECISION)} (the same on every "
-                f"backend) or a Keras dtype policy {list(PRECISIONS)}. Received: precision={precision!r}."
-            )
+        native, self.spec_precision = dtype_policy(precision)
         self.jit_compile = jit_compile
         self.steps_per_execution = steps_per_execution
-        self.precision = precision
+        self.precision = native
 
     def get_config(self) -> dict[str, Any]:
         """`{"type": "pipekit_train.keras:Keras", "kwargs": {...}}` (JSON)."""

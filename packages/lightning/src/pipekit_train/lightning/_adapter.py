@@ -21,12 +21,13 @@ import torch
 
 from pipekit_train.core import ConfigError, TrainingArtifact
 from pipekit_train.core.adapter import PRECISIONS as SPEC_PRECISIONS
-from pipekit_train.core.adapter import Adapter, Capabilities, Plan, is_core_dataset
+from pipekit_train.core.adapter import Adapter, Capabilities, Plan, Precision, is_core_dataset
 
 from ._data import BatchFeed, is_datamodule, is_native_loader
 from ._losses import torch_loss
 from ._model import LightningModelOp, as_input, module_dtype
 from ._optim import build_optimizer, check_optimizer_config, gradient_clip
+from ._precision import trainer_precision
 
 __all__ = ["Lightning"]
 
@@ -120,31 +121,6 @@ _OWNED = {
     "overfit_batches": "a small ArrayDataset",
     "accumulate_grad_batches": "TrainingLoop(accumulate_grad_batches=k) (the same meaning on every backend)",
 }
-# core's precision vocabulary -> Lightning's names
-_CANONICAL_PRECISION = {
-    "float32": "32-true",
-    "bfloat16-mixed": "bf16-mixed",
-    "float16-mixed": "16-mixed",
-}
-_PRECISIONS = frozenset(
-    {
-        "64",
-        "32",
-        "16",
-        "bf16",
-        64,
-        32,
-        16,
-        "64-true",
-        "32-true",
-        "16-true",
-        "bf16-true",
-        "16-mixed",
-        "bf16-mixed",
-        "transformer-engine",
-        "transformer-engine-float16",
-    }
-)
 _NVML = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 
@@ -273,14 +249,10 @@ class Lightning(Adapter):
                 f"artifact, callbacks and writers would not come back. Received: strategy={strategy!r}. "
                 "Use strategy='ddp' (Lightning re-runs the script for the other ranks)."
             )
-        precision = trainer_kwargs.get("precision")
-        if isinstance(precision, str) and precision in _CANONICAL_PRECISION:
-            trainer_kwargs["precision"] = _CANONICAL_PRECISION[precision]
-        elif precision is not None and precision not in _PRECISIONS:
-            raise ConfigError(
-                f"`precision` must be one of {list(_CANONICAL_PRECISION)} (the same on every "
-                f"backend) or a Lightning precision {sorted(map(str, _PRECISIONS))}. "
-                f"Received: precision={precision!r}. On CPU use 'float32' or 'bfloat16-mixed'."
+        self.spec_precision: Precision | None = Precision.FLOAT32
+        if "precision" in trainer_kwargs and trainer_kwargs["precision"] is not None:
+            trainer_kwargs["precision"], self.spec_precision = trainer_precision(
+                trainer_kwargs["precision"]
             )
         self.trainer_kwargs = dict(trainer_kwargs)
 

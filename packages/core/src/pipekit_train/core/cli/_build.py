@@ -25,53 +25,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipekit_train.core._backends import load_backend
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core._imports import import_string
 
 from ._config import CALLBACKS, WRITERS, ComponentSpec, FactorySpec, RunConfig
+from ._wording import in_cli_terms
 
-__all__ = ["BackendInfo", "Built", "backend_info", "build_loop", "python_path"]
-
-
-@dataclass(frozen=True)
-class BackendInfo:
-    """Where a backend's adapter lives and how to install it."""
-
-    module: str
-    model_op: str
-    adapter: str
-    install: str
+__all__ = ["Built", "build_loop", "python_path"]
 
 
-_BACKENDS = {
-    "equinox": BackendInfo(
-        "pipekit_train.equinox", "EquinoxModelOp", "Equinox", "pip install pipekit-train-equinox"
-    ),
-    "lightning": BackendInfo(
-        "pipekit_train.lightning",
-        "LightningModelOp",
-        "Lightning",
-        "pip install pipekit-train-lightning",
-    ),
-    "keras": BackendInfo(
-        "pipekit_train.keras", "KerasModelOp", "Keras", "pip install 'pipekit-train-keras[jax]'"
-    ),
-}
-
-
-def backend_info(backend: str) -> BackendInfo:
-    """The `BackendInfo` of a backend name."""
-    return _BACKENDS[backend]
-
-
-def _import_backend(backend: str) -> Any:
-    info = _BACKENDS[backend]
+def _backend_classes(backend: str) -> tuple[Any, Any]:
+    """`(model-operator class, adapter class)` of a registered backend."""
+    entry = load_backend(backend)
     try:
-        return importlib.import_module(info.module)
+        return entry.model_op_class(), entry.adapter_class()
     except ImportError as exc:
+        fix = f" Install it with `{entry.install}`." if entry.install else ""
         raise ConfigError(
-            f"--backend {backend} needs the {info.module} package, which cannot be imported "
-            f"({exc}). Received: backend={backend!r}. Install it with `{info.install}`."
+            f"--backend {backend} needs {entry.adapter.partition(':')[0]}, which cannot be "
+            f"imported ({exc}). Received: backend={backend!r}.{fix}"
         ) from exc
 
 
@@ -86,8 +59,26 @@ def python_path(folders: tuple[Path, ...]) -> Iterator[None]:
         sys.path[:] = saved
 
 
-def _bind(where: str, fn: Any, kwargs: Mapping[str, Any], *, partial: bool = False) -> None:
-    """Check that `fn` accepts `kwargs` (names only; values are the callee's to check)."""
+def _bind(
+    where: str,
+    fn: Any,
+    kwargs: Mapping[str, Any],
+    *,
+    partial: bool = False,
+    supplied: tuple[str, ...] = (),
+    supplier: str = "",
+) -> None:
+    """Check that `fn` accepts `kwargs` (names only; values are the callee's to check).
+
+    `supplied` names arguments the caller passes itself (`supplier`): they are neither
+    accepted from the config nor offered in the message.
+    """
+    for name in supplied:
+        if name in kwargs:
+            raise ConfigError(
+                f"`{where}.{name}` is passed to the factory by {supplier}; the config cannot "
+                f"set it. Received: {where}.{name}={kwargs[name]!r}. Drop it from {where}."
+            )
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -101,7 +92,7 @@ def _bind(where: str, fn: Any, kwargs: Mapping[str, Any], *, partial: bool = Fal
         accepted = [
             name
             for name, p in signature.parameters.items()
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name not in supplied
         ]
         raise ConfigError(
             f"`{where}` does not fit {getattr(fn, '__qualname__', fn)!r}: {exc}. "
@@ -109,8 +100,25 @@ def _bind(where: str, fn: Any, kwargs: Mapping[str, Any], *, partial: bool = Fal
         ) from exc
 
 
-def _resolve(where: str, path: str) -> Any:
-    obj = import_string(path, field=where)
+def _resolve(where: str, path: str, pythonpath: tuple[Path, ...] = ()) -> Any:
+    try:
+        obj = import_string(path, field=where)
+    except ConfigError as exc:
+        missing = exc.__cause__
+        module = path.partition(":")[0]
+        if not (
+            isinstance(missing, ModuleNotFoundError)
+            and missing.name is not None
+            and (module == missing.name or module.startswith(missing.name + "."))
+        ):
+            raise  # the module is there but fails to import: its own message says why
+        folders = [str(p) for p in pythonpath]
+        raise ConfigError(
+            f"`{where}` names a module that cannot be imported: {missing}. Received: "
+            f"{where}={path!r}, pythonpath={folders}. Add the folder that holds the module to "
+            "the config's `pythonpath` key (folders relative to the config file, e.g. "
+            'pythonpath = ["."] when it sits beside the config), or install its package.'
+        ) from missing
     if not callable(obj):
         raise ConfigError(
             f"`{where}` must name a function or class. Received: {where}={path!r}, which is "
@@ -119,10 +127,12 @@ def _resolve(where: str, path: str) -> Any:
     return obj
 
 
-def _component_class(spec: ComponentSpec, builtins: Mapping[str, str], module: str) -> Any:
+def _component_class(
+    spec: ComponentSpec, builtins: Mapping[str, str], module: str, pythonpath: tuple[Path, ...]
+) -> Any:
     if spec.type in builtins:
         return getattr(importlib.import_module(module), builtins[spec.type])
-    return _resolve(f"{spec.where}.type", spec.type)
+    return _resolve(f"{spec.where}.type", spec.type, pythonpath)
 
 
 def _call_dataset(spec: FactorySpec, fn: Callable[..., Any]) -> Any:
@@ -162,39 +172,47 @@ def build_loop(
             take, a missing backend package, or anything `TrainingLoop` refuses.
     """
     # -- every name imported, every argument bound: still no work ----------------------
-    data_fn = _resolve("data.factory", config.data.factory)
+    pythonpath = config.pythonpath
+    data_fn = _resolve("data.factory", config.data.factory, pythonpath)
     _bind("data.kwargs", data_fn, config.data.kwargs)
     val_fn = None
     if config.validation is not None:
-        val_fn = _resolve("validation.factory", config.validation.factory)
+        val_fn = _resolve("validation.factory", config.validation.factory, pythonpath)
         _bind("validation.kwargs", val_fn, config.validation.kwargs)
-    backend = _import_backend(config.backend)
-    info = _BACKENDS[config.backend]
-    op_class = getattr(backend, info.model_op)
-    adapter_class = getattr(backend, info.adapter)
+    op_class, adapter_class = _backend_classes(config.backend)
     model_factory = config.model.factory_for(config.backend)
-    model_fn = _resolve("model.factory", model_factory)
-    _bind("model.kwargs", model_fn, config.model.kwargs, partial=True)
+    model_fn = _resolve("model.factory", model_factory, pythonpath)
+    _bind(
+        "model.kwargs",
+        model_fn,
+        config.model.kwargs,
+        partial=True,
+        supplied=load_backend(config.backend).supplied_kwargs,
+        supplier=f"the {config.backend} model operator ({op_class.__name__})",
+    )
     _bind(f"adapter.{config.backend}", adapter_class, config.adapter)
     loop_kwargs = dict(config.loop)
     loss = loop_kwargs.get("loss")
     if isinstance(loss, str) and ":" in loss:
-        loop_kwargs["loss"] = _resolve("loss", loss)
+        loop_kwargs["loss"] = _resolve("loss", loss, pythonpath)
     metrics = loop_kwargs.get("metrics")
     if isinstance(metrics, list):
         loop_kwargs["metrics"] = [
-            _resolve("metrics", m) if isinstance(m, str) and ":" in m else m for m in metrics
+            _resolve("metrics", m, pythonpath) if isinstance(m, str) and ":" in m else m
+            for m in metrics
         ]
     elif isinstance(metrics, Mapping):
         loop_kwargs["metrics"] = {
-            k: _resolve(f"metrics.{k}", m) if isinstance(m, str) and ":" in m else m
+            k: _resolve(f"metrics.{k}", m, pythonpath) if isinstance(m, str) and ":" in m else m
             for k, m in metrics.items()
         }
     callback_classes = [
-        _component_class(s, CALLBACKS, "pipekit_train.core.callbacks") for s in config.callbacks
+        _component_class(s, CALLBACKS, "pipekit_train.core.callbacks", pythonpath)
+        for s in config.callbacks
     ]
     writer_classes = [
-        _component_class(s, WRITERS, "pipekit_train.core.writers") for s in config.writers
+        _component_class(s, WRITERS, "pipekit_train.core.writers", pythonpath)
+        for s in config.writers
     ]
     for spec, cls in zip(
         (*config.callbacks, *config.writers), (*callback_classes, *writer_classes), strict=True
@@ -245,17 +263,23 @@ def build_loop(
 
     from pipekit_train.core import TrainingLoop
 
-    loop = TrainingLoop(
-        model,
-        data,
-        validation,
-        callbacks=[*callbacks, *extra_callbacks],
-        checkpoint=config.checkpoint,
-        adapter=adapter,
-        normalizer=normalizer,
-        progress=progress_bar,
-        **loop_kwargs,
-    )
+    try:
+        loop = TrainingLoop(
+            model,
+            data,
+            validation,
+            callbacks=[*callbacks, *extra_callbacks],
+            checkpoint=config.checkpoint,
+            adapter=adapter,
+            normalizer=normalizer,
+            progress=progress_bar,
+            **loop_kwargs,
+        )
+    except ConfigError as exc:
+        worded = in_cli_terms(exc, config)
+        if worded is exc:
+            raise
+        raise worded from exc
 
     # -- writers last: some create files when built ------------------------------------
     from pipekit_train.core.writers import AsyncWriter, check_writer

@@ -9,7 +9,9 @@ an unknown key lists the accepted ones. Nothing is imported, built or written he
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import inspect
 import json
 import math
 import tomllib
@@ -18,13 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipekit_train.core._backends import backend_names
 from pipekit_train.core._checkpoint import Checkpoint
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core._policies import NonFinitePolicy
 from pipekit_train.core._spec import resolve_optimizer_config
 
+from ._wording import in_cli_terms
+
 __all__ = [
-    "BACKENDS",
     "CALLBACKS",
+    "CHECKPOINT_EXCLUDED",
+    "LOOP_ELSEWHERE",
+    "LOOP_EXCLUDED",
     "PROGRESS",
     "WRITERS",
     "ComponentSpec",
@@ -32,12 +40,12 @@ __all__ = [
     "ModelSpec",
     "RunConfig",
     "apply_overrides",
+    "checkpoint_keys",
     "load_run_config",
+    "loop_keys",
     "read_config_file",
 ]
 
-#: The backends `--backend` accepts.
-BACKENDS = ("equinox", "lightning", "keras")
 #: Built-in writer `type` names → `pipekit_train.core.writers` classes.
 WRITERS = {
     "jsonl": "JsonlWriter",
@@ -55,34 +63,72 @@ CALLBACKS = {
 #: `progress` values: a bar on a terminal and lines otherwise, or one of them, or nothing.
 PROGRESS = ("auto", "bar", "lines", "none")
 
-_TOP = (
-    "backend",
-    "pythonpath",
-    "seed",
-    "batch_size",
-    "max_steps",
-    "max_epochs",
-    "loss",
-    "metrics",
-    "validate_every_n_steps",
-    "log_every_n_steps",
-    "accumulate_grad_batches",
-    "on_nonfinite",
-    "shuffle",
-    "drop_remainder",
-    "progress",
-    "progress_interval_s",
-    "optimizer",
-    "model",
-    "data",
-    "validation",
-    "normalizer",
-    "checkpoint",
-    "writers",
-    "callbacks",
-    "adapter",
-    "registry",
-)
+#: `TrainingLoop` parameters the run config spells another way, and where.
+LOOP_ELSEWHERE: dict[str, str] = {
+    "model": "the [model] table (factory, kwargs, seed)",
+    "data": "the [data] table (factory, kwargs, split)",
+    "validation": "the [validation] table, or data.split",
+    "optimizer_config": "the [optimizer] table",
+    "checkpoint": "the [checkpoint] table",
+    "callbacks": "the [[callbacks]] array of tables",
+    "writers": "the [[writers]] array of tables",
+    "adapter": "the `backend` key and the [adapter.<backend>] table",
+    "normalizer": "the [normalizer] table",
+    "progress": "the `progress` key (auto, bar, lines, none) and `progress_interval_s`",
+}
+#: `TrainingLoop` parameters with no run-config key: their values are Python objects.
+LOOP_EXCLUDED: dict[str, str] = {
+    "sharding": "a backend-specific Python object (e.g. an Equinox ShardingSpec over a "
+    "device mesh); a config file has no way to build one",
+    "sweep_id": "set by pipekit_train.sweep on each trial it runs, not by a user",
+}
+#: `Checkpoint` fields with no `[checkpoint]` key.
+CHECKPOINT_EXCLUDED: dict[str, str] = {
+    "storage_options": "credentials do not belong in a run config (writers such as W&B "
+    "record the config); fsspec reads them from the environment (AWS_ACCESS_KEY_ID, ...)",
+}
+
+
+def loop_keys() -> tuple[str, ...]:
+    """The top-level run-config keys that are `TrainingLoop` keyword arguments.
+
+    Derived from `TrainingLoop`'s signature: every parameter that is not spelled another
+    way (`LOOP_ELSEWHERE`) or a Python object (`LOOP_EXCLUDED`), so a parameter added to
+    `TrainingLoop` is a config key without an edit here.
+    """
+    from pipekit_train.core._loop import TrainingLoop
+
+    params = inspect.signature(TrainingLoop).parameters
+    return tuple(n for n in params if n not in LOOP_ELSEWHERE and n not in LOOP_EXCLUDED)
+
+
+def checkpoint_keys() -> tuple[str, ...]:
+    """The `[checkpoint]` keys: the `Checkpoint` fields less `CHECKPOINT_EXCLUDED`."""
+    return tuple(
+        f.name for f in dataclasses.fields(Checkpoint) if f.name not in CHECKPOINT_EXCLUDED
+    )
+
+
+def _top_keys() -> tuple[str, ...]:
+    return (
+        "backend",
+        "pythonpath",
+        *loop_keys(),
+        "progress",
+        "progress_interval_s",
+        "optimizer",
+        "model",
+        "data",
+        "validation",
+        "normalizer",
+        "checkpoint",
+        "writers",
+        "callbacks",
+        "adapter",
+        "registry",
+    )
+
+
 _POSITIVE_INTS = (
     "batch_size",
     "max_steps",
@@ -90,22 +136,13 @@ _POSITIVE_INTS = (
     "validate_every_n_steps",
     "log_every_n_steps",
     "accumulate_grad_batches",
+    "max_consecutive_skips",
 )
+_BOOLS = ("shuffle", "drop_remainder")
 _MODEL_KEYS = ("factory", "kwargs", "seed")
 _DATA_KEYS = ("factory", "kwargs", "split", "split_seed")
 _VALIDATION_KEYS = ("factory", "kwargs")
 _NORMALIZER_KEYS = ("keys", "path")
-_CHECKPOINT_KEYS = (
-    "directory",
-    "every_n_steps",
-    "max_to_keep",
-    "keep_best",
-    "monitor",
-    "mode",
-    "async_save",
-    "resume",
-    "save_on_end",
-)
 _REGISTRY_KEYS = ("uri", "name")
 
 
@@ -304,14 +341,25 @@ def _substitute(value: Any, backend: str) -> Any:
 # -- checks -----------------------------------------------------------------------------
 
 
+def _did_you_mean(key: str, accepted: Sequence[str]) -> str:
+    """A "Did you mean" hint: a close spelling, else the keys `key` begins (`every`)."""
+    close = difflib.get_close_matches(key, accepted, n=1)
+    if not close:
+        close = [a for a in accepted if a.startswith(key) or key.startswith(a)]
+    if not close:
+        return ""
+    if len(close) == 1:
+        return f" Did you mean `{close[0]}`?"
+    return f" Did you mean one of {', '.join(f'`{c}`' for c in close)}?"
+
+
 def _unknown(where: str, table: Mapping[str, Any], accepted: Sequence[str]) -> None:
     extra = [k for k in table if k not in accepted]
     if not extra:
         return
     key = extra[0]
     name = f"{where}.{key}" if where else key
-    close = difflib.get_close_matches(key, accepted, n=1)
-    hint = f" Did you mean `{close[0]}`?" if close else ""
+    hint = _did_you_mean(key, accepted)
     section = f"[{where}]" if where else "the top level"
     raise ConfigError(
         f"Unknown key `{name}` in the run config.{hint} Received: {name}={table[key]!r}. "
@@ -392,7 +440,7 @@ def _model_spec(value: Any, seed: int) -> ModelSpec:
         )
     factory = table["factory"]
     if isinstance(factory, Mapping):
-        _unknown("model.factory", factory, BACKENDS)
+        _unknown("model.factory", factory, backend_names())
         factory = {
             str(k): _import_path(f"model.factory.{k}", v, f"mypkg.{k}_models:mlp")
             for k, v in factory.items()
@@ -459,7 +507,7 @@ def _checkpoint(value: Any) -> Checkpoint:
     if isinstance(value, str):
         value = {"directory": value}
     table = _table("checkpoint", value)
-    _unknown("checkpoint", table, _CHECKPOINT_KEYS)
+    _unknown("checkpoint", table, checkpoint_keys())
     if "directory" not in table:
         raise ConfigError(
             "`checkpoint.directory` is required. Received: [checkpoint] keys="
@@ -509,7 +557,7 @@ def _components(
 
 def _adapter(value: Any) -> dict[str, dict[str, Any]]:
     table = _table("adapter", value)
-    _unknown("adapter", table, BACKENDS)
+    _unknown("adapter", table, backend_names())
     return {k: _table(f"adapter.{k}", v) for k, v in table.items()}
 
 
@@ -573,16 +621,21 @@ def load_run_config(
     """
     source = Path(path)
     raw = apply_overrides(read_config_file(source), overrides)
-    _unknown("", raw, _TOP)
+    _unknown("", raw, _top_keys())
     chosen = backend if backend is not None else raw.get("backend")
+    installed = backend_names()
     if chosen is None:
         raise ConfigError(
-            "No backend chosen. Received: backend=None. Set backend = 'equinox' (or "
-            f"{list(BACKENDS[1:])}) in the config file, or pass --backend."
+            "No backend chosen. Received: backend=None. Set backend = 'equinox' (or one of "
+            f"{list(installed)}) in the config file, or pass --backend."
         )
-    if chosen not in BACKENDS:
+    if chosen not in installed:
+        close = difflib.get_close_matches(str(chosen), installed, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ConfigError(
-            f"`backend` must be one of {list(BACKENDS)}. Received: backend={chosen!r}."
+            f"`backend` must be an installed backend, one of {list(installed)}.{hint} "
+            f"Received: backend={chosen!r}. Another backend needs its package installed "
+            f"(e.g. pip install pipekit-train-{chosen})."
         )
     raw = _substitute(raw, chosen)
     pythonpath = raw.get("pythonpath", [])
@@ -612,18 +665,30 @@ def load_run_config(
             "Set `max_steps` or `max_epochs` so the run knows when to stop. "
             "Received: neither is in the config. Add e.g. max_steps = 1000."
         )
-    for key in ("shuffle", "drop_remainder"):
+    for key in _BOOLS:
         if key in raw:
             if not isinstance(raw[key], bool):
                 raise ConfigError(f"`{key}` must be true or false. Received: {key}={raw[key]!r}.")
             loop[key] = raw[key]
     if "on_nonfinite" in raw:
-        if raw["on_nonfinite"] not in ("stop", "ignore"):
+        choices = [p.value for p in NonFinitePolicy]
+        if raw["on_nonfinite"] not in choices:
             raise ConfigError(
-                "`on_nonfinite` must be 'stop' or 'ignore'. "
+                f"`on_nonfinite` must be one of {choices}. "
                 f"Received: on_nonfinite={raw['on_nonfinite']!r}."
             )
         loop["on_nonfinite"] = raw["on_nonfinite"]
+    if "max_consecutive_skips" in loop and loop.get("on_nonfinite") != "skip":
+        raise ConfigError(
+            "`max_consecutive_skips` only applies when skipping non-finite steps. Received: "
+            f"max_consecutive_skips={loop['max_consecutive_skips']}, "
+            f'on_nonfinite={raw.get("on_nonfinite", "stop")!r}. Add on_nonfinite = "skip" '
+            "to the config (or --set on_nonfinite=skip), or drop max_consecutive_skips."
+        )
+    checked = {"seed", "loss", "metrics", *_POSITIVE_INTS, *_BOOLS, "on_nonfinite"}
+    for key in loop_keys():  # parameters without a check here: TrainingLoop checks them
+        if key in raw and key not in checked:
+            loop[key] = raw[key]
     loop["loss"], metrics = _loss_and_metrics(raw)
     if metrics is not None:
         loop["metrics"] = metrics
@@ -632,7 +697,7 @@ def load_run_config(
         try:
             resolve_optimizer_config(optimizer)
         except ConfigError as exc:
-            raise ConfigError(f"[optimizer] {exc}") from exc
+            raise in_cli_terms(ConfigError(f"[optimizer] {exc}")) from exc
         loop["optimizer_config"] = optimizer
 
     progress = raw.get("progress", "auto")

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from pipekit_train.core._checkpointing import MANIFEST, META
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core._folder_digest import FOLDER_DIGEST, check_folder, sha256_file
+from pipekit_train.core._plan import RESUME_KEY_FIELDS
 
 __all__ = ["checkpoint_inspect", "inspect_checkpoints"]
 
@@ -93,7 +95,7 @@ def _summary(meta: dict[str, Any]) -> dict[str, Any]:
         "metrics": run.get("latest") or {},
         "best_metric": run.get("best_metric"),
         "best_step": run.get("best_step"),
-        "resume_key": meta.get("resume_key") or {},
+        "resume_key": ordered_resume_key(meta.get("resume_key") or {}),
         "data_iter": meta.get("data_iter"),
     }
 
@@ -160,9 +162,19 @@ def _model(config: Any) -> str:
     return f"{config.get('factory', config.get('type'))}({kwargs}) seed={config.get('seed')}"
 
 
+def ordered_resume_key(key: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved resume key in `Plan.resume_key`'s order (then any other field, sorted).
+
+    Engines store the metadata JSON with or without sorted keys; the report does not
+    depend on which.
+    """
+    known = [k for k in RESUME_KEY_FIELDS if k in key]
+    return {k: key[k] for k in (*known, *sorted(set(key) - set(known)))}
+
+
 def _resume_key(key: dict[str, Any]) -> list[str]:
     lines = []
-    for name, value in key.items():
+    for name, value in ordered_resume_key(key).items():
         if name == "model":
             text = _model(value)
         elif isinstance(value, dict) and set(value) == {"name"}:
@@ -197,10 +209,18 @@ def checkpoint_inspect(directory: str, *, as_json: bool = False, out: IO[str] | 
         print(f"  interrupted write: {name} (cleaned up by the next run)", file=out)
     latest = report["latest_complete"]
     if latest is None:
-        print("no complete checkpoint: a run with resume='auto' starts from step 0", file=out)
+        print(
+            'no complete checkpoint: `pipekit-train run` (checkpoint.resume = "auto", the '
+            "default) starts from step 0",
+            file=out,
+        )
         return 1
     entry = next(s for s in steps if s["step"] == latest)
-    print(f"latest complete: step {latest} (resume='auto' continues from here)", file=out)
+    print(
+        f"latest complete: step {latest} (`pipekit-train run` with checkpoint.resume = "
+        '"auto", the default, continues from here)',
+        file=out,
+    )
     if entry.get("best_metric") is not None:
         print(f"  best: {entry['best_metric']:.6g} at step {entry['best_step']}", file=out)
     if entry.get("resume_key"):

@@ -9,8 +9,6 @@ from collections.abc import Sequence
 from pipekit_train.core._errors import ConfigError, PipekitError
 from pipekit_train.core._preemption import PREEMPTED_EXIT_STATUS, Preempted
 
-from ._config import BACKENDS
-
 __all__ = ["main"]
 
 _EPILOG = """\
@@ -43,7 +41,11 @@ def _parser() -> argparse.ArgumentParser:
         "complete checkpoint if one exists; register the result if [registry] is set.",
     )
     run.add_argument("config", help="the run config (.toml or .json)")
-    run.add_argument("--backend", choices=BACKENDS, help="override the config's backend")
+    run.add_argument(
+        "--backend",
+        help="override the config's backend: an installed one (equinox, lightning, keras, "
+        "numpy, or any registered under the 'pipekit_train.backends' entry points)",
+    )
     run.add_argument(
         "--set",
         dest="overrides",

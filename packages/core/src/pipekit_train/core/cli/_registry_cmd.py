@@ -131,6 +131,14 @@ def registry_show(uri: str, ref: str, *, as_json: bool = False, out: IO[str] | N
     out = out or sys.stdout
     registry = open_registry(uri)
     name, version = _parse_ref(ref)
+    if isinstance(version, int):
+        available = registry.versions(name)
+        if available and version not in available:
+            raise ConfigError(
+                f"Model {name!r} has no complete version {version}. Received: {ref!r}. "
+                f"Available versions: {available}. Use `pipekit-train registry show {uri} "
+                f"{name}:{available[-1]}`, or {name}:latest (the same as just {name})."
+            )
     record = registry.record(name, version)  # verifies the manifest's record_sha256
     weights = _weights_check(registry, record)
     if as_json:

@@ -7,12 +7,14 @@ import warnings
 from collections.abc import Sequence
 from typing import IO, Any
 
+from pipekit_train.core._errors import PipekitError
 from pipekit_train.core._trust import is_model_factory
 
 from ._build import build_loop, python_path
 from ._config import RunConfig, load_run_config
 from ._progress import ProgressLines
 from ._registry_cmd import open_registry
+from ._wording import in_cli_terms
 
 __all__ = ["run_command"]
 
@@ -98,7 +100,13 @@ def run_command(
         if dry_run:
             print("dry run: the config is valid; nothing was trained", file=out, flush=True)
             return 0
-        artifact = built.loop.run()
+        try:
+            artifact = built.loop.run()
+        except PipekitError as exc:
+            worded = in_cli_terms(exc, config)
+            if worded is exc:
+                raise
+            raise worded from exc
     resumed = f", {artifact.resume_note}" if artifact.resume_note else ""
     print(
         f"done: {artifact.steps} steps ({artifact.stop_reason}{resumed}) in "
