@@ -143,20 +143,21 @@ def testing_factories() -> str:
 
 
 def cli_keys() -> str:
+    from pipekit_train.core.adapter import backend_names
     from pipekit_train.core.cli import _config as cfg
 
     tables = {
-        "top level": cfg._TOP,
+        "top level": cfg._top_keys(),
         "`[model]`": cfg._MODEL_KEYS,
         "`[data]`": cfg._DATA_KEYS,
         "`[validation]`": cfg._VALIDATION_KEYS,
         "`[normalizer]`": cfg._NORMALIZER_KEYS,
-        "`[checkpoint]`": cfg._CHECKPOINT_KEYS,
+        "`[checkpoint]`": cfg.checkpoint_keys(),
         "`[registry]`": cfg._REGISTRY_KEYS,
         "`[[writers]]` `type`": (*cfg.WRITERS, '"module:Class"'),
         "`[[callbacks]]` `type`": (*cfg.CALLBACKS, '"module:Class"'),
         "`progress`": cfg.PROGRESS,
-        "`backend`": cfg.BACKENDS,
+        "`backend`": backend_names(),
     }
     lines = ["| where | accepted |", "|---|---|"]
     for where, keys in tables.items():
