@@ -14,7 +14,7 @@ What runs:
 - `bash`/`sh`/`console` blocks whose commands are all `pipekit-train ...` (optionally
   `uv run pipekit-train ...` or `python -m pipekit_train.core.cli ...`) run, each command
   in a shell, and must exit 0 (or the status named by an `exit` directive).
-- `toml` and `json` blocks are parsed.
+- `toml`, `json` and `yaml` blocks are parsed.
 - `text` blocks are shown, not run, unless an `output` directive says they are the
   printed output of the block before them (or, when their lines start with `$ `, a
   console session whose commands run and whose output is compared). Output is compared
@@ -61,7 +61,7 @@ DIRECTIVE = re.compile(r"^\s*<!--\s*docs:\s*(?P<kind>[a-z]+)(?P<arg>.*?)\s*-->\s
 SETUP_START = re.compile(r"^\s*<!--\s*docs:\s*setup\s*$")
 SHELL = {"bash", "sh", "shell", "console"}
 SHOWN = {"text", "txt", "output"}
-PARSED = {"toml", "json"}
+PARSED = {"toml", "json", "yaml"}
 KNOWN = {"python", "py"} | SHELL | SHOWN | PARSED
 CLI_PREFIXES = ("pipekit-train ", "python -m pipekit_train.core.cli ")
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
@@ -229,6 +229,11 @@ class Page:
             return self._shell(block, code)
         if block.lang == "toml":
             tomllib.loads(code)
+            return {"status": "parsed"}
+        if block.lang == "yaml":
+            import yaml  # PyYAML comes with mkdocs (the dev group)
+
+            yaml.safe_load(code)
             return {"status": "parsed"}
         if block.lang == "json":
             value = json.loads(code)
