@@ -79,23 +79,11 @@ class Validation:
             )
         else:
             it = batches
-        preds, targets, total, count = [], [], 0.0, 0
-        norm = self.plan.normalizer
-        for batch in it:
-            if norm is not None:
-                batch = norm.apply(batch)
-            pred, loss = eval_batch(batch)
-            n = len(batch["y"])
-            total += float(np.asarray(loss)) * n
-            count += n
-            if self.plan.metrics:
-                preds.append(np.asarray(pred))
-                targets.append(np.asarray(batch["y"]))
-        metrics = {"loss": total / max(count, 1)}
-        if self.plan.metrics:
-            pred_all, target_all = np.concatenate(preds), np.concatenate(targets)
-            for name, fn in self.plan.metrics.items():
-                metrics[name] = float(np.asarray(fn(pred_all, target_all)))
+        from ._evaluation import aggregate_batches
+
+        metrics = aggregate_batches(
+            it, eval_batch, self.plan.metrics, normalizer=self.plan.normalizer
+        )
         return self.record_validation(metrics)
 
     def record_validation(self, metrics: Mapping[str, float]) -> dict[str, float]:
