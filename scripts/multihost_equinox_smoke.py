@@ -259,9 +259,11 @@ def launch(timeout: float, elastic: bool) -> int:
             try:
                 out, _ = proc.communicate(timeout=max(1.0, timeout - (time.perf_counter() - t1)))
             except subprocess.TimeoutExpired:
-                for p in procs:
-                    p.kill()
                 print(f"FAIL: the workers did not finish within {timeout:.0f}s")
+                for i, p in enumerate(procs):  # what each worker said, to see who stopped where
+                    p.kill()
+                    said, _ = p.communicate()
+                    print(f"--- worker {i} (exit {p.returncode}):\n{(said or '')[-4000:]}")
                 return 2
             outputs.append(out)
         for i, (proc, out) in enumerate(zip(procs, outputs, strict=True)):

@@ -295,8 +295,7 @@ class OrbaxCheckpointer:
 
     def _drop_stale(self, manager: ocp.CheckpointManager, step: int) -> None:
         """Delete steps from an abandoned timeline (torn steps a restore fell back past)."""
-        self.store.drop_from(step)
-        manager.reload()
+        _primary_then_reload(manager, lambda: self.store.drop_from(step), "drop")
 
     def _save_on_device(
         self, step: int, state: Any, meta: Mapping[str, Any], metrics: Mapping[str, float]
@@ -366,9 +365,7 @@ class OrbaxCheckpointer:
 
     def _prune(self, manager: ocp.CheckpointManager) -> None:
         """Retention (the store's), on the primary process; the manager re-reads its steps."""
-        if jax.process_index() == 0:
-            self.store.prune(self._score_of)
-        manager.reload()
+        _primary_then_reload(manager, lambda: self.store.prune(self._score_of), "retention")
 
     def poll(self) -> None:
         """Raise the error of a failed background save, if any; never blocks."""
@@ -467,6 +464,20 @@ class OrbaxCheckpointer:
         finally:
             manager.close()
         return Restored(step=step, state=state, meta=meta, path=self.store.step_location(step))
+
+
+def _primary_then_reload(manager: ocp.CheckpointManager, change: Any, what: str) -> None:
+    """Run `change` (deleting step folders) on the primary process only; every process
+    re-reads its steps after it. With several processes they meet at a barrier first, so
+    no process lists a folder while the primary deletes it (the barrier is reached even
+    when `change` fails, so the other processes never wait for ever)."""
+    try:
+        if jax.process_index() == 0:
+            change()
+    finally:
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"pipekit_train.equinox:{what}")
+    manager.reload()
 
 
 def abstract_of(tree: Mapping[str, Any]) -> dict[str, jax.ShapeDtypeStruct]:
