@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     batch = test.get_batch(np.arange(len(test)))
     truth = np.asarray(batch["y"], dtype=np.float64)
     dist = posterior.distribution(batch["x"])
+    assert isinstance(dist, Gaussian)  # the head this example trains
     rmse = np.sqrt(np.mean((dist.mean - truth) ** 2, axis=0))
     per_parameter = coverage(dist, truth, np.array([0.68, 0.95]))
     cover68, cover95 = (float(c) for c in per_parameter.mean(axis=1))

@@ -104,7 +104,13 @@ def channel_normalizer(dataset: Any) -> Normalizer:
 
 def model_op(backend: str, width: int = 24, depth: int = 3, seed: int = 0) -> Any:
     """The backend's periodic `conv_net` on channels-last (u, v) fields."""
-    kwargs = {"in_channels": 2, "out_channels": 2, "width": width, "depth": depth, "seed": seed}
+    kwargs: dict[str, Any] = {
+        "in_channels": 2,
+        "out_channels": 2,
+        "width": width,
+        "depth": depth,
+        "seed": seed,
+    }
     if backend == "equinox":
         from pipekit_train.equinox import EquinoxModelOp
 
@@ -275,7 +281,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # 1. simulate on demand, deterministic per (seed, index); cache to zarr, 64 states a chunk.
     # The cache is shared by every backend (a rebuild of the same source is a no-op).
     sims = SimulationDataset(increment, sample_state, n=args.samples, seed=0, output_key="y")
-    read = {"memory_budget_bytes": 2**20} if args.out_of_core else {}
+    read: dict[str, Any] = {"memory_budget_bytes": 2**20} if args.out_of_core else {}
     cache = CachedDataset.build(sims, root / f"cache-{args.samples}.zarr", chunk_size=64, **read)
     train, val = split(cache, (0.9, 0.1), seed=0)
     norm = channel_normalizer(train)

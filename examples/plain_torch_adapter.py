@@ -21,10 +21,10 @@ shipping this file would declare, in its `pyproject.toml`,
 
 ```toml
 [project.entry-points."pipekit_train.backends"]
-torch = "plain_torch_adapter:BACKEND"
+plain_torch = "plain_torch_adapter:BACKEND"
 ```
 
-and `pipekit-train run` then takes `backend = "torch"` (no edit to core).
+and `pipekit-train run` then takes `backend = "plain_torch"` (no edit to core).
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ __all__ = ["BACKEND", "PlainTorch"]
 
 
 class PlainTorch(StepAdapter):
-    """Train a torch module with a hand-written loop (`backend = "torch"`)."""
+    """Train a torch module with a hand-written loop (`backend = "plain_torch"`)."""
 
-    name = "torch"
+    name = "plain_torch"
     capabilities = Capabilities(online=True, accumulation=True)
 
     def get_config(self) -> dict[str, Any]:
@@ -110,7 +110,7 @@ class PlainTorch(StepAdapter):
 
 
 BACKEND = BackendEntry(
-    name="torch",
+    name="plain_torch",
     adapter="plain_torch_adapter:PlainTorch",
     model_op="pipekit_train.lightning:LightningModelOp",
     testing="pipekit_train.lightning.testing",

@@ -63,7 +63,7 @@ def test_trains_and_resumes_exactly(tmp_path: Path) -> None:
     assert step_dirs(tmp_path / "ck") == [5, 10]
     resumed = loop(checkpoint=policy).run()
     reference = loop().run()
-    assert resumed.resumed_from_step == 10 and resumed.backend == "torch"
+    assert resumed.resumed_from_step == 10 and resumed.backend == "plain_torch"
     assert resumed.model.serialize_weights() == reference.model.serialize_weights()
     losses = reference.history["loss"]
     assert len(losses) == 20 and losses[-1] < 0.5 * losses[0]
@@ -71,7 +71,7 @@ def test_trains_and_resumes_exactly(tmp_path: Path) -> None:
 
 
 def test_capabilities_refuse_what_it_does_not_offer() -> None:
-    with pytest.raises(NotSupportedError, match="not supported by the 'torch' backend"):
+    with pytest.raises(NotSupportedError, match="not supported by the 'plain_torch' backend"):
         loop(sharding="dp")
     with pytest.raises(ConfigError, match="keys the 'adamw' optimizer does not take"):
         loop(optimizer_config={"name": "adamw", "momentum": 0.9})
@@ -91,7 +91,7 @@ class TestPlainTorchConformance(AdapterConformance):
 
 
 _RUN_TOML = """
-backend = "torch"
+backend = "plain_torch"
 max_steps = 12
 batch_size = 16
 accumulate_grad_batches = 2
@@ -126,7 +126,7 @@ def _register_backend(site: Path, value: str) -> None:
     (info / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: plain-torch-backend\nVersion: 0.1\n"
     )
-    (info / "entry_points.txt").write_text(f"[pipekit_train.backends]\ntorch = {value}\n")
+    (info / "entry_points.txt").write_text(f"[pipekit_train.backends]\nplain_torch = {value}\n")
 
 
 def _cli(tmp_path: Path, site: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -143,20 +143,20 @@ def _cli(tmp_path: Path, site: Path, *args: str) -> subprocess.CompletedProcess[
 
 @pytest.mark.slow
 def test_a_fourth_backend_registered_by_entry_point_runs_from_the_cli(tmp_path: Path) -> None:
-    """No edit to core: the entry point alone makes `backend = "torch"` a CLI backend."""
+    """No edit to core: the entry point alone makes `backend = "plain_torch"` a CLI backend."""
     site = tmp_path / "site"
     _register_backend(site, "plain_torch_adapter:BACKEND")
     (tmp_path / "run.toml").write_text(_RUN_TOML)
 
     proc = _cli(tmp_path, site, "run", "run.toml")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "backend=torch" in proc.stdout and "done: 12 steps" in proc.stdout
+    assert "backend=plain_torch" in proc.stdout and "done: 12 steps" in proc.stdout
     assert step_dirs(tmp_path / "ckpt") == [4, 8, 12]
 
     shown = _cli(tmp_path, site, "registry", "show", "models", "plain", "--json")
     assert shown.returncode == 0, shown.stderr[-3000:]
     lineage = json.loads(shown.stdout)["lineage"]
-    assert lineage["backend"] == "torch"
+    assert lineage["backend"] == "plain_torch"
     versions = lineage["versions"]
     assert versions["plain-torch-backend"] == "0.1"  # the distribution declaring the entry
     assert versions["torch"] == importlib.metadata.version("torch")
@@ -169,7 +169,7 @@ def test_a_fourth_backend_registered_by_entry_point_runs_from_the_cli(tmp_path: 
     proc = _cli(tmp_path, bare, "run", "run.toml")
     assert proc.returncode == 2
     assert "`backend` must be an installed backend" in proc.stderr
-    assert "Received: backend='torch'" in proc.stderr and "'equinox'" in proc.stderr
+    assert "Received: backend='plain_torch'" in proc.stderr and "'equinox'" in proc.stderr
     assert not (tmp_path / "models" / "plain" / "2").exists()
 
 
@@ -179,5 +179,5 @@ def test_an_entry_point_that_names_something_else_is_a_config_error(tmp_path: Pa
     (tmp_path / "run.toml").write_text(_RUN_TOML)
     proc = _cli(tmp_path, site, "run", "run.toml", "--dry-run")
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "must name a BackendEntry with name='torch'" in proc.stderr
+    assert "must name a BackendEntry with name='plain_torch'" in proc.stderr
     assert not (tmp_path / "ckpt").exists()

@@ -66,6 +66,8 @@ _SAMPLES: dict[str, Any] = {
     "max_epochs": 2,
     "validate_every_n_steps": 4,
     "max_consecutive_skips": 3,
+    "preemption_signals": ["SIGUSR1"],  # TOML has lists, not the default's tuple
+    "max_time": "00:00:01:00",  # Lightning's DD:HH:MM:SS
 }
 
 

@@ -21,7 +21,7 @@ __all__ = ["aggregate_batches", "evaluate"]
 
 def aggregate_batches(
     batches: Iterable[Mapping[str, np.ndarray]],
-    eval_batch: Callable[[Mapping[str, np.ndarray]], tuple[Any, Any]],
+    eval_batch: Callable[[Any], tuple[Any, Any]],
     metrics: Mapping[str, Callable[[Any, Any], Any]],
     *,
     normalizer: Any = None,

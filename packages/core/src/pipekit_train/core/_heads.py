@@ -95,7 +95,8 @@ def head_for_loss(loss: Any) -> str | None:
         loss: a plan's loss description (`{"name": "gaussian_nll", ...}`).
     """
     if isinstance(loss, dict):
-        return {"gaussian_nll": "gaussian", "mixture_nll": "mixture"}.get(loss.get("name"))
+        heads = {"gaussian_nll": "gaussian", "mixture_nll": "mixture"}
+        return heads.get(str(loss.get("name")))
     return None
 
 

@@ -13,6 +13,7 @@ from ._errors import ConfigError
 from ._lifecycle import RunLifecycle
 from ._loop import _check_callbacks, _is_int, _resolve_loss
 from ._plan import Plan
+from ._policies import NonFinitePolicy
 from ._preemption import DEFAULT_PREEMPTION_SIGNALS, resolve_signals
 from ._spec import resolve_optimizer_config
 
@@ -93,7 +94,7 @@ class OnlineTrainer:
             seed=int(seed),
             adapter=adapter,
             progress=False,
-            on_nonfinite="ignore",  # an online step reports its loss; it never stops
+            on_nonfinite=NonFinitePolicy.IGNORE,  # an online step reports its loss; it never stops
             preemption_signals=signals,
         )
         adapter.validate_online(self.plan)

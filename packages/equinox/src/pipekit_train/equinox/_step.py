@@ -204,7 +204,8 @@ class EquinoxBackend(StepBackend[FlatState]):
 
         local = np.asarray([int(bool(f)) for f in flags], dtype=np.int32)
         every = np.asarray(multihost_utils.process_allgather(local))
-        return [bool(v) for v in every.reshape(-1, len(local)).any(axis=0)]
+        anywhere = np.asarray(every.reshape(-1, len(local)).any(axis=0)).reshape(-1)
+        return [bool(v) for v in anywhere.tolist()]
 
     def model_op(self, state: FlatState) -> EquinoxModelOp:
         """The trained operator (host copies of the weights: later steps may donate them)."""

@@ -170,8 +170,12 @@ def conv_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") -
     model = op.model
     for i in range(len(model.layers)):
         k, b = weights[2 * i], weights[2 * i + 1]
+
+        def where(m: Any, i: int = i) -> tuple[Any, Any]:
+            return (m.layers[i].weight, m.layers[i].bias)
+
         model = eqx.tree_at(
-            lambda m, i=i: (m.layers[i].weight, m.layers[i].bias),
+            where,
             model,
             (jnp.asarray(np.transpose(k, (3, 2, 0, 1))), jnp.asarray(b[:, None, None])),
         )

@@ -157,7 +157,7 @@ def _fused_optimizer(spec: OptimizerSpec, params: list[Any], lr: float) -> Any:
 
     h, wd = spec.hyper, spec.weight_decay
     if spec.name in ("adam", "adamw"):
-        cls = torch.optim.AdamW if wd else torch.optim.Adam
+        cls: Callable[..., Any] = torch.optim.AdamW if wd else torch.optim.Adam
         kwargs: dict[str, Any] = {"betas": (h["b1"], h["b2"]), "eps": h["eps"], "fused": True}
         if wd:
             kwargs["weight_decay"] = wd

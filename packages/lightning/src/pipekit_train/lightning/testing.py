@@ -107,6 +107,7 @@ def conv_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") -
         for i, layer in enumerate(convs):
             kernel = np.transpose(weights[2 * i], (3, 2, 0, 1))
             layer.weight.copy_(torch.from_numpy(np.ascontiguousarray(kernel)))
+            assert layer.bias is not None  # conv_net's convolutions have biases
             layer.bias.copy_(torch.from_numpy(weights[2 * i + 1]))
     return op
 

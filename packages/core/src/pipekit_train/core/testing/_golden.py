@@ -225,7 +225,7 @@ def golden_weights(sizes: Sequence[int] = (4, 32, 2), seed: int = 0) -> list[np.
     return out
 
 
-def mlp_sizes(weights: Sequence[np.ndarray]) -> dict[str, int]:
+def mlp_sizes(weights: Sequence[np.ndarray]) -> dict[str, Any]:
     """`in_size`, `out_size`, `width`, `depth` of canonical MLP weights (factory kwargs)."""
     sizes = [w.shape[0] for w in weights[::2]] + [weights[-1].shape[0]]
     return {
@@ -423,7 +423,7 @@ def conv_forward(
     return h
 
 
-def conv_sizes(weights: Sequence[np.ndarray]) -> dict[str, int]:
+def conv_sizes(weights: Sequence[np.ndarray]) -> dict[str, Any]:
     """`in_channels`, `out_channels`, `width`, `depth`, `kernel_size` of canonical conv weights."""
     kernels = weights[::2]
     return {
