@@ -1,4 +1,4 @@
-"""Package-level rules: namespace layout, the backend ban, import time, public API."""
+"""Package-level rules: namespace layout, the backend ban, what the import loads, public API."""
 
 from __future__ import annotations
 
@@ -61,10 +61,19 @@ def test_core_batching_does_not_pull_a_backend() -> None:
     assert json.loads(_fresh(code)) == []
 
 
-def test_import_time_under_one_second() -> None:
-    code = "import time; t = time.perf_counter(); import pipekit_train.core; print(time.perf_counter() - t)"
-    best = min(float(_fresh(code)) for _ in range(5))
-    assert best < 1.0, best
+def test_core_import_loads_only_numpy_and_the_array_api_shim() -> None:
+    # What keeps `import pipekit_train.core` well under a second: besides the standard
+    # library it loads numpy and array_api_compat, nothing else (matplotlib, zarr, grain,
+    # fsspec, mlflow ... are imported where they are used). The time itself is measured
+    # by benchmarks/bench_import.py, as a ratio to `import numpy`.
+    code = (
+        "import sys, json\n"
+        "before = set(sys.modules)\n"
+        "import pipekit_train.core\n"
+        "names = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+        "print(json.dumps(sorted(n for n in names if n not in sys.stdlib_module_names)))"
+    )
+    assert json.loads(_fresh(code)) == ["array_api_compat", "numpy", "pipekit_train"]
 
 
 def test_public_api_is_declared() -> None:
