@@ -568,12 +568,14 @@ class AdapterConformance:
     ) -> dict[str, Any]:
         """Send a real preemption signal to a training child; resume; compare the bytes.
 
-        The child trains `resume_steps` steps slowly with periodic checkpoints far apart
-        (`during_save`: every 5 steps, and the signal follows the first checkpoint's
-        `on_checkpoint`, while an async engine is still writing it); the signal comes
-        at a random step. The child must end within 30 s with the CLI's preemption
-        status, leaving a complete checkpoint at the step it reached; the rerun resumes
-        from it and ends with the same weight bytes as an uninterrupted run.
+        The child trains `resume_steps` steps slowly with periodic checkpoints far apart;
+        the signal comes at a random step. With `during_save` checkpoints come every 5
+        steps and the child holds the first one's commit (`hold_first_write` of the
+        worker) until its handler has recorded the signal, so the signal arrives while
+        that write is in flight; the child must still complete it before `Preempted`.
+        The child must end within 30 s with the CLI's preemption status, leaving a
+        complete checkpoint at the step it reached; the rerun resumes from it and ends
+        with the same weight bytes as an uninterrupted run.
         """
         import random
         import signal as signal_module
@@ -600,6 +602,7 @@ class AdapterConformance:
             "result": str(result),
             "directory": str(directory),
             "seed": 0,
+            "hold_first_write": during_save,
             "sys_path": [p for p in sys.path if p],
         }
         spec_path = tmp_path / "spec.json"
@@ -613,7 +616,7 @@ class AdapterConformance:
             text=True,
         )
         target = rng.randint(2, self.resume_steps // 2)
-        wanted = "checkpoint 5" if during_save else f"step {target}"
+        wanted = "writing 5" if during_save else f"step {target}"
         deadline = time.monotonic() + 600
         try:
             while time.monotonic() < deadline and proc.poll() is None:
@@ -624,6 +627,7 @@ class AdapterConformance:
             assert proc.poll() is None, (proc.returncode, proc.communicate()[1][-4000:])
             if not during_save:
                 time.sleep(rng.uniform(0.0, 0.25))  # anywhere inside a step
+            before = progress.read_text().splitlines()
             sent = time.monotonic()
             os.kill(proc.pid, signum)
             _, err = proc.communicate(timeout=30)
@@ -642,6 +646,21 @@ class AdapterConformance:
         assert step_dirs(policy)[-1] == step, (step_dirs(policy), step)
         if during_save:
             assert step > 5 and 5 in step_dirs(policy)
+            # the write of step 5 was in flight when the signal came, and the run waited
+            # for it (and for the preemption's own checkpoint) before `Preempted`
+            assert "writing 5" in before and "committed 5" not in before, before
+            lines = progress.read_text().splitlines()
+            order = [
+                "writing 5",
+                "signalled during write 5",
+                "committed 5",
+                f"committed {step}",
+                "preempted",
+            ]
+            assert all(line in lines for line in order), lines
+            assert [lines.index(line) for line in order] == sorted(
+                lines.index(line) for line in order
+            ), lines
         else:
             assert step >= target
         assert step < self.resume_steps

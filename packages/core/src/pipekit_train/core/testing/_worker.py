@@ -8,6 +8,13 @@ checkpoint), like a job killed without warning. With `mode="preempt"` it trains 
 signal: on `Preempted` it writes `{"step", "checkpoint", "signal"}` to `result` and exits
 with `PREEMPTED_EXIT_STATUS`, as the CLI does. `directory` may be a URI, with the fsspec
 `storage_options` to reach it.
+
+With `hold_first_write` the first checkpoint's commit (the store call that makes a step
+complete, on the engine's writer thread when the save is async) writes `writing <step>`
+to `progress`, then waits until the run's preemption handler has recorded a signal, and
+only then commits (`committed <step>` once the step is complete): the signal provably
+arrives while that write is in flight. `preempted` is the last line once `Preempted` is
+caught, so its order against `committed <step>` shows the run waited for the write.
 """
 
 from __future__ import annotations
@@ -16,8 +23,11 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
+
+HOLD_TIMEOUT_S = 120.0  # a held write that never sees a signal fails (no silent pass)
 
 
 def build_adapter(config: dict[str, Any] | None) -> Any:
@@ -27,6 +37,47 @@ def build_adapter(config: dict[str, Any] | None) -> Any:
     from pipekit_train.core.adapter import import_string
 
     return import_string(config["type"], field="adapter")(**config.get("kwargs", {}))
+
+
+def _signal_recorded(names: list[str]) -> bool:
+    """Whether the run's `SignalFlag` (installed for `names`) has recorded a signal."""
+    from pipekit_train.core._preemption import SignalFlag
+
+    for name in names:
+        owner = getattr(signal.getsignal(signal.Signals[name]), "__self__", None)
+        if isinstance(owner, SignalFlag) and owner.received is not None:
+            return True
+    return False
+
+
+def hold_first_write(progress: Any, names: list[str]) -> None:
+    """Make the first checkpoint commit wait, in flight, until a preemption signal arrived.
+
+    Wraps `CheckpointStore.commit_blobs` / `commit_folder`, the calls every engine makes
+    to complete a step, so it holds for both the directory and the Orbax engine.
+    """
+    from pipekit_train.core._store import CheckpointStore
+
+    first = threading.Lock()
+
+    def wrap(original: Any) -> Any:
+        def commit(self: Any, step: int, *args: Any, **kwargs: Any) -> str:
+            if first.acquire(blocking=False):  # the first commit of the run only
+                progress.write(f"writing {step}\n")
+                deadline = time.monotonic() + HOLD_TIMEOUT_S
+                while not _signal_recorded(names):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"no preemption signal within {HOLD_TIMEOUT_S}s")
+                    time.sleep(0.005)
+                progress.write(f"signalled during write {step}\n")
+            location = original(self, step, *args, **kwargs)
+            progress.write(f"committed {step}\n")
+            return str(location)
+
+        return commit
+
+    for name in ("commit_blobs", "commit_folder"):
+        setattr(CheckpointStore, name, wrap(getattr(CheckpointStore, name)))
 
 
 def main(path: str) -> None:
@@ -47,6 +98,10 @@ def main(path: str) -> None:
     preempt = spec.get("mode") == "preempt"
     progress = open(spec["progress"], "a", buffering=1) if preempt else None  # noqa: SIM115
     sleep = float(spec.get("step_sleep", 0.0))
+    if spec.get("hold_first_write"):
+        from pipekit_train.core._preemption import DEFAULT_PREEMPTION_SIGNALS
+
+        hold_first_write(progress, list(DEFAULT_PREEMPTION_SIGNALS))
 
     def on_step_end(state: Any) -> None:
         if progress is not None:
@@ -85,6 +140,8 @@ def main(path: str) -> None:
     try:
         artifact = loop.run()
     except Preempted as exc:
+        if progress is not None:
+            progress.write("preempted\n")
         with open(spec["result"], "w") as fh:
             json.dump({"step": exc.step, "checkpoint": exc.checkpoint, "signal": exc.signal}, fh)
         sys.exit(PREEMPTED_EXIT_STATUS)
