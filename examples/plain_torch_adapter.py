@@ -34,7 +34,7 @@ import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -150,16 +150,28 @@ def _optimizer(spec: Any, params: list[torch.nn.Parameter]) -> torch.optim.Optim
     )
 
 
+class TorchOp(Protocol):
+    """What the backend uses of a model operator (`validate_online` checked it)."""
+
+    model: torch.nn.Module
+
+    def with_model(self, model: torch.nn.Module) -> Any:
+        """A new operator holding `model`."""
+        ...
+
+
 class TorchBackend(StepBackend[State]):
     """One run's steps. A step takes `plan.accumulate_grad_batches` batches."""
 
     def __init__(self, plan: Plan):
         self.plan = plan
+        self.op = cast(TorchOp, plan.model)  # validate_online(): it holds a torch module
+        assert isinstance(plan.optimizer_config, Mapping)  # validate_online() checked it
         self.spec = optimizer_spec(plan.optimizer_config)
         self.micro = plan.accumulate_grad_batches
 
     def init_state(self) -> State:
-        module = copy.deepcopy(self.plan.model.model).train()
+        module = copy.deepcopy(self.op.model).train()
         return State(module, _optimizer(self.spec, list(module.parameters())))
 
     def put(self, batch: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -213,7 +225,7 @@ class TorchBackend(StepBackend[State]):
         return learning_rate_at(self.spec.learning_rate, state.updates)
 
     def model_op(self, state: State) -> Any:
-        return self.plan.model.with_model(copy.deepcopy(state.module).eval())
+        return self.op.with_model(copy.deepcopy(state.module).eval())
 
     # -- checkpoints: safetensors + JSON, written atomically by core ---------------------
     def checkpointer(self) -> DirectoryCheckpointer:

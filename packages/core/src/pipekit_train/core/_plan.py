@@ -14,7 +14,9 @@ from ._preemption import DEFAULT_PREEMPTION_SIGNALS
 
 if TYPE_CHECKING:
     from ._adapter import Adapter
-    from .data import Normalizer
+    from ._operators import ModelOp
+    from .callbacks import Callback
+    from .data import Dataset, IterableDataset, Normalizer
     from .writers import MetricWriter
 
 __all__ = ["RESUME_KEY_FIELDS", "Plan", "describe_callable", "is_core_dataset", "steps_per_epoch"]
@@ -94,25 +96,42 @@ class Plan:
     Holds the live objects the adapter needs (model operator, datasets, callbacks,
     writers) and serialises to JSON with `to_json()` for artifacts, registries and
     checkpoints.
+
+    Core cannot name a backend's types, so the fields that may hold a framework's own
+    object are unions ending in `object`: a type checker then makes an adapter narrow
+    them (`isinstance`, `is_core_dataset`) before it uses them, as its `validate` does
+    at run time.
+
+    Attributes:
+        model: a `ModelOp`, or a native model the adapter accepts as it is (e.g. a
+            `LightningModule`).
+        data: a core `Dataset` / `IterableDataset`, or a native loader the adapter
+            accepts (a `DataLoader`, a `LightningDataModule`, a `tf.data.Dataset`, ...).
+        validation: like `data`, or None.
+        optimizer_config: the canonical optimizer dict (`resolve_optimizer_config`), or
+            a native optimizer object the adapter validates.
+        sharding: the adapter's sharding spec (e.g. Equinox `ShardingSpec`), or None.
+        callbacks: objects implementing any subset of the `Callback` hooks (dispatch is
+            by `getattr`).
     """
 
-    model: Any
-    data: Any
-    validation: Any
+    model: ModelOp | object
+    data: Dataset | IterableDataset | object
+    validation: Dataset | IterableDataset | object | None
     loss: Callable[..., Any]
     metrics: dict[str, Callable[..., Any]]
-    optimizer_config: Any
+    optimizer_config: dict[str, Any] | object
     batch_size: int
     max_steps: int | None
     max_epochs: int | None
     total_steps: int | None
     steps_per_epoch: int | None
-    callbacks: tuple[Any, ...]  # duck-typed: any subset of the `Callback` hooks
+    callbacks: tuple[Callback | object, ...]
     writers: tuple[MetricWriter, ...]
     checkpoint: Checkpoint | None
     seed: int
     adapter: Adapter
-    sharding: Any = None
+    sharding: object | None = None
     validate_every_n_steps: int | None = None
     accumulate_grad_batches: int = 1
     on_nonfinite: NonFinitePolicy = NonFinitePolicy.STOP

@@ -96,7 +96,7 @@ class RunContext(MetricRouting, Validation, CheckpointSchedule):
             if not any(isinstance(cb, ProgressBar) for cb in self._callbacks):
                 self._callbacks.append(ProgressBar())
         self._step_hooks = [
-            cb.on_step_end for cb in self._callbacks if callable(getattr(cb, "on_step_end", None))
+            hook for cb in self._callbacks if callable(hook := getattr(cb, "on_step_end", None))
         ]
         self.state = RunState(self)
         self._t_start = time.perf_counter()

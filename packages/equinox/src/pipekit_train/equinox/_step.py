@@ -22,7 +22,7 @@ from ._checkpoint import OrbaxCheckpointer, abstract_of
 from ._compiled import flatten_state, step_functions
 from ._model import EquinoxModelOp, _host_array, has_stochastic_layers, takes_key
 from ._optim import build_optimizer
-from ._sharding import Placement
+from ._sharding import Placement, ShardingSpec
 from ._state import FlatState, TrainState
 
 if TYPE_CHECKING:
@@ -68,6 +68,8 @@ class EquinoxBackend(StepBackend[FlatState]):
     def __init__(self, plan: Plan, adapter: Equinox):
         self.plan = plan
         self.adapter = adapter
+        assert isinstance(plan.model, EquinoxModelOp)  # validate_online() checked it
+        assert plan.sharding is None or isinstance(plan.sharding, ShardingSpec)  # validate()
         self.op: EquinoxModelOp = plan.model
         self.optimizer = build_optimizer(
             plan.optimizer_config, accumulate=plan.accumulate_grad_batches

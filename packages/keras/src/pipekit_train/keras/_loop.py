@@ -31,7 +31,7 @@ from pipekit_train.core.adapter import Plan, RunLifecycle, is_core_dataset
 from . import _weights
 from ._checkpoint import TrainHandle, checkpointer
 from ._data import FitFeed, native_batches, native_eval_batches
-from ._model import model_weights
+from ._model import KerasModelOp, model_weights
 from ._optim import build_optimizer
 from ._tracker import (
     COUNT_MODULUS,
@@ -60,6 +60,7 @@ def build_train_handle(
     (jax), the ring buffer also spans a metrics group, and a restored torch RNG state is
     applied only when `start_rng()` is called before the first step.
     """
+    assert isinstance(plan.model, KerasModelOp)  # the adapter's validate_online() checked it
     model = plan.model.build_model(precision=precision)
     micro = plan.accumulate_grad_batches
     model.compile(

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
+
+if TYPE_CHECKING:
+    from lightning import LightningDataModule
 
 __all__ = ["BatchFeed", "is_datamodule", "is_native_loader"]
 
 
-def is_datamodule(data: Any) -> bool:
+def is_datamodule(data: object) -> TypeGuard[LightningDataModule]:
     """Whether `data` is a `LightningDataModule` (checked without importing lightning)."""
     return any(
         cls.__name__ == "LightningDataModule"

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -248,6 +248,7 @@ class LightningHooks(L.Callback):
 
     def _native_validation(self) -> dict[str, float]:
         preds, targets, total, count = [], [], 0.0, 0
+        assert isinstance(self.plan.validation, Iterable)  # a native loader (_native_val)
         for batch in self.plan.validation:
             x, y = unpack(batch)
             module = self.eval_module

@@ -75,11 +75,11 @@ class TorchStepBackend(StepBackend[TorchState]):
     ):
         self.plan = plan
         model = plan.model
-        self._op = (
-            model
-            if isinstance(model, LightningModelOp)
-            else LightningModelOp.wrap(model, seed=plan.seed)
-        )
+        if isinstance(model, LightningModelOp):
+            self._op = model
+        else:
+            assert isinstance(model, torch.nn.Module)  # the adapter's validate() checked it
+            self._op = LightningModelOp.wrap(model, seed=plan.seed)
         self._loss = torch_loss(plan.loss)
         self._clip = gradient_clip(plan.optimizer_config)
         self._dtype, self._home = module_dtype(self._op.model)

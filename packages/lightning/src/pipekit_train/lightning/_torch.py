@@ -190,8 +190,9 @@ class Torch(StepAdapter):
         if self.device is not None:
             return self.device
         net = plan.model.model if isinstance(plan.model, LightningModelOp) else plan.model
-        for p in net.parameters():
-            return p.device
+        if isinstance(net, torch.nn.Module):  # validate() accepts modules only
+            for p in net.parameters():
+                return p.device
         return torch.device("cpu")
 
     def _check_model(self, model: Any) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -33,6 +33,16 @@ from ._numpy_model import decode_arrays, encode_arrays
 __all__ = ["NumpyAdapter"]
 
 _OPTIMIZERS = ("sgd", "adam")
+
+
+class _NumpyOp(Protocol):
+    """What the backend uses of a numpy model operator (`validate` checked it is one)."""
+
+    model: Any
+
+    def with_model(self, model: Any) -> Any:
+        """A new operator holding `model`."""
+        ...
 
 
 @dataclass
@@ -136,7 +146,9 @@ class _NumpyBackend(StepBackend[_State]):
         self.plan = plan
         self.noise = noise
         self.skip_nonfinite = plan.on_nonfinite == "skip"
+        self.op = cast(_NumpyOp, plan.model)  # validate(): a numpy model operator
         cfg = plan.optimizer_config
+        assert isinstance(cfg, Mapping)  # validate_online() checked it
         self.opt_name = cfg["name"]
         spec = cfg["learning_rate"]
         # a constant rate, or one of core's schedules evaluated in plain Python
@@ -149,7 +161,7 @@ class _NumpyBackend(StepBackend[_State]):
         )
 
     def init_state(self) -> _State:
-        params = {k: v.copy() for k, v in self.plan.model.model.parameters().items()}
+        params = {k: v.copy() for k, v in self.op.model.parameters().items()}
         opt = {}
         if self.opt_name == "adam":
             for k, v in params.items():
@@ -210,8 +222,8 @@ class _NumpyBackend(StepBackend[_State]):
         return learning_rate_at(self.lr_spec, state.t)
 
     def model_op(self, state: _State) -> Any:
-        return self.plan.model.with_model(
-            self.plan.model.model.replace(**{k: v.copy() for k, v in state.params.items()})
+        return self.op.with_model(
+            self.op.model.replace(**{k: v.copy() for k, v in state.params.items()})
         )
 
     # -- checkpointing -------------------------------------------------------------------
