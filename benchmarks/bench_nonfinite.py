@@ -174,7 +174,7 @@ def core_cost(repeats: int, say: Callable[[str], None]) -> dict[str, float]:
             ctx = RunContext(plan)
             t0 = time.perf_counter()
             for loss in losses:
-                ctx.record_step({"loss": loss})
+                ctx._record_step({"loss": loss})
             ctx.flush_metrics()
             micros = (time.perf_counter() - t0) / CORE_STEPS * 1e6
             best[policy] = min(best[policy], micros)

@@ -7,11 +7,9 @@ import math
 import pytest
 
 from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import (
-    learning_rate_at,
-    peak_learning_rate,
-    resolve_optimizer_config,
-)
+from pipekit_train.core._schedules import peak_learning_rate
+from pipekit_train.core._spec import resolve_optimizer_config
+from pipekit_train.core.adapter import learning_rate_at
 
 
 def test_cosine() -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from pipekit_train.core import ConfigError
+from pipekit_train.core._spec import resolve_optimizer_config
 from pipekit_train.core.adapter import (
     OPTIMIZERS,
     PRECISIONS,
     optimizer_spec,
-    resolve_optimizer_config,
     resolve_precision,
 )
 

@@ -15,15 +15,15 @@ __all__ = ["CheckpointSchedule"]
 class CheckpointSchedule:
     """The checkpoint half of `RunContext` (a mixin; the context holds the state)."""
 
-    plan: Plan
-    plan_json: dict[str, Any]
+    _plan: Plan
+    _plan_json: dict[str, Any]
     step: int
     epoch: int
     total_steps: int | None
-    steps_per_epoch: int | None
-    history: History
-    best_metric: float | None
-    best_step: int | None
+    _steps_per_epoch: int | None
+    _history: History
+    _best_metric: float | None
+    _best_step: int | None
     _latest: dict[str, float]
     _train_iter: Any
     _last_checkpoint: str | None
@@ -33,7 +33,7 @@ class CheckpointSchedule:
     if TYPE_CHECKING:  # provided by RunContext
 
         @property
-        def done(self) -> bool: ...
+        def _done(self) -> bool: ...
 
         def flush_metrics(self) -> None: ...
 
@@ -47,24 +47,24 @@ class CheckpointSchedule:
         total = self.total_steps
         if total is not None:
             k = min(k, total - self.step)
-        ck = self.plan.checkpoint
+        ck = self._plan.checkpoint
         if ck is not None:
             k = min(k, ck.every_n_steps - self.step % ck.every_n_steps)
             if self._checkpoint_owed:  # postponed from a skipped step: retry after the next
                 k = 1
-        if self.plan.validation is not None:
-            every = self.plan.validate_every_n_steps or self.steps_per_epoch
+        if self._plan.validation is not None:
+            every = self._plan.validate_every_n_steps or self._steps_per_epoch
             if every:
                 k = min(k, every - self.step % every)
         return max(1, k)
 
-    def due_checkpoint(self) -> bool:
+    def _due_checkpoint(self) -> bool:
         """Whether a checkpoint is due after the current step."""
-        ck = self.plan.checkpoint
+        ck = self._plan.checkpoint
         if ck is None:
             return False
-        due = ck.due(self.step, final=self.done) or self._checkpoint_owed
-        if not due or self.plan.on_nonfinite != "skip":
+        due = ck.due(self.step, final=self._done) or self._checkpoint_owed
+        if not due or self._plan.on_nonfinite != "skip":
             return due
         # under "skip", never checkpoint right after a skipped step: postpone to the next
         # step whose loss is finite (so a run stopped by consecutive skips keeps the last
@@ -85,14 +85,14 @@ class CheckpointSchedule:
             "data_iter": None if data_state is None else dict(data_state),
             "run": {
                 "step": self.step,
-                "history": self.history.to_json(),
-                "best_metric": self.best_metric,
-                "best_step": self.best_step,
+                "history": self._history.to_json(),
+                "best_metric": self._best_metric,
+                "best_step": self._best_step,
                 "latest": self._latest,
                 "callbacks": {key: obj.state_dict() for key, obj in self._stateful()},
             },
-            "resume_key": self.plan.resume_key(),
-            "plan": self.plan_json,
+            "resume_key": self._plan.resume_key(),
+            "plan": self._plan_json,
         }
 
     def checkpoint_metrics(self) -> dict[str, float]:

@@ -72,7 +72,7 @@ def run_step_loop(plan: Plan, backend: StepBackend[Any]) -> TrainingArtifact:
         run.bind(save=save, validate=validate, agree=getattr(backend, "agree", None))
         run.begin()
         micro = plan.accumulate_grad_batches
-        while not ctx.done:
+        while not ctx._done:
             k = ctx.steps_until_event(k_max) if k_max > 1 else 1
             if k == 1 and micro == 1:
                 state, metrics = backend.train_step(state, backend.put(next(batches)))

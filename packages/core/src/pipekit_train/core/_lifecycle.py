@@ -74,7 +74,7 @@ def restore_or_start(
             )
         return template, None
     check_resume_key(plan, restored.meta, restored.path)
-    ctx.restore(restored.meta)
+    ctx._restore(restored.meta)
     return restored.state, restored.meta.get("data_iter")
 
 
@@ -83,7 +83,7 @@ def abort_run(ctx: RunContext, ckpt: Checkpointer | None) -> None:
 
     Never raises, so the original error propagates; the last complete checkpoint stays.
     """
-    ctx.abort()
+    ctx._abort()
     if ckpt is not None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -160,7 +160,7 @@ class RunLifecycle:
     @property
     def done(self) -> bool:
         """Whether the run should stop now."""
-        return self.ctx.done
+        return self.ctx._done
 
     def restore(self, template: Any) -> tuple[Any, dict[str, Any] | None]:
         """The resume policy: `(state, data_iter_state)` (see `restore_or_start`)."""
@@ -176,8 +176,8 @@ class RunLifecycle:
         """The training batches: core batching of `plan.data`, or `native(data_state)`
         (the adapter's iterator over a native loader it accepted)."""
         if is_core_dataset(self.plan.data) or native is None:
-            return self.ctx.train_batches(data_state, shard=shard)
-        return self.ctx.use_train_iterator(native(data_state))
+            return self.ctx._train_batches(data_state, shard=shard)
+        return self.ctx._use_train_iterator(native(data_state))
 
     def start(
         self,
@@ -197,14 +197,14 @@ class RunLifecycle:
         self._began = True
         self._signals.install()
         self._t0 = self._last_save_t = time.monotonic()
-        self.ctx.begin()
+        self.ctx._begin()
 
     # -- the end of each optimizer update -------------------------------------------------
     def _local_flags(self) -> list[bool]:
         plan, now = self.plan, time.monotonic()
         every = None if plan.checkpoint is None else plan.checkpoint.every_n_minutes
         return [
-            self.ctx.stop_reason is not None,
+            self.ctx._stop_reason is not None,
             self._signals.received is not None,
             plan.max_time is not None and now - self._t0 >= plan.max_time,
             every is not None and now - self._last_save_t >= every * 60.0,
@@ -224,32 +224,32 @@ class RunLifecycle:
         """
         ctx = self.ctx
         if count == 1 and micro == 1:
-            ctx.record_step(metrics)
+            ctx._record_step(metrics)
         else:
-            ctx.record_steps(metrics, count, micro=micro)
+            ctx._record_steps(metrics, count, micro=micro)
         poll = getattr(self.checkpointer, "poll", None)
         if callable(poll):
             poll()  # raises the error of a failed background save, never blocks
         flags = self._local_flags()
         if self._agree is not None:
             flags = [bool(f) for f in self._agree(flags)]
-        if flags[_STOP] and ctx.stop_reason is None:
-            ctx.request_stop("a stop was requested on another process")
+        if flags[_STOP] and ctx._stop_reason is None:
+            ctx._request_stop("a stop was requested on another process")
         forced = preempting = False
         if flags[_PREEMPT] and not self._preempted:
             self._preempted, self._preempted_by = True, self._signals.received
-            ctx.request_stop("preempted")
+            ctx._request_stop("preempted")
             forced = preempting = True
-        elif flags[_OVER_TIME] and ctx.stop_reason is None:
-            ctx.request_stop("max_time")
+        elif flags[_OVER_TIME] and ctx._stop_reason is None:
+            ctx._request_stop("max_time")
             forced = True
-        if ctx.due_validation(at_end=not preempting):
+        if ctx._due_validation(at_end=not preempting):
             self._validate()
-        if self._save is not None and (ctx.due_checkpoint() or forced or flags[_MINUTES]):
+        if self._save is not None and (ctx._due_checkpoint() or forced or flags[_MINUTES]):
             self._save()
             self._saved_step = ctx.step
             self._last_save_t = time.monotonic()
-        return ctx.done
+        return ctx._done
 
     # -- end ----------------------------------------------------------------------------
     @property
@@ -262,7 +262,7 @@ class RunLifecycle:
         path = None
         if self.plan.checkpoint is not None and self._saved_step == self.ctx.step:
             path = self.plan.checkpoint.step_location(self.ctx.step)
-        self.ctx.close_writers()
+        self.ctx._close_writers()
         if ckpt is not None:
             ckpt.close()
         raise Preempted(self.ctx.step, path, self._preempted_by)
@@ -287,7 +287,7 @@ class RunLifecycle:
         self._signals.restore()
         if self._preempted:
             self._raise_preempted()
-        artifact = self.ctx.finish(model, extra=extra)
+        artifact = self.ctx._finish(model, extra=extra)
         if ckpt is not None:
             ckpt.close()
         return artifact

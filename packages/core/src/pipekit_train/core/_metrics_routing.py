@@ -66,12 +66,12 @@ class _PendingGroup:
 class MetricRouting:
     """The metric half of `RunContext` (a mixin; the context holds the state)."""
 
-    plan: Plan
+    _plan: Plan
     step: int
-    history: History
-    state: RunState
-    stop_reason: str | None
-    skipped_steps: int
+    _history: History
+    _state: RunState
+    _stop_reason: str | None
+    _skipped_steps: int
     _fetch: Callable[[Sequence[Any]], Sequence[Any]]
     _lr: Callable[[], float | None] | None
     _pending: list[_PendingGroup]
@@ -87,14 +87,14 @@ class MetricRouting:
 
         def _sync_epoch(self) -> None: ...
 
-    def record_step(self, metrics: Mapping[str, Any]) -> None:
+    def _record_step(self, metrics: Mapping[str, Any]) -> None:
         """One optimizer step finished; `metrics` may hold device scalars."""
         self.step += 1
         self._sync_epoch()
         self._pending.append(_PendingGroup(self.step, 1, metrics, stacked=False))
         self._after_steps(1)
 
-    def record_steps(self, stacked: Mapping[str, Any], count: int, *, micro: int = 1) -> None:
+    def _record_steps(self, stacked: Mapping[str, Any], count: int, *, micro: int = 1) -> None:
         """`count` fused steps finished; each value is a device array of shape `(count,)`.
 
         With `micro > 1` (gradient accumulation) each value has shape `(count * micro,)`:
@@ -108,7 +108,7 @@ class MetricRouting:
                     self.step += 1
                     self._sync_epoch()
                     for hook in self._step_hooks:
-                        hook(self.state)
+                        hook(self._state)
             finally:
                 self._active = None
         else:
@@ -120,12 +120,12 @@ class MetricRouting:
 
     def _after_steps(self, count: int) -> None:
         for hook in self._step_hooks:
-            hook(self.state)
+            hook(self._state)
         self._pending_steps += count
         self._maybe_flush()
 
     def _maybe_flush(self) -> None:
-        if self._pending_steps >= self.plan.log_every_n_steps:
+        if self._pending_steps >= self._plan.log_every_n_steps:
             self.flush_metrics()
 
     def flush_metrics(self) -> None:
@@ -134,7 +134,7 @@ class MetricRouting:
             return
         groups, self._pending, self._pending_steps = self._pending, [], 0
         self._fetch_rows(groups)
-        policy = self.plan.on_nonfinite
+        policy = self._plan.on_nonfinite
         for group in groups:
             for offset, row in enumerate(group.rows or ()):
                 step = group.first_step + offset
@@ -142,16 +142,16 @@ class MetricRouting:
                 bad = loss is not None and not math.isfinite(loss)
                 if policy == "skip" and loss is not None:
                     if bad:  # the backend's step left the state as it was
-                        self.skipped_steps += 1
+                        self._skipped_steps += 1
                         self._consecutive_skips += 1
                         self._last_skipped = step
-                        row = {**row, SKIPPED_METRIC: float(self.skipped_steps)}
+                        row = {**row, SKIPPED_METRIC: float(self._skipped_steps)}
                     else:
                         self._consecutive_skips = 0
                 self._write(step, row)
                 if not bad or policy == "ignore":
                     continue
-                limit = self.plan.max_consecutive_skips
+                limit = self._plan.max_consecutive_skips
                 if policy == "stop" or (limit is not None and self._consecutive_skips >= limit):
                     # every flush comes before a validation or a checkpoint is recorded, so
                     # nothing is ever saved from a state whose history holds this step
@@ -181,11 +181,11 @@ class MetricRouting:
         if not metrics:
             return
         self._latest.update(metrics)
-        self.history.add(step, metrics)
+        self._history.add(step, metrics)
         for writer in self._writers:
             writer.write(step, metrics)
 
-    def latest_metrics(self) -> dict[str, float]:
+    def _latest_metrics(self) -> dict[str, float]:
         """The latest value of every metric (flushes pending device values first)."""
         self.flush_metrics()
         latest = dict(self._latest)
@@ -195,21 +195,21 @@ class MetricRouting:
             latest.update((active.rows or [{}])[self.step - active.first_step])
         return latest
 
-    def log(self, metrics: Mapping[str, float]) -> None:
+    def _log(self, metrics: Mapping[str, float]) -> None:
         """Write extra host metrics at the current step."""
         self.flush_metrics()
         self._write(self.step, {k: float(v) for k, v in metrics.items()})
 
-    def learning_rate(self) -> float | None:
+    def _learning_rate(self) -> float | None:
         """The backend's current learning rate, if it reports one."""
         return None if self._lr is None else self._lr()
 
-    def request_stop(self, reason: str) -> None:
+    def _request_stop(self, reason: str) -> None:
         """Ask the run to stop after the current step."""
-        if self.stop_reason is None:
-            self.stop_reason = str(reason)
+        if self._stop_reason is None:
+            self._stop_reason = str(reason)
 
-    def close_writers(self) -> None:
+    def _close_writers(self) -> None:
         """Flush and close every writer (idempotent)."""
         writers, self._writers = self._writers, []
         errors = []

@@ -36,22 +36,22 @@ class RunState:
     @property
     def metrics(self) -> dict[str, float]:
         """The latest metrics as host floats (fetches pending device values)."""
-        return self._ctx.latest_metrics()
+        return self._ctx._latest_metrics()
 
     @property
     def learning_rate(self) -> float | None:
         """The current learning rate, if the backend reports one."""
-        return self._ctx.learning_rate()
+        return self._ctx._learning_rate()
 
     @property
     def stop_requested(self) -> bool:
         """Whether a callback asked to stop."""
-        return self._ctx.stop_reason is not None
+        return self._ctx._stop_reason is not None
 
     @property
     def stop_reason(self) -> str | None:
         """Why a callback asked to stop."""
-        return self._ctx.stop_reason
+        return self._ctx._stop_reason
 
     @property
     def is_tty(self) -> bool:
@@ -61,17 +61,17 @@ class RunState:
     @property
     def backend(self) -> str:
         """The backend name."""
-        return self._ctx.backend
+        return self._ctx._backend
 
     @property
     def plan(self) -> dict[str, Any]:
         """The JSON plan."""
-        return self._ctx.plan_json
+        return self._ctx._plan_json
 
     def log(self, metrics: Mapping[str, float]) -> None:
         """Send extra metrics to the writers at the current step."""
-        self._ctx.log(metrics)
+        self._ctx._log(metrics)
 
     def request_stop(self, reason: str) -> None:
         """Stop training after the current step."""
-        self._ctx.request_stop(reason)
+        self._ctx._request_stop(reason)

@@ -1,8 +1,8 @@
 """`RunContext`: the state of one run, which `RunLifecycle` drives.
 
-It records what happened (`record_step`, `record_steps`, `record_validation`,
-`record_checkpoint`) and says what is due (`due_validation`, `due_checkpoint`, `done`);
-it dispatches callbacks, routes metrics to writers in groups (`_metrics_routing`), runs
+It records what happened (`_record_step`, `_record_steps`, `record_validation`,
+`record_checkpoint`) and says what is due (`_due_validation`, `_due_checkpoint`,
+`_done`); it dispatches callbacks, routes metrics to writers in groups (`_metrics_routing`), runs
 validation (`_validation`), keeps the checkpoint schedule (`_checkpoint_schedule`), the
 history and the best monitored metric, and assembles the `TrainingArtifact`.
 """
@@ -25,9 +25,34 @@ from ._run_state import RunState
 from ._validation import Validation
 from ._versions import library_versions
 
-__all__ = ["HOOKS", "SKIPPED_METRIC", "RunContext", "RunState", "default_fetch", "library_versions"]
+__all__ = [
+    "ADAPTER_SURFACE",
+    "HOOKS",
+    "SKIPPED_METRIC",
+    "RunContext",
+    "RunState",
+    "default_fetch",
+    "library_versions",
+]
 
 HOOKS = ("on_train_start", "on_step_end", "on_validation_end", "on_checkpoint", "on_train_end")
+
+ADAPTER_SURFACE: frozenset[str] = frozenset(
+    {
+        "step",
+        "epoch",
+        "total_steps",
+        "is_chief",
+        "steps_until_event",
+        "validate",
+        "record_validation",
+        "checkpoint_meta",
+        "checkpoint_metrics",
+        "record_checkpoint",
+        "flush_metrics",
+    }
+)
+"""The `RunContext` members an adapter may use (its other members are private)."""
 
 
 class _Normalized:
@@ -50,6 +75,18 @@ class _Normalized:
 class RunContext(MetricRouting, Validation, CheckpointSchedule):
     """Shared run machinery for adapters (see the module docstring).
 
+    An adapter reaches it as `RunLifecycle.ctx` and uses only its public members, the
+    adapter-facing surface (`ADAPTER_SURFACE`; everything else is private to core's
+    run machinery, which `RunLifecycle` drives):
+
+    - `step`, `epoch`, `total_steps`, `is_chief`: where the run is (read only);
+    - `steps_until_event(limit)`: how many steps may be fused before the next event;
+    - `validate(eval_batch, batches=None)`: run validation with the adapter's batch
+      evaluator, or `record_validation(metrics)` for metrics the framework computed;
+    - `checkpoint_meta(data_state)`, `checkpoint_metrics()`, `record_checkpoint(path)`:
+      what a save stores besides the state, and its report afterwards;
+    - `flush_metrics()`: fetch the pending step metrics now (and check them).
+
     Args:
         plan: the frozen plan.
         fetch: turns a list of device values into numpy arrays in one go (e.g.
@@ -69,19 +106,19 @@ class RunContext(MetricRouting, Validation, CheckpointSchedule):
         learning_rate: Callable[[], float | None] | None = None,
         is_chief: bool = True,
     ):
-        self.plan = plan
-        self.plan_json = plan.to_json()
-        self.backend = plan.backend
+        self._plan = plan
+        self._plan_json = plan.to_json()
+        self._backend = plan.backend
         self.step = 0
         self.epoch = 0
-        self.stop_reason: str | None = None
-        self.resumed_from_step: int | None = None
-        self.history = History()
+        self._stop_reason: str | None = None
+        self._resumed_from_step: int | None = None
+        self._history = History()
         self._annotate_history()
-        self.best_metric: float | None = None
-        self.best_step: int | None = None
-        self.monitor = plan.checkpoint.monitor if plan.checkpoint else "val_loss"
-        self.mode = plan.checkpoint.mode if plan.checkpoint else "min"
+        self._best_metric: float | None = None
+        self._best_step: int | None = None
+        self._monitor = plan.checkpoint.monitor if plan.checkpoint else "val_loss"
+        self._mode = plan.checkpoint.mode if plan.checkpoint else "min"
         self.is_chief = is_chief
         self._fetch = fetch or default_fetch
         self._lr = learning_rate
@@ -98,23 +135,23 @@ class RunContext(MetricRouting, Validation, CheckpointSchedule):
         self._step_hooks = [
             hook for cb in self._callbacks if callable(hook := getattr(cb, "on_step_end", None))
         ]
-        self.state = RunState(self)
+        self._state = RunState(self)
         self._t_start = time.perf_counter()
         self._steps_at_start = 0
         self._train_iter: Any = None
         self._last_checkpoint: str | None = None
         self._active: _PendingGroup | None = None
-        self.steps_per_epoch: int | None = plan.steps_per_epoch
+        self._steps_per_epoch: int | None = plan.steps_per_epoch
         self.total_steps: int | None = plan.total_steps
         # on_nonfinite="skip": skips so far, the current run of consecutive ones, the
         # latest skipped step, and a checkpoint postponed from a skipped step
-        self.skipped_steps = 0
+        self._skipped_steps = 0
         self._consecutive_skips = 0
         self._last_skipped: int | None = None
         self._checkpoint_owed = False
 
     # -- data --------------------------------------------------------------------------
-    def train_batches(
+    def _train_batches(
         self, data_state: Mapping[str, Any] | None = None, *, shard: tuple[int, int] = (0, 1)
     ) -> Any:
         """The core batch iterator over the training data, positioned by `data_state`.
@@ -127,21 +164,21 @@ class RunContext(MetricRouting, Validation, CheckpointSchedule):
         from .data import make_batches
 
         it = make_batches(
-            self.plan.data,
-            self.plan.batch_size,
-            seed=self.plan.seed,
-            shuffle=self.plan.shuffle,
-            drop_remainder=self.plan.drop_remainder,
+            self._plan.data,
+            self._plan.batch_size,
+            seed=self._plan.seed,
+            shuffle=self._plan.shuffle,
+            drop_remainder=self._plan.drop_remainder,
             shard=shard,
         )
         if data_state:
             it.set_state(data_state)
         self._train_iter = it
-        if self.plan.normalizer is not None:
-            return _Normalized(it, self.plan.normalizer)
+        if self._plan.normalizer is not None:
+            return _Normalized(it, self._plan.normalizer)
         return it
 
-    def use_train_iterator(self, it: Any) -> Any:
+    def _use_train_iterator(self, it: Any) -> Any:
         """Adopt a backend's own training batch iterator (a native loader's batches).
 
         Its `get_state()` (a JSON-able dict), when it has one, goes into every checkpoint
@@ -151,36 +188,36 @@ class RunContext(MetricRouting, Validation, CheckpointSchedule):
         normalizer, if any).
         """
         self._train_iter = it
-        if self.resumed_from_step and not callable(getattr(it, "get_state", None)):
+        if self._resumed_from_step and not callable(getattr(it, "get_state", None)):
             warnings.warn(
-                f"Resuming at step {self.resumed_from_step}, but the training loader "
+                f"Resuming at step {self._resumed_from_step}, but the training loader "
                 f"({type(it).__name__}) has no checkpointable state: it restarts from its "
                 "beginning, so the resumed run sees different batches than an uninterrupted one.",
                 stacklevel=2,
             )
-        if self.plan.normalizer is not None:
-            return _Normalized(it, self.plan.normalizer)
+        if self._plan.normalizer is not None:
+            return _Normalized(it, self._plan.normalizer)
         return it
 
     def _sync_epoch(self) -> None:
-        spe = self.steps_per_epoch
+        spe = self._steps_per_epoch
         if spe:
             self.epoch = self.step // spe
 
     # -- lifecycle ---------------------------------------------------------------------
-    def restore(self, meta: Mapping[str, Any]) -> None:
+    def _restore(self, meta: Mapping[str, Any]) -> None:
         """Load the run state saved in a checkpoint's meta (`checkpoint_meta()`)."""
         run = meta.get("run", {})
         self.step = int(meta.get("step", run.get("step", 0)))
-        self.resumed_from_step = self.step
+        self._resumed_from_step = self.step
         self._sync_epoch()
-        self.history = History.from_json(run.get("history", {}))
+        self._history = History.from_json(run.get("history", {}))
         self._annotate_history()
-        self.best_metric = run.get("best_metric")
-        self.best_step = run.get("best_step")
+        self._best_metric = run.get("best_metric")
+        self._best_step = run.get("best_step")
         self._latest = {k: float(v) for k, v in run.get("latest", {}).items()}
         # a checkpoint is never written right after a skipped step: no run of skips is open
-        self.skipped_steps = int(self.history.last(SKIPPED_METRIC) or 0)
+        self._skipped_steps = int(self._history.last(SKIPPED_METRIC) or 0)
         states = run.get("callbacks", {})
         for key, obj in self._stateful():
             if key in states and callable(getattr(obj, "load_state_dict", None)):
@@ -188,17 +225,17 @@ class RunContext(MetricRouting, Validation, CheckpointSchedule):
 
     def _annotate_history(self) -> None:
         """Tell the history what its series mean (loss name, units, backend, run)."""
-        plan = self.plan
+        plan = self._plan
         if plan.checkpoint is not None:
             run = "/".join(plan.checkpoint.location.rstrip("/").split("/")[-3:])
         else:
-            model = self.plan_json.get("model") or {}
+            model = self._plan_json.get("model") or {}
             run = str(model.get("factory") or model.get("type") or "")
         if plan.sweep_id:
             run = f"{run} (sweep {plan.sweep_id})" if run else f"sweep {plan.sweep_id}"
-        self.history.annotate(
-            backend=self.backend,
-            loss=loss_label(self.plan_json.get("loss")),
+        self._history.annotate(
+            backend=self._backend,
+            loss=loss_label(self._plan_json.get("loss")),
             normalized=plan.normalizer is not None,
             run=run or None,
         )
@@ -210,64 +247,66 @@ class RunContext(MetricRouting, Validation, CheckpointSchedule):
                 out.append((f"{i}:{type(obj).__name__}", obj))
         return out
 
-    def begin(self) -> None:
+    def _begin(self) -> None:
         """Start the clock and dispatch `on_train_start`."""
         self._t_start = time.perf_counter()
         self._steps_at_start = self.step
         self._dispatch("on_train_start")
 
     @property
-    def done(self) -> bool:
+    def _done(self) -> bool:
         """Whether training should stop now (total steps reached or a stop requested)."""
         total = self.total_steps
-        return self.stop_reason is not None or (total is not None and self.step >= total)
+        return self._stop_reason is not None or (total is not None and self.step >= total)
 
     # -- end ---------------------------------------------------------------------------
     def _dispatch(self, hook: str, *args: Any) -> None:
         for cb in self._callbacks:
             fn = getattr(cb, hook, None)
             if callable(fn):
-                fn(self.state, *args)
+                fn(self._state, *args)
 
-    def finish(self, model: Any, *, extra: Mapping[str, Any] | None = None) -> TrainingArtifact:
+    def _finish(self, model: Any, *, extra: Mapping[str, Any] | None = None) -> TrainingArtifact:
         """Flush, assemble the artifact, dispatch `on_train_end`, close the writers."""
         self.flush_metrics()
         wall = time.perf_counter() - self._t_start
         ran = self.step - self._steps_at_start
-        final = {name: self.history.last(name) for name in self.history.names}
+        final = {name: self._history.last(name) for name in self._history.names}
         artifact = TrainingArtifact(
             model=model,
-            history=self.history,
+            history=self._history,
             final_metrics={k: v for k, v in final.items() if v is not None},
-            best_metric=self.best_metric,
-            best_step=self.best_step,
-            checkpoint_dir=None if self.plan.checkpoint is None else self.plan.checkpoint.location,
+            best_metric=self._best_metric,
+            best_step=self._best_step,
+            checkpoint_dir=None
+            if self._plan.checkpoint is None
+            else self._plan.checkpoint.location,
             weights_sha256=TrainingArtifact.hash_weights(model),
-            plan=self.plan_json,
-            backend=self.backend,
-            versions=library_versions(self.backend),
+            plan=self._plan_json,
+            backend=self._backend,
+            versions=library_versions(self._backend),
             wall_time_s=wall,
             steps_per_s=ran / wall if wall > 0 else 0.0,
             steps=self.step,
-            resumed_from_step=self.resumed_from_step,
-            stop_reason=self.stop_reason or "max_steps",
-            sweep_id=self.plan.sweep_id,
-            normalizer=self.plan.normalizer,
+            resumed_from_step=self._resumed_from_step,
+            stop_reason=self._stop_reason or "max_steps",
+            sweep_id=self._plan.sweep_id,
+            normalizer=self._plan.normalizer,
             extra=dict(extra or {}),
         )
         try:
             self._dispatch("on_train_end", artifact)
         finally:
-            self.close_writers()
+            self._close_writers()
         return artifact
 
-    def abort(self) -> None:
+    def _abort(self) -> None:
         """Flush what is pending and close the writers after a failure (never raises)."""
         try:
             self.flush_metrics()
         except Exception:
             pass
         try:
-            self.close_writers()
+            self._close_writers()
         except Exception:
             pass

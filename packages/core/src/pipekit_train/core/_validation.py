@@ -17,18 +17,18 @@ __all__ = ["Validation"]
 class Validation:
     """The validation half of `RunContext` (a mixin; the context holds the state)."""
 
-    plan: Plan
+    _plan: Plan
     step: int
-    steps_per_epoch: int | None
-    best_metric: float | None
-    best_step: int | None
-    monitor: str
-    mode: str
+    _steps_per_epoch: int | None
+    _best_metric: float | None
+    _best_step: int | None
+    _monitor: str
+    _mode: str
 
     if TYPE_CHECKING:  # provided by RunContext
 
         @property
-        def done(self) -> bool: ...
+        def _done(self) -> bool: ...
 
         def flush_metrics(self) -> None: ...
 
@@ -36,19 +36,19 @@ class Validation:
 
         def _dispatch(self, hook: str, *args: Any) -> None: ...
 
-    def due_validation(self, *, at_end: bool = True) -> bool:
+    def _due_validation(self, *, at_end: bool = True) -> bool:
         """Whether validation is due after the current step.
 
         Args:
             at_end: also validate when the run is done off the schedule (False for a
                 preemption: the grace period goes to the checkpoint).
         """
-        if self.plan.validation is None or self.step == 0:
+        if self._plan.validation is None or self.step == 0:
             return False
-        every = self.plan.validate_every_n_steps or self.steps_per_epoch
+        every = self._plan.validate_every_n_steps or self._steps_per_epoch
         if every and self.step % every == 0:
             return True
-        return at_end and self.done
+        return at_end and self._done
 
     def validate(
         self,
@@ -70,9 +70,9 @@ class Validation:
             from .data import make_batches
 
             it: Iterable[Any] = make_batches(
-                self.plan.validation,
-                self.plan.batch_size,
-                seed=self.plan.seed,
+                self._plan.validation,
+                self._plan.batch_size,
+                seed=self._plan.seed,
                 shuffle=False,
                 drop_remainder=False,
                 num_epochs=1,
@@ -82,7 +82,7 @@ class Validation:
         from ._evaluation import aggregate_batches
 
         metrics = aggregate_batches(
-            it, eval_batch, self.plan.metrics, normalizer=self.plan.normalizer
+            it, eval_batch, self._plan.metrics, normalizer=self._plan.normalizer
         )
         return self.record_validation(metrics)
 
@@ -91,12 +91,12 @@ class Validation:
         self.flush_metrics()
         row = {(k if k.startswith("val_") else f"val_{k}"): float(v) for k, v in metrics.items()}
         self._write(self.step, row)
-        value = row.get(self.monitor)
+        value = row.get(self._monitor)
         if value is not None and math.isfinite(value):
-            better = self.best_metric is None or (
-                value < self.best_metric if self.mode == "min" else value > self.best_metric
+            better = self._best_metric is None or (
+                value < self._best_metric if self._mode == "min" else value > self._best_metric
             )
             if better:
-                self.best_metric, self.best_step = value, self.step
+                self._best_metric, self._best_step = value, self.step
         self._dispatch("on_validation_end")
         return row

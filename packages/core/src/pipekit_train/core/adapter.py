@@ -10,19 +10,17 @@ classes here and uses the shared machinery, and imports nothing private from cor
   start and the data stream, the end of each optimizer update — with preemption
   signals, the time budget and the checkpoint cadences —, finish and abort; an adapter
   hands it callables), `RunContext` (its state: metrics routing, validation, the
-  checkpoint schedule and meta, the artifact), `RunState` (what callbacks see),
-  `run_step_loop` (the whole loop over a `StepBackend`).
+  checkpoint schedule and meta, the artifact; its docstring lists what an adapter
+  uses), `run_step_loop` (the whole loop over a `StepBackend`).
 - **Checkpoints**: `Checkpointer` (the engine interface), `CheckpointStore` (where steps
-  live: `LocalStore`, `FsspecStore`, chosen by `open_store`; atomic commits, retention,
-  torn-step fallback via `TornStepError`, write failures as one `CheckpointError`),
-  `DirectoryCheckpointer` (the SHA-256-verified blob engine for backends without an
-  engine), `RemoteSteps` (step folders at a URI, committed by a marker written last),
-  `HostBuffers` (reused host arrays for non-blocking snapshots), `Restored`,
-  `TornCheckpointWarning`, `step_dirs`, `fsync_dir`; step-folder digests
-  (`FOLDER_DIGEST`, `seal_folder`, `check_folder`, `sha256_file`).
+  live: `LocalStore`, `FsspecStore`, chosen by `open_store`; atomic commits, folder
+  digests, retention, torn-step fallback via `TornStepError`, write failures as one
+  `CheckpointError`), `DirectoryCheckpointer` (the SHA-256-verified blob engine for
+  backends without an engine), `HostBuffers` (reused host arrays for non-blocking
+  snapshots), `Restored`, `TornCheckpointWarning`, `step_dirs`.
 - **The canonical spec**: `OptimizerSpec`/`optimizer_spec` and `OPTIMIZERS` (names and
   hyperparameters every backend runs the same way), `SCHEDULES`, `check_schedule`,
-  `learning_rate_at`, `peak_learning_rate` (learning-rate curves in plain Python),
+  `learning_rate_at` (learning-rate curves in plain Python),
   `PRECISIONS`/`resolve_precision`/`canonical_precision` and the typed policies
   `Precision` and `NonFinitePolicy`.
 - **Registration**: `BackendEntry`, what a `pipekit_train.backends` entry point names
@@ -41,19 +39,16 @@ from ._checkpointing import (
     DirectoryCheckpointer,
     Restored,
     TornCheckpointWarning,
-    fsync_dir,
     step_dirs,
 )
 from ._driver import run_step_loop
-from ._folder_digest import FOLDER_DIGEST, check_folder, seal_folder, sha256_file
 from ._imports import import_string, object_path, optional_import
 from ._lifecycle import RunLifecycle
 from ._operators import check_seed
-from ._plan import Plan, describe_callable, is_core_dataset, steps_per_epoch
+from ._plan import Plan, describe_callable, is_core_dataset
 from ._policies import NonFinitePolicy, Precision
-from ._remote import RemoteSteps
-from ._runtime import RunContext, RunState
-from ._schedules import SCHEDULES, check_schedule, learning_rate_at, peak_learning_rate
+from ._runtime import RunContext
+from ._schedules import SCHEDULES, check_schedule, learning_rate_at
 from ._snapshot import HostBuffers
 from ._spec import (
     OPTIMIZERS,
@@ -61,7 +56,6 @@ from ._spec import (
     OptimizerSpec,
     canonical_precision,
     optimizer_spec,
-    resolve_optimizer_config,
     resolve_precision,
 )
 from ._store import CheckpointStore, FsspecStore, LocalStore, TornStepError, open_store
@@ -87,11 +81,9 @@ __all__ = [
     "OptimizerSpec",
     "Plan",
     "Precision",
-    "RemoteSteps",
     "Restored",
     "RunContext",
     "RunLifecycle",
-    "RunState",
     "StepAdapter",
     "StepBackend",
     "TornCheckpointWarning",
@@ -100,11 +92,6 @@ __all__ = [
     "check_schedule",
     "check_seed",
     "describe_callable",
-    "fsync_dir",
-    "FOLDER_DIGEST",
-    "check_folder",
-    "seal_folder",
-    "sha256_file",
     "import_string",
     "is_core_dataset",
     "learning_rate_at",
@@ -112,10 +99,7 @@ __all__ = [
     "open_store",
     "optimizer_spec",
     "optional_import",
-    "peak_learning_rate",
-    "resolve_optimizer_config",
     "resolve_precision",
     "run_step_loop",
     "step_dirs",
-    "steps_per_epoch",
 ]
