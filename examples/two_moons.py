@@ -185,6 +185,12 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--backend", default="equinox", choices=["equinox", "lightning", "keras"])
     parser.add_argument("--head", default="mixture", choices=["mixture", "gaussian"])
     parser.add_argument("--components", type=int, default=8, help="mixture components K")
+    parser.add_argument(
+        "--logit-scale",
+        type=float,
+        default=0.1,
+        help="factor on the mixture-weight logits (1: the plain MLP)",
+    )
     parser.add_argument("--steps", type=int, default=10000)
     parser.add_argument("--samples", type=int, default=65536, help="simulation budget")
     parser.add_argument("--posterior-samples", type=int, default=2000, help="per side, for C2ST")
@@ -201,14 +207,17 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     data = as_supervised(cache, input="x", target="theta")
     train, val = split(data, (0.9, 0.1), seed=0)
     norm = Normalizer.fit(train, keys=("x", "y"))
+    options: dict[str, object] = {}
     if args.head == "mixture":
         loss = losses.mixture_nll(n_components=args.components, covariance="full")
         width = losses.mixture_width(args.components, 2, "full")
+        # the weight logits move `logit_scale` times slower (toymodels: no dead components)
+        options = {"n_logits": args.components, "logit_scale": args.logit_scale}
     else:
         loss, width = losses.gaussian_nll, 4
     loop = TrainingLoop(
         model=toymodels.model_op(
-            args.backend, in_size=2, out_size=width, width=128, seed=args.seed
+            args.backend, in_size=2, out_size=width, width=128, seed=args.seed, **options
         ),
         data=train,
         validation=val,
