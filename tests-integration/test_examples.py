@@ -74,10 +74,12 @@ def test_two_moons_c2st_tells_apart_and_not() -> None:
 @pytest.mark.parametrize("backend", ["equinox", "lightning", "keras"])
 def test_two_moons(backend: str, tmp_path: Path) -> None:
     """A reduced budget (8192 simulations, 600 steps, 1000 posterior samples a side):
-    the mixture head reaches both modes of the posterior. Measured at this budget (mean
-    C2ST / worst observation): equinox 0.668 / 0.731, lightning 0.693 / 0.769, keras
-    0.525 / 0.535; a Gaussian head scores about 0.98. The default budget's numbers are
-    in docs/examples.md."""
+    the mixture head reaches both modes of the posterior and lays its components along
+    the crescents. Measured at this budget (mean C2ST / worst observation): equinox
+    0.528 / 0.582, lightning 0.517 / 0.558, keras 0.520 / 0.583; with dead components
+    (each crescent one Gaussian, the plain MLP's failure) the mean was 0.67-0.69, and a
+    Gaussian head scores about 0.98. The default budget's numbers are in
+    docs/examples.md."""
     result = two_moons.main(
         ["--backend", backend, "--steps", "600", "--samples", "8192",
          "--posterior-samples", "1000", "--out", str(tmp_path)]
@@ -85,7 +87,7 @@ def test_two_moons(backend: str, tmp_path: Path) -> None:
     print(f"{backend}: C2ST {result['c2st']}")
     assert result["head"] == "mixture"
     assert result["head_options"] == {"n_components": 8, "covariance": "full"}
-    assert result["c2st_mean"] < 0.75 and max(result["c2st"]) < 0.85
+    assert result["c2st_mean"] < 0.62 and max(result["c2st"]) < 0.7
     # both crescents, each with about half the draws (a Gaussian head scores C2ST ~0.98)
     assert all(abs(share - 0.5) < 0.1 for share in result["mode_share"])
     assert (tmp_path / backend / "mixture" / "posterior.png").stat().st_size > 30_000
