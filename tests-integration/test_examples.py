@@ -8,6 +8,7 @@ import amortized
 import direct
 import numpy as np
 import pytest
+import toymodels
 import two_moons
 
 
@@ -61,6 +62,38 @@ def test_two_moons_reference_sampler_is_the_exact_posterior() -> None:
     assert hist[upper].sum() == pytest.approx(0.5, abs=0.01)
     assert density[upper].sum() == pytest.approx(0.5, abs=0.01)
     assert 0.5 * np.abs(hist - density).sum() < 0.05  # total variation on the grid
+
+
+def test_toymodels_logit_scale_multiplies_the_first_outputs() -> None:
+    """`n_logits`/`logit_scale` scale the first outputs on every backend; the rest and
+    the weights are the plain MLP's (the same seed builds the same weights)."""
+    import equinox as eqx
+    import jax
+    import keras
+    import torch
+
+    x = np.linspace(-1.0, 1.0, 6, dtype=np.float32).reshape(3, 2)
+    outputs = {}
+    for scaled in (False, True):
+        opts = {"n_logits": 2, "logit_scale": 0.25} if scaled else {}
+        eqx_model = toymodels.equinox_mlp(2, 5, 8, key=jax.random.PRNGKey(0), **opts)
+        torch.manual_seed(0)
+        torch_model = toymodels.torch_mlp(2, 5, 8, **opts)
+        keras.utils.set_random_seed(0)
+        keras_model = toymodels.keras_mlp(2, 5, 8, **opts)
+        outputs[scaled] = {
+            "equinox": np.asarray(jax.vmap(eqx_model)(x)),
+            "torch": torch_model(torch.from_numpy(x)).detach().numpy(),
+            "keras": np.asarray(keras_model(x)),
+        }
+        if not scaled:
+            assert isinstance(eqx_model, eqx.nn.MLP)
+    for name, plain in outputs[False].items():
+        got = outputs[True][name]
+        np.testing.assert_allclose(got[:, :2], 0.25 * plain[:, :2], rtol=1e-6, err_msg=name)
+        np.testing.assert_array_equal(got[:, 2:], plain[:, 2:], err_msg=name)
+    with pytest.raises(ValueError, match="n_logits=6"):
+        toymodels.torch_mlp(2, 5, 8, n_logits=6)
 
 
 def test_two_moons_c2st_tells_apart_and_not() -> None:
