@@ -33,6 +33,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import toymodels
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     data = as_supervised(cache, input="x", target="theta")
     train, val = split(data, (0.9, 0.1), seed=0)
     norm = Normalizer.fit(train, keys=("x", "y"))
-    options: dict[str, object] = {}
+    options: dict[str, Any] = {}
     if args.head == "mixture":
         loss = losses.mixture_nll(n_components=args.components, covariance="full")
         width = losses.mixture_width(args.components, 2, "full")
