@@ -65,19 +65,67 @@ def trajectory(
 # -- model factories, one per backend --------------------------------------------------------
 
 
+def _output_scale(out_size: int, n_logits: int, logit_scale: float) -> np.ndarray:
+    """The per-output factor of the MLPs: `logit_scale` on the first `n_logits`, else 1."""
+    if not 0 <= n_logits <= out_size:
+        raise ValueError(
+            f"`n_logits` must be between 0 and out_size={out_size}. Received: "
+            f"n_logits={n_logits}. Pass the number of mixture components K."
+        )
+    scale = np.ones(out_size, dtype=np.float32)
+    scale[:n_logits] = logit_scale
+    return scale
+
+
+# The optional `n_logits` / `logit_scale` of the MLPs below multiply the first `n_logits`
+# outputs (a mixture head's weight logits, `losses.mixture_nll`'s layout) by a fixed
+# `logit_scale`. With Adam each weight moves about `lr` per step whatever its gradient, so
+# a factor of 0.1 makes the mixture weights move ten times slower than the means and
+# scales: components settle where the data is before the weights pick winners, instead of
+# dying early (weight -> 0; see docs/examples.md, two_moons). Left at 0 the model is the plain MLP.
+
+
 @model_factory
-def equinox_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2, *, key: Any) -> Any:
+def equinox_mlp(
+    in_size: int,
+    out_size: int,
+    width: int = 64,
+    depth: int = 2,
+    n_logits: int = 0,
+    logit_scale: float = 1.0,
+    *,
+    key: Any,
+) -> Any:
     """An Equinox MLP on one sample (`(in,) -> (out,)`; the adapter vmaps it over the batch)."""
     import equinox as eqx
     import jax
 
-    return eqx.nn.MLP(in_size, out_size, width, depth, activation=jax.nn.tanh, key=key)
+    mlp = eqx.nn.MLP(in_size, out_size, width, depth, activation=jax.nn.tanh, key=key)
+    if n_logits == 0:
+        return mlp
+    scale = _output_scale(out_size, n_logits, logit_scale)
+    return eqx.nn.Sequential([mlp, eqx.nn.Lambda(lambda y: y * scale)])
 
 
 @model_factory
-def torch_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2) -> Any:
+def torch_mlp(
+    in_size: int,
+    out_size: int,
+    width: int = 64,
+    depth: int = 2,
+    n_logits: int = 0,
+    logit_scale: float = 1.0,
+) -> Any:
     """A torch MLP with tanh activations."""
     import torch
+
+    class Scale(torch.nn.Module):
+        def __init__(self, scale: np.ndarray) -> None:
+            super().__init__()
+            self.register_buffer("scale", torch.from_numpy(scale), persistent=False)
+
+        def forward(self, y: Any) -> Any:
+            return y * self.scale
 
     layers: list[Any] = []
     size = in_size
@@ -85,11 +133,20 @@ def torch_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2) -> A
         layers += [torch.nn.Linear(size, width), torch.nn.Tanh()]
         size = width
     layers.append(torch.nn.Linear(size, out_size))
+    if n_logits:
+        layers.append(Scale(_output_scale(out_size, n_logits, logit_scale)))
     return torch.nn.Sequential(*layers)
 
 
 @model_factory
-def keras_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2) -> Any:
+def keras_mlp(
+    in_size: int,
+    out_size: int,
+    width: int = 64,
+    depth: int = 2,
+    n_logits: int = 0,
+    logit_scale: float = 1.0,
+) -> Any:
     """A Keras MLP with tanh activations, initialised like the torch and Equinox ones.
 
     Keras's `Dense` defaults to a Glorot-uniform kernel and a zero bias; torch and Equinox
@@ -104,13 +161,25 @@ def keras_mlp(in_size: int, out_size: int, width: int = 64, depth: int = 2) -> A
     h, fan_in = inputs, in_size
     for _ in range(depth):
         h, fan_in = dense(width, fan_in, "tanh")(h), width
-    return keras.Model(inputs, dense(out_size, fan_in)(h))
+    out = dense(out_size, fan_in)(h)
+    if n_logits:
+        out = keras.ops.multiply(out, _output_scale(out_size, n_logits, logit_scale))
+    return keras.Model(inputs, out)
 
 
 def model_op(
-    backend: str, in_size: int, out_size: int, width: int = 64, depth: int = 2, seed: int = 0
+    backend: str,
+    in_size: int,
+    out_size: int,
+    width: int = 64,
+    depth: int = 2,
+    seed: int = 0,
+    **options: Any,
 ) -> Any:
-    """The model operator of `backend` wrapping the matching MLP factory."""
+    """The model operator of `backend` wrapping the matching MLP factory.
+
+    `options` go to the factory as they are (`n_logits`, `logit_scale`).
+    """
     if backend == "equinox":
         from pipekit_train.equinox import EquinoxModelOp
 
@@ -121,6 +190,7 @@ def model_op(
             width=width,
             depth=depth,
             seed=seed,
+            **options,
         )
     if backend == "lightning":
         from pipekit_train.lightning import LightningModelOp
@@ -132,6 +202,7 @@ def model_op(
             width=width,
             depth=depth,
             seed=seed,
+            **options,
         )
     if backend == "keras":
         import os
@@ -146,6 +217,7 @@ def model_op(
             width=width,
             depth=depth,
             seed=seed,
+            **options,
         )
     raise SystemExit(
         f"--backend must be equinox, lightning or keras. Received: backend={backend!r}."

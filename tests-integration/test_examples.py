@@ -8,6 +8,7 @@ import amortized
 import direct
 import numpy as np
 import pytest
+import toymodels
 import two_moons
 
 
@@ -63,6 +64,38 @@ def test_two_moons_reference_sampler_is_the_exact_posterior() -> None:
     assert 0.5 * np.abs(hist - density).sum() < 0.05  # total variation on the grid
 
 
+def test_toymodels_logit_scale_multiplies_the_first_outputs() -> None:
+    """`n_logits`/`logit_scale` scale the first outputs on every backend; the rest and
+    the weights are the plain MLP's (the same seed builds the same weights)."""
+    import equinox as eqx
+    import jax
+    import keras
+    import torch
+
+    x = np.linspace(-1.0, 1.0, 6, dtype=np.float32).reshape(3, 2)
+    outputs = {}
+    for scaled in (False, True):
+        opts = {"n_logits": 2, "logit_scale": 0.25} if scaled else {}
+        eqx_model = toymodels.equinox_mlp(2, 5, 8, key=jax.random.PRNGKey(0), **opts)
+        torch.manual_seed(0)
+        torch_model = toymodels.torch_mlp(2, 5, 8, **opts)
+        keras.utils.set_random_seed(0)
+        keras_model = toymodels.keras_mlp(2, 5, 8, **opts)
+        outputs[scaled] = {
+            "equinox": np.asarray(jax.vmap(eqx_model)(x)),
+            "torch": torch_model(torch.from_numpy(x)).detach().numpy(),
+            "keras": np.asarray(keras_model(x)),
+        }
+        if not scaled:
+            assert isinstance(eqx_model, eqx.nn.MLP)
+    for name, plain in outputs[False].items():
+        got = outputs[True][name]
+        np.testing.assert_allclose(got[:, :2], 0.25 * plain[:, :2], rtol=1e-6, err_msg=name)
+        np.testing.assert_array_equal(got[:, 2:], plain[:, 2:], err_msg=name)
+    with pytest.raises(ValueError, match="n_logits=6"):
+        toymodels.torch_mlp(2, 5, 8, n_logits=6)
+
+
 def test_two_moons_c2st_tells_apart_and_not() -> None:
     rng = np.random.default_rng(0)
     a = rng.normal(size=(1000, 2))
@@ -74,10 +107,12 @@ def test_two_moons_c2st_tells_apart_and_not() -> None:
 @pytest.mark.parametrize("backend", ["equinox", "lightning", "keras"])
 def test_two_moons(backend: str, tmp_path: Path) -> None:
     """A reduced budget (8192 simulations, 600 steps, 1000 posterior samples a side):
-    the mixture head reaches both modes of the posterior. Measured at this budget (mean
-    C2ST / worst observation): equinox 0.668 / 0.731, lightning 0.693 / 0.769, keras
-    0.525 / 0.535; a Gaussian head scores about 0.98. The default budget's numbers are
-    in docs/examples.md."""
+    the mixture head reaches both modes of the posterior and lays its components along
+    the crescents. Measured at this budget (mean C2ST / worst observation): equinox
+    0.528 / 0.582, lightning 0.517 / 0.558, keras 0.520 / 0.583; with dead components
+    (each crescent one Gaussian, the plain MLP's failure) the mean was 0.67-0.69, and a
+    Gaussian head scores about 0.98. The default budget's numbers are in
+    docs/examples.md."""
     result = two_moons.main(
         ["--backend", backend, "--steps", "600", "--samples", "8192",
          "--posterior-samples", "1000", "--out", str(tmp_path)]
@@ -85,7 +120,7 @@ def test_two_moons(backend: str, tmp_path: Path) -> None:
     print(f"{backend}: C2ST {result['c2st']}")
     assert result["head"] == "mixture"
     assert result["head_options"] == {"n_components": 8, "covariance": "full"}
-    assert result["c2st_mean"] < 0.75 and max(result["c2st"]) < 0.85
+    assert result["c2st_mean"] < 0.62 and max(result["c2st"]) < 0.7
     # both crescents, each with about half the draws (a Gaussian head scores C2ST ~0.98)
     assert all(abs(share - 0.5) < 0.1 for share in result["mode_share"])
     assert (tmp_path / backend / "mixture" / "posterior.png").stat().st_size > 30_000
