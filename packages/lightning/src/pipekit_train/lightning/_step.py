@@ -38,6 +38,7 @@ from ._checkpoint import (
 )
 from ._compile import Objective
 from ._determinism import is_deterministic
+from ._grads import GradReset
 from ._losses import torch_loss
 from ._model import LightningModelOp, as_input, module_dtype
 from ._optim import build_optimizer, gradient_clip
@@ -92,6 +93,7 @@ class TorchStepBackend(StepBackend[TorchState]):
         self._cuda = self._device.type == "cuda"
         self.steps_per_execution = max(1, int(steps_per_execution))
         self.objective: Objective | None = None
+        self._zero_grad = GradReset()
         # the private RNG is swapped in only around modules that may draw from it
         self._random = not is_deterministic(self._op.model)
 
@@ -161,7 +163,7 @@ class TorchStepBackend(StepBackend[TorchState]):
     def _plain_update(self, state: TorchState, batch: Mapping[str, Any]) -> Any:
         """The update of a hand-written loop (one batch, no scaler, no skip); its loss."""
         optimizer = state.optimizers[0]
-        optimizer.zero_grad(set_to_none=True)
+        self._zero_grad(optimizer)
         loss = self.objective(batch["x"], batch["y"])  # type: ignore[misc]  # objective is set per run (eager or compiled)
         loss.backward()
         if self._clip is not None:
@@ -189,7 +191,7 @@ class TorchStepBackend(StepBackend[TorchState]):
             if buffers:
                 with torch.no_grad():
                     saved = (buffers, [b.clone() for b in buffers])
-        optimizer.zero_grad(set_to_none=True)
+        self._zero_grad(optimizer)
         losses = []
         for batch in batches:
             loss = objective(batch["x"], batch["y"])
@@ -200,7 +202,7 @@ class TorchStepBackend(StepBackend[TorchState]):
             losses.append(loss.detach())
         if self._skip and not all(bool(torch.isfinite(v)) for v in losses):
             # on_nonfinite="skip": parameters, optimizer state, schedule and buffers stay
-            optimizer.zero_grad(set_to_none=True)
+            self._zero_grad(optimizer)
             if saved is not None:
                 with torch.no_grad():
                     for buffer, before in zip(*saved, strict=True):
@@ -258,7 +260,13 @@ class TorchStepBackend(StepBackend[TorchState]):
         """
         n = int(stacked["x"].shape[0])
         m = self._micro
-        rows = [{key: value[i] for key, value in stacked.items()} for i in range(n)]
+        keys = list(stacked)
+        if all(isinstance(stacked[key], torch.Tensor) for key in keys):
+            # one unbind per key: n views, without n indexing calls per key
+            columns = [stacked[key].unbind(0) for key in keys]
+            rows = [dict(zip(keys, values, strict=True)) for values in zip(*columns, strict=True)]
+        else:
+            rows = [{key: value[i] for key, value in stacked.items()} for i in range(n)]
         losses: list[Any] = []
         outer = self._enter_rng(state)
         try:
