@@ -104,7 +104,9 @@ def test_bit_identical_to_a_hand_written_loop(config: dict, make: Any, k: int) -
 
 @pytest.mark.parametrize("precision", [None, torch.bfloat16])
 @pytest.mark.parametrize("name", ["mse", "mae", "huber", "huber_0.3"])
-def test_direct_loss_kernels_are_bit_identical_to_the_functionals(name: str, precision: Any) -> None:
+def test_direct_loss_kernels_are_bit_identical_to_the_functionals(
+    name: str, precision: Any
+) -> None:
     from pipekit_train.core import losses
     from pipekit_train.lightning._losses import torch_loss
 
@@ -122,7 +124,9 @@ def test_direct_loss_kernels_are_bit_identical_to_the_functionals(name: str, pre
     results = []
     for fn in (fused, lambda a, b: functional(a, b.to(a.dtype))):
         w.grad = None
-        with torch.autocast("cpu", dtype=precision or torch.bfloat16, enabled=precision is not None):
+        with torch.autocast(
+            "cpu", dtype=precision or torch.bfloat16, enabled=precision is not None
+        ):
             loss = fn(x @ w, y)
         loss.backward()
         results.append((loss.detach(), w.grad))

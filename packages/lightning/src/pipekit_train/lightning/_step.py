@@ -7,7 +7,11 @@ a hand-written torch loop does — `zero_grad`, forward and loss, `backward`, cl
 accumulation (each of `m` batches' loss divided by `m`), autocast and a grad scaler
 (`_amp.py`) and the non-finite skip. `train_steps` runs K such updates in one call
 (fused steps): the losses stay on the device, stacked, and core fetches them when it
-logs.
+logs. The per-step Python around the torch calls is kept to what the hand loop has:
+gradients are reset by assignment over a parameter list gathered once (`_grads.py`,
+what `zero_grad(set_to_none=True)` does, without its profiler range), core's
+`mse`/`mae`/`huber` call their ATen kernels directly (`_losses.py`), and a fused
+group's stacked batch is split with one `unbind` per key.
 
 Dropout and other random layers draw from a private torch CPU RNG state carried in the
 training state (the caller's global RNG is left alone), so it checkpoints and resumes
