@@ -4,6 +4,7 @@
 uv run python benchmarks/bench_torch.py                        # 5 repeats of 2000 steps
 uv run python benchmarks/bench_torch.py --quick --json /tmp/torch.json   # run_all convention
 uv run python benchmarks/bench_torch.py --no-compile --no-lightning      # the fast subset
+uv run python benchmarks/bench_torch.py --no-compile --clock cpu         # CPU-time rates
 uv run --extra gpu python benchmarks/bench_torch.py --quick --device cuda   # on a CUDA GPU
 ```
 
@@ -25,7 +26,8 @@ interleaved rounds (a rotating order: no loop always runs first):
 - on CUDA, also `compile="cuda-graphs"` (torch's CUDA-graph mode).
 - `Lightning()`: the Lightning adapter (`Trainer.fit`) on the same `TrainingLoop`.
 
-Timed: steps `warmup+1 .. total` (warm-up: the first 20%), by the wall clock, with a
+Timed: steps `warmup+1 .. total` (warm-up: the first 20%), by the wall clock (or, with
+`--clock cpu`, by this process's CPU time), with a
 core callback (`on_step_end`) on the adapters and the same points in the hand loops.
 The table shows the best rate per loop (on a shared machine noise only slows a run
 down), the range, and each rate relative to the fastest hand loop and to `Lightning()`.
@@ -73,8 +75,18 @@ def make_op(in_size: int, width: int, depth: int) -> LightningModelOp:
     )
 
 
+TIMERS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
 class Clock:
-    """Wall-clock timestamps at the end of step `warmup` and of step `total`."""
+    """Timestamps at the end of step `warmup` and of step `total`.
+
+    `timer`: `time.perf_counter` (wall clock, the default) or `time.process_time` (CPU
+    time of this process: on a shared machine it leaves out the time other jobs hold
+    the core, so ratios are steadier; every loop here runs on one thread).
+    """
+
+    timer: Callable[[], float] = time.perf_counter
 
     def __init__(self, warmup: int, total: int):
         self.warmup, self.total = warmup, total
@@ -82,9 +94,9 @@ class Clock:
 
     def tick(self, step: int) -> None:
         if step == self.warmup:
-            self.t0 = time.perf_counter()
+            self.t0 = self.timer()
         elif step == self.total:
-            self.t1 = time.perf_counter()
+            self.t1 = self.timer()
 
     def rate(self) -> float:
         return (self.total - self.warmup) / (self.t1 - self.t0)
@@ -243,7 +255,14 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="skip the compile=True loop")
     parser.add_argument("--no-lightning", action="store_true", help="skip the Lightning() loop")
     parser.add_argument("--cases", default="large,small", help="large, small or both")
+    parser.add_argument(
+        "--clock",
+        choices=sorted(TIMERS),
+        default="wall",
+        help="wall: wall-clock rates (default); cpu: CPU-time rates (steadier on a shared machine)",
+    )
     args = parser.parse_args()
+    Clock.timer = TIMERS[args.clock]  # builtins: no method binding
     apply_quick(parser, args, {"repeats": 3, "steps": 1000})
     if args.device != "cpu" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA GPU")
@@ -252,7 +271,8 @@ def main() -> None:
     warmup = total // 5 - (total // 5) % 10
     print(
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, repeats {args.repeats}, "
-        f"steps {total} (first {warmup} warm-up), device {args.device}"
+        f"steps {total} (first {warmup} warm-up), device {args.device}, {args.clock} clock",
+        flush=True,
     )
     all_cases = {
         "large": ("MLP 8→256→256→1, batch 256", 8, 256, 2, 256),
@@ -315,8 +335,8 @@ def main() -> None:
                 row(
                     "torch",
                     f"{title}: {label}",
-                    f"steps/s, best of {args.repeats} ({total - warmup} timed steps; "
-                    "ratio: ÷ the indexed hand loop)",
+                    f"steps/s ({args.clock} clock), best of {args.repeats} "
+                    f"({total - warmup} timed steps; ratio: ÷ the indexed hand loop)",
                     best[key],
                     "steps/s",
                     ratio=best[key] / ref,

@@ -102,6 +102,65 @@ def test_bit_identical_to_a_hand_written_loop(config: dict, make: Any, k: int) -
     assert list(art.history["loss"]) == losses
 
 
+@pytest.mark.parametrize("precision", [None, torch.bfloat16])
+@pytest.mark.parametrize("name", ["mse", "mae", "huber", "huber_0.3"])
+def test_direct_loss_kernels_are_bit_identical_to_the_functionals(
+    name: str, precision: Any
+) -> None:
+    from pipekit_train.core import losses
+    from pipekit_train.lightning._losses import torch_loss
+
+    core_loss, functional = {
+        "mse": (losses.mse, F.mse_loss),
+        "mae": (losses.mae, F.l1_loss),
+        "huber": (losses.huber, F.huber_loss),
+        "huber_0.3": (losses.huber(delta=0.3), lambda a, b: F.huber_loss(a, b, delta=0.3)),
+    }[name]
+    fused = torch_loss(core_loss)
+    assert fused is not core_loss
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(5, 3, generator=gen, requires_grad=True)
+    x, y = torch.randn(64, 5, generator=gen), 3 * torch.randn(64, 3, generator=gen)
+    results = []
+    for fn in (fused, lambda a, b: functional(a, b.to(a.dtype))):
+        w.grad = None
+        with torch.autocast(
+            "cpu", dtype=precision or torch.bfloat16, enabled=precision is not None
+        ):
+            loss = fn(x @ w, y)
+        loss.backward()
+        results.append((loss.detach(), w.grad))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+
+
+def test_grad_reset_is_zero_grad_and_keeps_an_overridden_one() -> None:
+    from pipekit_train.lightning._grads import GradReset
+
+    net = torch.nn.Linear(3, 2)
+    extra = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    reset = GradReset()
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)
+    reset(opt)
+    assert all(p.grad is None for p in net.parameters())
+    opt.add_param_group({"params": [extra]})  # a new group is picked up
+    extra.grad = torch.ones(4)
+    reset(opt)
+    assert extra.grad is None
+
+    class Zeroing(torch.optim.SGD):
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.grad = torch.zeros_like(p)
+
+    own = Zeroing(net.parameters(), lr=0.1)
+    reset(own)  # a different optimizer: its own zero_grad runs
+    assert all(p.grad is not None and not p.grad.any() for p in net.parameters())
+
+
 def test_fused_steps_match_single_steps_with_accumulation_schedule_and_clip() -> None:
     train, val = regression_task()
     config = {

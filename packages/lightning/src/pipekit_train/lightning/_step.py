@@ -7,7 +7,11 @@ a hand-written torch loop does — `zero_grad`, forward and loss, `backward`, cl
 accumulation (each of `m` batches' loss divided by `m`), autocast and a grad scaler
 (`_amp.py`) and the non-finite skip. `train_steps` runs K such updates in one call
 (fused steps): the losses stay on the device, stacked, and core fetches them when it
-logs.
+logs. The per-step Python around the torch calls is kept to what the hand loop has:
+gradients are reset by assignment over a parameter list gathered once (`_grads.py`,
+what `zero_grad(set_to_none=True)` does, without its profiler range), core's
+`mse`/`mae`/`huber` call their ATen kernels directly (`_losses.py`), and a fused
+group's stacked batch is split with one `unbind` per key.
 
 Dropout and other random layers draw from a private torch CPU RNG state carried in the
 training state (the caller's global RNG is left alone), so it checkpoints and resumes
@@ -38,6 +42,7 @@ from ._checkpoint import (
 )
 from ._compile import Objective
 from ._determinism import is_deterministic
+from ._grads import GradReset
 from ._losses import torch_loss
 from ._model import LightningModelOp, as_input, module_dtype
 from ._optim import build_optimizer, gradient_clip
@@ -92,6 +97,7 @@ class TorchStepBackend(StepBackend[TorchState]):
         self._cuda = self._device.type == "cuda"
         self.steps_per_execution = max(1, int(steps_per_execution))
         self.objective: Objective | None = None
+        self._zero_grad = GradReset()
         # the private RNG is swapped in only around modules that may draw from it
         self._random = not is_deterministic(self._op.model)
 
@@ -161,7 +167,7 @@ class TorchStepBackend(StepBackend[TorchState]):
     def _plain_update(self, state: TorchState, batch: Mapping[str, Any]) -> Any:
         """The update of a hand-written loop (one batch, no scaler, no skip); its loss."""
         optimizer = state.optimizers[0]
-        optimizer.zero_grad(set_to_none=True)
+        self._zero_grad(optimizer)
         loss = self.objective(batch["x"], batch["y"])  # type: ignore[misc]  # objective is set per run (eager or compiled)
         loss.backward()
         if self._clip is not None:
@@ -189,7 +195,7 @@ class TorchStepBackend(StepBackend[TorchState]):
             if buffers:
                 with torch.no_grad():
                     saved = (buffers, [b.clone() for b in buffers])
-        optimizer.zero_grad(set_to_none=True)
+        self._zero_grad(optimizer)
         losses = []
         for batch in batches:
             loss = objective(batch["x"], batch["y"])
@@ -200,7 +206,7 @@ class TorchStepBackend(StepBackend[TorchState]):
             losses.append(loss.detach())
         if self._skip and not all(bool(torch.isfinite(v)) for v in losses):
             # on_nonfinite="skip": parameters, optimizer state, schedule and buffers stay
-            optimizer.zero_grad(set_to_none=True)
+            self._zero_grad(optimizer)
             if saved is not None:
                 with torch.no_grad():
                     for buffer, before in zip(*saved, strict=True):
@@ -258,7 +264,13 @@ class TorchStepBackend(StepBackend[TorchState]):
         """
         n = int(stacked["x"].shape[0])
         m = self._micro
-        rows = [{key: value[i] for key, value in stacked.items()} for i in range(n)]
+        keys = list(stacked)
+        if all(isinstance(stacked[key], torch.Tensor) for key in keys):
+            # one unbind per key: n views, without n indexing calls per key
+            columns = [stacked[key].unbind(0) for key in keys]
+            rows = [dict(zip(keys, values, strict=True)) for values in zip(*columns, strict=True)]
+        else:
+            rows = [{key: value[i] for key, value in stacked.items()} for i in range(n)]
         losses: list[Any] = []
         outer = self._enter_rng(state)
         try:
