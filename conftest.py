@@ -10,3 +10,51 @@ import os
 
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+
+
+# --------------------------------------------------------------------------- test scheduling
+# `uv run pytest` runs on two pytest-xdist workers (`-n 2 --dist loadfile` in pyproject.toml):
+# every test file goes whole to one worker, so a module fixture (the golden runs, the wheel
+# builds, a Ray cluster) is built once. Two refinements:
+#
+# - The files that start Ray share one work unit: two Ray runtimes at once would contend
+#   for two cores, and `ray.init()` without an address joins a cluster another worker
+#   started (`ray.cluster_utils.Cluster` records its address for that).
+# - Files with slow tests are handed out first. Work units are handed out in order as the
+#   workers free up, so the run ends on short files and both workers finish together.
+
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+
+RAY_FILES = (
+    "packages/core/tests/test_core_data_cached_ray.py",
+    "packages/sweep/tests/test_sweep_ray.py",
+    "packages/sweep/tests/test_sweep_lifeline.py",
+)
+
+
+def _file_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return "ray" if path in RAY_FILES else path
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order the test files: those with a slow test first, then the rest (each stable)."""
+    heavy = {_file_of(item.nodeid) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: _file_of(item.nodeid) not in heavy)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, with the Ray files in one work unit and the collection order kept."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _file_of(nodeid)
+
+    config.option.loadscopereorder = False  # keep the slow-files-first order above
+    return Scheduling(config, log)

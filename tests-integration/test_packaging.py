@@ -10,7 +10,7 @@ none), runs `uv pip check`, and runs the package's quickstart there.
 
 Versions are pinned to the workspace lock (`uv export` as constraints), so uv's cache
 serves every download and a repeated torch or jax install takes seconds. The timings are
-printed at the end of the module (`pytest -s`) and attached to each test as properties.
+printed at the end of the module (`pytest -n 0 -s`) and attached to each test as properties.
 """
 
 from __future__ import annotations

@@ -40,6 +40,8 @@ def test_torch_backend_passes_the_whole_suite() -> None:
             "no:cacheprovider",
             "-W",
             "ignore::DeprecationWarning",
+            "-n",  # in this one process: the suite around it already runs on two workers
+            "0",
         ],
         cwd=ROOT,
         env=_env(KERAS_BACKEND="torch"),
