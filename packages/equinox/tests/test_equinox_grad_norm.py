@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import equinox as eqx
 from pipekit_train.core import TrainingLoop
 from pipekit_train.core.adapter import GRAD_NORM
 from pipekit_train.core.data import ArrayDataset
