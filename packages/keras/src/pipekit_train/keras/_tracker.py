@@ -230,8 +230,8 @@ def fetch_values(values: Sequence[Any]) -> list[np.ndarray]:
     for v in slices:
         newest = newest_of[v.kind]
         capacity = int(v.packed.shape[0]) - 1
-        covered = newest is not None and (newest.end - v.first) % COUNT_MODULUS <= capacity
-        owners[id(v)] = newest if covered else v  # type: ignore[assignment]  # `covered`: newest is not None
+        covered = (newest.end - v.first) % COUNT_MODULUS <= capacity
+        owners[id(v)] = newest if covered else v
         need(owners[id(v)])
     plain = [v for v in values if not isinstance(v, StepSlice)]
     for v in plain:
