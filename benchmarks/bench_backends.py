@@ -4,7 +4,12 @@
 uv run python benchmarks/bench_backends.py                  # 3000 steps, 3 runs per backend
 uv run python benchmarks/bench_backends.py --steps 1000 --backends equinox keras-jax
 uv run python benchmarks/bench_backends.py --quick --json /tmp/backends.json   # run_all convention
+uv run python benchmarks/bench_backends.py --grad-norm --steps 1000   # log_grad_norm on vs off
 ```
+
+`--grad-norm` measures what `TrainingLoop(log_grad_norm=True)` costs: each child
+alternates runs with it off and on (the first pair warms up both) and the table shows
+both rates and their ratio, side by side in the same process.
 
 The description is `examples/direct.py`'s: a 3 -> 64 -> 64 -> 1 tanh MLP regressing
 `sin(2 x0) + x1^2 - 0.5 x2` on 3,277 samples, MSE, Adam (lr 3e-3), batch 64, validation
@@ -59,24 +64,28 @@ def child(args: argparse.Namespace) -> None:
     backend = BACKENDS[args.child][0]
     train, val, test = split(make_data(), (0.8, 0.1, 0.1), seed=0)
     walls: list[float] = []
+    norm_walls: list[float] = []
     artifact = None
+    modes = [False, True] if args.grad_norm else [False]
     for _ in range(args.repeats):
-        loop = TrainingLoop(
-            model=toymodels.model_op(backend, in_size=3, out_size=1, width=64, seed=0),
-            data=train,
-            validation=val,
-            loss="mse",
-            metrics=["mae"],
-            optimizer_config={"name": "adam", "lr": 3e-3},
-            batch_size=64,
-            max_steps=args.steps,
-            validate_every_n_steps=max(1, args.steps // 10),
-            seed=0,
-            progress=False,
-        )
-        t0 = time.perf_counter()
-        artifact = loop.run()
-        walls.append(time.perf_counter() - t0)
+        for with_norm in modes:
+            loop = TrainingLoop(
+                model=toymodels.model_op(backend, in_size=3, out_size=1, width=64, seed=0),
+                data=train,
+                validation=val,
+                loss="mse",
+                metrics=["mae"],
+                optimizer_config={"name": "adam", "lr": 3e-3},
+                batch_size=64,
+                max_steps=args.steps,
+                validate_every_n_steps=max(1, args.steps // 10),
+                seed=0,
+                progress=False,
+                log_grad_norm=with_norm,
+            )
+            t0 = time.perf_counter()
+            artifact = loop.run()
+            (norm_walls if with_norm else walls).append(time.perf_counter() - t0)
     assert artifact is not None
     batch = test.get_batch(np.arange(len(test)))
     pred = np.asarray(artifact.model(batch["x"]))
@@ -91,6 +100,7 @@ def child(args: argparse.Namespace) -> None:
                 "val_loss": float(artifact.final_metrics.get("val_loss", float("nan"))),
                 "test_rmse": rmse,
                 "child_s": time.perf_counter() - t_start,
+                "norm_best_s": min(norm_walls[1:]) if len(norm_walls) > 1 else None,
             }
         ),
         flush=True,
@@ -103,7 +113,7 @@ def _run_child(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
     if keras_backend:
         env["KERAS_BACKEND"] = keras_backend
     cmd = [sys.executable, __file__, "--child", name, "--steps", str(args.steps)]
-    cmd += ["--repeats", str(args.repeats)]
+    cmd += ["--repeats", str(args.repeats)] + (["--grad-norm"] if args.grad_norm else [])
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
@@ -122,6 +132,9 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS))
     parser.add_argument("--quick", action="store_true", help="1000 steps, 2 runs per backend")
     parser.add_argument("--json", help="also write the result rows (run_all format) to this path")
+    parser.add_argument(
+        "--grad-norm", action="store_true", help="also time log_grad_norm=True (on/off ratio)"
+    )
     parser.add_argument("--child", choices=list(BACKENDS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -159,6 +172,15 @@ def main() -> None:
             f"| {name} | {rate:.0f} | {ratio} | {r['first_s']:.1f} | {r['process_s']:.1f} | "
             f"{r['val_loss']:.4f} | {r['test_rmse']:.4f} |"
         )
+    if args.grad_norm:
+        print()
+        print("| backend | steps/s grad_norm off | steps/s on | on / off |")
+        print("|---|---|---|---|")
+        for name, r in rows.items():
+            if r is None or r.get("norm_best_s") is None:
+                continue
+            off, on = args.steps / r["best_s"], args.steps / r["norm_best_s"]
+            print(f"| {name} | {off:.0f} | {on:.0f} | {on / off:.3f} |")
     print(f"load average after {os.getloadavg()[0]:.2f}")
     if args.json:
         out = []

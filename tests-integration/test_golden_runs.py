@@ -22,6 +22,7 @@ from pipekit_train.core.testing import (
     compare_golden,
     load_runs,
     max_differences,
+    max_norm_differences,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -104,3 +105,25 @@ def test_torch_fused_steps_give_the_same_losses(golden: dict[str, dict]) -> None
         one, fused = golden["torch"][case.name], golden["torch-k10"][case.name]
         assert one.losses == fused.losses, case.name
         assert one.val_loss == fused.val_loss, case.name
+        assert one.grad_norms == fused.grad_norms and one.grad_norms, case.name
+
+
+# the setups whose adapters record `grad_norm` (run_golden turns it on where declared)
+GRAD_NORM_SETUPS = ["lightning", "torch", "torch-k10", "keras-jax", "keras-torch"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", GRAD_NORM_SETUPS)
+def test_grad_norm_is_the_same_on_every_backend(golden: dict[str, dict], label: str) -> None:
+    """`log_grad_norm=True`: every step's norm (before clipping; with accumulation, of the
+    accumulated gradient) agrees with Equinox's like the loss does (compare_golden checks
+    it); here: every case recorded one value per step on both, and clipping did not clip it."""
+    for case in GOLDEN_CASES:
+        ref, got = golden["equinox"][case.name], golden[label][case.name]
+        assert len(ref.grad_norms) == len(got.grad_norms) == GOLDEN_STEPS, (label, case.name)
+    clipped = golden["equinox"]["warmup_cosine_clip_norm"]
+    clip = next(c for c in GOLDEN_CASES if c.name == "warmup_cosine_clip_norm")
+    assert max(clipped.grad_norms) > clip.optimizer_config["clip_norm"]  # the unclipped norm
+    worst = max_norm_differences(golden["equinox"], golden[label])
+    assert set(worst) == {c.name for c in GOLDEN_CASES}
+    assert all(worst[c.name] <= c.rtol for c in GOLDEN_CASES), worst

@@ -68,6 +68,7 @@ _SAMPLES: dict[str, Any] = {
     "max_consecutive_skips": 3,
     "preemption_signals": ["SIGUSR1"],  # TOML has lists, not the default's tuple
     "max_time": "00:00:01:00",  # Lightning's DD:HH:MM:SS
+    "log_grad_norm": True,  # the default (False) would not show that it reaches the loop
 }
 
 

@@ -71,6 +71,8 @@ class Capabilities:
             step count) as they were and layer state (e.g. BatchNorm statistics) is not
             updated from that batch; the step still counts. Core's `RunContext` counts
             the skips, stops after `max_consecutive_skips` and postpones checkpoints.
+        grad_norm: honours `TrainingLoop(log_grad_norm=True)`: every update's metrics
+            hold `grad_norm` (see `pipekit_train.core.adapter.global_grad_norm`).
     """
 
     native_data: bool = False
@@ -80,6 +82,7 @@ class Capabilities:
     accumulation: bool = False
     precisions: tuple[str, ...] = ("float32",)
     skip_nonfinite: bool = False
+    grad_norm: bool = False
 
 
 class Adapter(abc.ABC):
@@ -131,6 +134,12 @@ class Adapter(abc.ABC):
                 "Gradient accumulation",
                 f"accumulate_grad_batches={plan.accumulate_grad_batches}",
                 "Use a larger batch_size instead.",
+            )
+        if plan.log_grad_norm and not caps.grad_norm:
+            raise self._unsupported(
+                "The `grad_norm` metric",
+                "log_grad_norm=True",
+                "Drop it, or use a backend that records it (Equinox, Lightning, Torch, Keras).",
             )
         if plan.on_nonfinite == "skip" and not caps.skip_nonfinite:
             raise self._unsupported(

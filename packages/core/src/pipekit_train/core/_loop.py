@@ -238,6 +238,9 @@ class TrainingLoop:
         max_time: a wall-clock budget for this run (seconds, a `datetime.timedelta` or
             `"DD:HH:MM:SS"`): when it is spent the run checkpoints and stops with
             `artifact.stop_reason == "max_time"`; a rerun resumes with a fresh budget.
+        log_grad_norm: record the metric `grad_norm` every optimizer update: the global
+            L2 norm of the gradient the update uses, before clipping (with accumulation:
+            of the accumulated gradient). Off by default; the backend must support it.
     """
 
     def __init__(
@@ -270,6 +273,7 @@ class TrainingLoop:
         progress: bool | None = None,
         preemption_signals: Sequence[Any] | None = DEFAULT_PREEMPTION_SIGNALS,
         max_time: float | str | datetime.timedelta | None = None,
+        log_grad_norm: bool = False,
     ):
         batch_size = _positive_int("batch_size", batch_size)  # type: ignore[assignment]  # not None without allow_none
         signals = resolve_signals(preemption_signals)
@@ -301,7 +305,8 @@ class TrainingLoop:
             max_consecutive_skips = _DEFAULT_MAX_SKIPS
         if not _is_int(seed) or seed < 0:
             raise ConfigError(f"`seed` must be a non-negative int. Received: seed={seed!r}.")
-        for flag, value in (("shuffle", shuffle), ("drop_remainder", drop_remainder)):
+        flags = (("shuffle", shuffle), ("drop_remainder", drop_remainder))
+        for flag, value in (*flags, ("log_grad_norm", log_grad_norm)):
             if not isinstance(value, bool):
                 raise ConfigError(f"`{flag}` must be True or False. Received: {flag}={value!r}.")
         if sweep_id is not None and not isinstance(sweep_id, str):
@@ -417,6 +422,7 @@ class TrainingLoop:
             progress=progress,
             preemption_signals=signals,
             max_time=budget,
+            log_grad_norm=log_grad_norm,
         )
         adapter.validate(self.plan)
         check_shapes(adapter, self.plan)  # probe the model with the data's shapes

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._grad_norm import reduce_micro
 from ._history import History
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ class _PendingGroup:
     """`count` consecutive steps whose metrics are still device values.
 
     With gradient accumulation each step's metrics arrive as `micro` values (one per
-    accumulated batch) and the step's value is their mean.
+    accumulated batch) and the step's value is their mean (`grad_norm`: the last, see
+    `reduce_micro`); a metric with one value per step is taken as it is.
     """
 
     __slots__ = ("first_step", "count", "raw", "stacked", "micro", "rows")
@@ -54,8 +56,7 @@ class _PendingGroup:
         if not self.stacked:
             return [{name: float(arr.reshape(())) for name, arr in arrays.items()}]
         per_step = {
-            name: np.asarray(arr, dtype=np.float64).reshape(self.count, self.micro).mean(axis=1)
-            for name, arr in arrays.items()
+            name: reduce_micro(name, arr, self.count, self.micro) for name, arr in arrays.items()
         }
         return [
             {name: float(values[offset]) for name, values in per_step.items()}

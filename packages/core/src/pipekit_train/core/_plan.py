@@ -145,6 +145,7 @@ class Plan:
     extra: dict[str, Any] = field(default_factory=dict)
     preemption_signals: tuple[str, ...] = DEFAULT_PREEMPTION_SIGNALS
     max_time: float | None = None
+    log_grad_norm: bool = False
 
     @property
     def backend(self) -> str:
@@ -204,6 +205,7 @@ class Plan:
             "sweep_id": self.sweep_id,
             "preemption_signals": list(self.preemption_signals),
             "max_time": self.max_time,
+            "log_grad_norm": self.log_grad_norm,
         }
         return json.loads(json.dumps(plan, default=repr))
 

@@ -25,6 +25,8 @@ classes here and uses the shared machinery, and imports nothing private from cor
   `Precision` and `NonFinitePolicy`.
 - **Registration**: `BackendEntry`, what a `pipekit_train.backends` entry point names
   (`BACKENDS_GROUP`); `backend_names`, `load_backend`.
+- **Metrics of the step**: `GRAD_NORM`, `global_grad_norm` (the `grad_norm` metric of
+  `TrainingLoop(log_grad_norm=True)`, one definition for every backend).
 - **Helpers**: `is_core_dataset`, `describe_callable`, `import_string`, `object_path`,
   `optional_import`, `check_seed`.
 
@@ -42,6 +44,7 @@ from ._checkpointing import (
     step_dirs,
 )
 from ._driver import run_step_loop
+from ._grad_norm import GRAD_NORM, global_grad_norm
 from ._imports import import_string, object_path, optional_import
 from ._lifecycle import RunLifecycle
 from ._operators import check_seed
@@ -61,6 +64,8 @@ from ._spec import (
 from ._store import CheckpointStore, FsspecStore, LocalStore, TornStepError, open_store
 
 __all__ = [
+    "GRAD_NORM",
+    "global_grad_norm",
     "BACKENDS_GROUP",
     "BackendEntry",
     "backend_names",

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
 import equinox as eqx
+from pipekit_train.core.adapter import GRAD_NORM, global_grad_norm
 
 from ._model import apply_model
 from ._precision import Policy, all_finite
@@ -73,6 +74,10 @@ class StepFunctions:
         replicated: the sharding of scalar outputs and evaluation batches.
         skip_nonfinite: drop the update of a step whose loss is not finite.
         accumulate: batches per update (the optimizer is an `optax.MultiSteps`).
+        grad_norm: add the metric `grad_norm` (the global norm of the gradient before
+            clipping; with accumulation, each batch reports the norm of the running mean
+            of its update's gradients, so the update's last batch holds the norm of the
+            gradient the update applies, the value core records).
     """
 
     def __init__(
@@ -90,8 +95,10 @@ class StepFunctions:
         replicated: Any = None,
         skip_nonfinite: bool = False,
         accumulate: int = 1,
+        grad_norm: bool = False,
     ):
         leaves, self.treedef, self.static = flatten_state(template)
+        self.grad_norm = bool(grad_norm)
         self.skip_nonfinite = bool(skip_nonfinite)
         self.accumulate = int(accumulate)
         self.avals = [(x.shape, x.dtype) for x in leaves]
@@ -169,6 +176,8 @@ class StepFunctions:
         updates, opt_state = self.optimizer.update(grads, state.opt_state, params)
         model = eqx.apply_updates(state.model, updates)
         metrics: Metrics = {"loss": jnp.asarray(loss, jnp.float32)}
+        if self.grad_norm:
+            metrics[GRAD_NORM] = self._grad_norm(grads, state.opt_state)
         if scale is not None:
             finite = all_finite(grads)
             model = _select(finite, model, state.model)
@@ -189,6 +198,16 @@ class StepFunctions:
             metrics["loss_scale"] = scale.scale
         new = TrainState(model, opt_state, state.step + 1, key, mstate, scale)
         return new, metrics
+
+    def _grad_norm(self, grads: Any, opt_state: Any) -> Array:
+        """The global norm of the gradient the update uses (before clipping)."""
+        if self.accumulate > 1 and hasattr(opt_state, "acc_grads"):
+            # optax.MultiSteps's running mean, as its update computes it
+            n = opt_state.mini_step
+            grads = jax.tree.map(
+                lambda g, acc: acc + (g - acc) / (n + 1), grads, opt_state.acc_grads
+            )
+        return jnp.asarray(global_grad_norm(jax.tree.leaves(grads)), jnp.float32)
 
     def _flat_step(self, leaves: list[Any], batch: Batch) -> tuple[list[Any], Metrics]:
         state, metrics = self.one_step(self.unflatten(leaves), batch)
@@ -267,6 +286,7 @@ def step_functions(
         kwargs["use_key"],
         kwargs.get("skip_nonfinite", False),
         kwargs.get("accumulate", 1),
+        kwargs.get("grad_norm", False),
         None if shardings is None else tuple(shardings),
         kwargs.get("data_sharding"),
         kwargs.get("stacked_sharding"),

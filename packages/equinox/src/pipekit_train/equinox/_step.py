@@ -102,6 +102,7 @@ class EquinoxBackend(StepBackend[FlatState]):
             replicated=self.placement.replicated,
             skip_nonfinite=plan.on_nonfinite == "skip",
             accumulate=plan.accumulate_grad_batches,
+            grad_norm=plan.log_grad_norm,
         )
         self._copy = (
             _copy_leaves if shardings is None else jax.jit(_fresh_copies, out_shardings=shardings)

@@ -68,6 +68,7 @@ class Keras(Adapter):
         accumulation=True,
         precisions=SPEC_PRECISIONS,
         skip_nonfinite=True,
+        grad_norm=True,
     )
 
     def __init__(
@@ -149,6 +150,19 @@ class Keras(Adapter):
         super().validate(plan)
         self.validate_online(plan)
         self.distribution(plan)
+        if plan.log_grad_norm and plan.on_nonfinite == "skip":
+            raise ConfigError(
+                "On Keras, `log_grad_norm` does not combine with skipping non-finite steps "
+                "(a dropped update rewinds the optimizer state holding the norms). Received: "
+                "log_grad_norm=True, on_nonfinite='skip'. Drop one of them."
+            )
+        if plan.log_grad_norm and self.spec_precision == "float16-mixed":
+            raise ConfigError(
+                "On Keras, `log_grad_norm` does not combine with float16 loss scaling (an "
+                "update with non-finite gradients is not applied, so it records no norm). "
+                "Received: log_grad_norm=True, precision='float16-mixed'. Use "
+                "'bfloat16-mixed' or 'float32'."
+            )
 
     def check_native_data(self, field: str, data: Any, plan: Plan) -> None:
         """A PyDataset: non-empty, `(x, y)` batches (and a length for validation)."""

@@ -22,6 +22,7 @@ from pipekit_train.core import Checkpoint
 from pipekit_train.core.adapter import DirectoryCheckpointer, HostBuffers
 
 from . import _weights
+from ._grad_norm import NORMS_NAME
 from ._model import model_variables
 
 __all__ = ["TrainHandle", "checkpointer"]
@@ -70,6 +71,7 @@ class TrainHandle:
     seed: int = 0
     sync: Any = None  # () -> None: bring jax fit state back into the variables
     defer_rng: bool = False
+    grad_norms: Any = None  # the `GradNormBuffer` of `log_grad_norm` runs
     _pending_rng: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
     @property
@@ -95,7 +97,9 @@ class TrainHandle:
         """`(model variables, optimizer variables)` in a stable order."""
         if self.sync is not None:
             self.sync()
-        return model_variables(self.model), list(self.optimizer.variables)
+        # the grad_norm ring buffer (`_grad_norm.py`) is a metric, not training state
+        optimizer_vars = [v for v in self.optimizer.variables if v.name != NORMS_NAME]
+        return model_variables(self.model), optimizer_vars
 
     def snapshot(self, buffers: HostBuffers | None = None) -> dict[str, Any]:
         """Host copies of the whole state, taken now (into `buffers`, reused between saves).

@@ -26,7 +26,7 @@ import numpy as np
 
 import keras
 from pipekit_train.core import TrainingArtifact
-from pipekit_train.core.adapter import Plan, RunLifecycle, is_core_dataset
+from pipekit_train.core.adapter import GRAD_NORM, Plan, RunLifecycle, is_core_dataset
 
 from . import _weights
 from ._checkpoint import TrainHandle, checkpointer
@@ -82,9 +82,19 @@ def build_train_handle(
         from ._skip import install_skip
 
         install_skip(model, tracker, micro)
+    norms = None
+    if plan.log_grad_norm:
+        from ._grad_norm import install_grad_norm
+
+        norms = install_grad_norm(optimizer, max(1, capacity // micro))
     sync = getattr(model, "jax_state_sync", None)
     return TrainHandle(
-        model=model, optimizer=optimizer, seed=plan.seed, sync=sync, defer_rng=deferred
+        model=model,
+        optimizer=optimizer,
+        seed=plan.seed,
+        sync=sync,
+        defer_rng=deferred,
+        grad_norms=norms,
     )
 
 
@@ -128,6 +138,26 @@ class FitCallback(keras.callbacks.Callback):
         self.pending = 0  # batches run since the last recorded step (accumulation)
         self.micro = session.plan.accumulate_grad_batches
         self._rng_started = False
+        self.norm_count = 0  # the grad-norm buffer's update count at the last recorded step
+        self._norm_index: int | None = None
+
+    def _norm_buffer(self, norms: Any) -> Any:
+        """The grad-norm buffer's value now, without a device sync.
+
+        On jax the fit loop holds the optimizer variables as arrays between executions
+        (`model._jax_state`, immutable snapshots); on torch the variable is updated in
+        place, so it is copied."""
+        model = self.session.handle.model
+        state = getattr(model, "_jax_state", None)
+        if state is not None and state.get("optimizer_variables") is not None:
+            if self._norm_index is None:
+                opt = self.session.handle.optimizer
+                self._norm_index = next(
+                    i for i, v in enumerate(opt.variables) if v is norms.variable
+                )
+            return state["optimizer_variables"][self._norm_index]
+        value = norms.variable.value
+        return value.clone() if hasattr(value, "clone") else value
 
     def _schedule_next(self) -> None:
         s = self.session
@@ -138,7 +168,11 @@ class FitCallback(keras.callbacks.Callback):
             self.expected = k
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        """Size the first execution."""
+        """Size the first execution (and zero the grad-norm buffer)."""
+        norms = self.session.handle.grad_norms
+        if norms is not None:
+            norms.reset()
+            self.norm_count = 0
         self._schedule_next()
         self._rng_started = False
 
@@ -162,7 +196,13 @@ class FitCallback(keras.callbacks.Callback):
         losses = StepSlice(packed_losses(logs or {}), self.count, n)
         self.count = (self.count + n) % COUNT_MODULUS
         s.consumed = self.consumed
-        done = s.lifecycle.end_of_update({"loss": losses}, n // self.micro, micro=self.micro)
+        metrics: dict[str, Any] = {"loss": losses}
+        if s.handle.grad_norms is not None:  # one norm per update, its own ring buffer
+            updates = n // self.micro
+            packed = self._norm_buffer(s.handle.grad_norms)
+            metrics[GRAD_NORM] = StepSlice(packed, self.norm_count, updates, kind=GRAD_NORM)
+            self.norm_count = (self.norm_count + updates) % COUNT_MODULUS
+        done = s.lifecycle.end_of_update(metrics, n // self.micro, micro=self.micro)
         if done:
             self.model.stop_training = True
         else:

@@ -184,10 +184,11 @@ class StepSlice:
     one transfer and checks that Keras ran exactly the steps the adapter scheduled.
     """
 
-    __slots__ = ("packed", "first", "count")
+    __slots__ = ("packed", "first", "count", "kind")
 
-    def __init__(self, packed: Any, first: int, count: int):
+    def __init__(self, packed: Any, first: int, count: int, kind: str = "loss"):
         self.packed, self.first, self.count = packed, first, count
+        self.kind = kind  # slices of one ring buffer share a kind (losses, grad norms)
 
     @property
     def end(self) -> int:
@@ -216,7 +217,7 @@ def fetch_values(values: Sequence[Any]) -> list[np.ndarray]:
     covers every pending `StepSlice` and only that one array crosses to the host.
     """
     slices = [v for v in values if isinstance(v, StepSlice)]
-    newest = slices[-1] if slices else None
+    newest_of: dict[str, StepSlice] = {v.kind: v for v in slices}  # the last of each kind
     owners: dict[int, StepSlice] = {}
     raw: list[Any] = []
     index: dict[int, int] = {}  # id(owner.packed) -> position in raw
@@ -227,9 +228,10 @@ def fetch_values(values: Sequence[Any]) -> list[np.ndarray]:
             raw.append(owner.packed)
 
     for v in slices:
+        newest = newest_of[v.kind]
         capacity = int(v.packed.shape[0]) - 1
-        covered = newest is not None and (newest.end - v.first) % COUNT_MODULUS <= capacity
-        owners[id(v)] = newest if covered else v  # type: ignore[assignment]  # `covered`: newest is not None
+        covered = (newest.end - v.first) % COUNT_MODULUS <= capacity
+        owners[id(v)] = newest if covered else v
         need(owners[id(v)])
     plain = [v for v in values if not isinstance(v, StepSlice)]
     for v in plain:

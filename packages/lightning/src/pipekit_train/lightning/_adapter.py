@@ -228,6 +228,7 @@ class Lightning(Adapter):
         accumulation=True,
         precisions=SPEC_PRECISIONS,
         skip_nonfinite=True,
+        grad_norm=True,
     )
 
     def __init__(self, **trainer_kwargs: Any):

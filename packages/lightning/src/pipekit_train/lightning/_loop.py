@@ -34,7 +34,13 @@ import numpy as np
 import torch
 
 import lightning as L
-from pipekit_train.core.adapter import Plan, RunContext, RunLifecycle, is_core_dataset
+from pipekit_train.core.adapter import (
+    GRAD_NORM,
+    Plan,
+    RunContext,
+    RunLifecycle,
+    is_core_dataset,
+)
 
 from ._checkpoint import (
     TorchState,
@@ -46,6 +52,7 @@ from ._checkpoint import (
     seed_rng,
 )
 from ._data import BatchFeed
+from ._grad_norm import grad_norm
 from ._model import as_input, module_dtype
 from ._module import unpack
 
@@ -123,6 +130,7 @@ class LightningHooks(L.Callback):
         self.rank, self.world = 0, 1
         self._last_global_step = 0
         self._acc: list[Any] = []
+        self._norm: Any = None  # the current update's gradient norm (log_grad_norm)
         self._consumed = 0
         self._native_val = plan.validation is not None and not is_core_dataset(plan.validation)
 
@@ -224,9 +232,24 @@ class LightningHooks(L.Callback):
             ctx.epoch = int(trainer.current_epoch)
         self._consumed += self.plan.accumulate_grad_batches  # batches per optimizer step
         assert self.run is not None
-        done = self.run.end_of_update({} if loss is None else {"loss": loss})
+        metrics: dict[str, Any] = {} if loss is None else {"loss": loss}
+        norm, self._norm = self._norm, None
+        if norm is not None:
+            metrics[GRAD_NORM] = norm
+        done = self.run.end_of_update(metrics)
         if done:
             trainer.should_stop = True
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any
+    ) -> None:
+        """With `log_grad_norm`: the norm of the gradient this update applies.
+
+        Lightning calls it once per optimizer step, after the last accumulated batch's
+        backward (the accumulated gradient) and a grad scaler's unscale, before clipping.
+        """
+        if self.plan.log_grad_norm:
+            self._norm = grad_norm(pl_module).detach()
 
     # -- validation ----------------------------------------------------------------------
     def _eval_batch(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, float]:

@@ -118,7 +118,11 @@ class PlanModule(L.LightningModule):
                     buffer.copy_(torch.where(finite, buffer, before))
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
-        """Under `skip_nonfinite`: drop the update (gradients to None) if a loss was not finite."""
+        """Under `skip_nonfinite`: drop the update (gradients to None) if a loss was not finite.
+
+        The bridge reads the gradient norm first (`log_grad_norm`)."""
+        if self._bridge is not None:
+            self._bridge.on_before_optimizer_step(self.trainer, self, optimizer)
         if not self._skip_nonfinite:
             return
         finite, self._update_finite = self._update_finite, None

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipekit_train.core.adapter import DirectoryCheckpointer, Plan, StepBackend
+from pipekit_train.core.adapter import GRAD_NORM, DirectoryCheckpointer, Plan, StepBackend
 
 from ._amp import amp_for
 from ._checkpoint import (
@@ -42,6 +42,7 @@ from ._checkpoint import (
 )
 from ._compile import Objective
 from ._determinism import is_deterministic
+from ._grad_norm import grad_norm
 from ._grads import GradReset
 from ._losses import torch_loss
 from ._model import LightningModelOp, as_input, module_dtype
@@ -92,6 +93,8 @@ class TorchStepBackend(StepBackend[TorchState]):
         self._amp = amp_for(precision)
         self._micro = int(plan.accumulate_grad_batches)
         self._skip = plan.on_nonfinite == "skip"
+        self._grad_norm = bool(plan.log_grad_norm)
+        self._norm: Any = None  # the latest update's gradient norm (log_grad_norm)
         self._fused = bool(fused_optimizer)
         self._compile = compile
         self._cuda = self._device.type == "cuda"
@@ -170,16 +173,23 @@ class TorchStepBackend(StepBackend[TorchState]):
         self._zero_grad(optimizer)
         loss = self.objective(batch["x"], batch["y"])  # type: ignore[misc]  # objective is set per run (eager or compiled)
         loss.backward()
-        if self._clip is not None:
-            value, algorithm = self._clip
-            if algorithm == "norm":
-                torch.nn.utils.clip_grad_norm_(state.module.parameters(), value)
-            else:
-                torch.nn.utils.clip_grad_value_(state.module.parameters(), value)
+        self._norm = self._clip_grads(state.module)
         optimizer.step()
         for scheduler in state.schedulers:
             scheduler.step()
         return loss.detach()
+
+    def _clip_grads(self, net: torch.nn.Module) -> Any:
+        """Clip as the plan says; the gradient's global norm before clipping when
+        `log_grad_norm` is on (`clip_grad_norm_` computes it anyway), else None."""
+        norm = None
+        if self._clip is not None and self._clip[1] == "norm":
+            norm = torch.nn.utils.clip_grad_norm_(net.parameters(), self._clip[0])
+        elif self._grad_norm:
+            norm = grad_norm(net)
+        if self._clip is not None and self._clip[1] != "norm":
+            torch.nn.utils.clip_grad_value_(net.parameters(), self._clip[0])
+        return norm.detach() if self._grad_norm and norm is not None else None
 
     def _update(self, state: TorchState, batches: Sequence[Mapping[str, Any]]) -> list[Any]:
         """One optimizer update from `len(batches)` accumulated batches; their losses."""
@@ -204,6 +214,8 @@ class TorchStepBackend(StepBackend[TorchState]):
                 scaled = scaler.scale(scaled)
             scaled.backward()
             losses.append(loss.detach())
+        if self._grad_norm:  # a dropped update reports NaN
+            self._norm = torch.full((), float("nan"), device=losses[0].device)
         if self._skip and not all(bool(torch.isfinite(v)) for v in losses):
             # on_nonfinite="skip": parameters, optimizer state, schedule and buffers stay
             self._zero_grad(optimizer)
@@ -214,12 +226,7 @@ class TorchStepBackend(StepBackend[TorchState]):
             return losses
         if scaler is not None:
             scaler.unscale_(optimizer)
-        if self._clip is not None:
-            value, algorithm = self._clip
-            if algorithm == "norm":
-                torch.nn.utils.clip_grad_norm_(net.parameters(), value)
-            else:
-                torch.nn.utils.clip_grad_value_(net.parameters(), value)
+        self._norm = self._clip_grads(net)
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()
@@ -247,13 +254,18 @@ class TorchStepBackend(StepBackend[TorchState]):
     ) -> tuple[TorchState, dict[str, Any]]:
         """One optimizer update; the loss stays a tensor."""
         if not self._random and state.scaler is None and not self._skip:
-            return state, {"loss": self._plain_update(state, batch)}
+            return state, self._metrics(self._plain_update(state, batch))
         outer = self._enter_rng(state)
         try:
             losses = self._update(state, (batch,))
         finally:
             self._leave_rng(state, outer)
-        return state, {"loss": losses[0]}
+        return state, self._metrics(losses[0])
+
+    def _metrics(self, loss: Any) -> dict[str, Any]:
+        if not self._grad_norm:
+            return {"loss": loss}
+        return {"loss": loss, GRAD_NORM: self._norm}
 
     def train_steps(
         self, state: TorchState, stacked: Mapping[str, Any]
@@ -272,13 +284,18 @@ class TorchStepBackend(StepBackend[TorchState]):
         else:
             rows = [{key: value[i] for key, value in stacked.items()} for i in range(n)]
         losses: list[Any] = []
+        norms: list[Any] = []
         outer = self._enter_rng(state)
         try:
             for start in range(0, n, m):
                 losses += self._update(state, rows[start : start + m])
+                norms.append(self._norm)
         finally:
             self._leave_rng(state, outer)
-        return state, {"loss": torch.stack(losses)}
+        if not self._grad_norm:
+            return state, {"loss": torch.stack(losses)}
+        # one norm per update (core takes a per-step metric as it is)
+        return state, {"loss": torch.stack(losses), GRAD_NORM: torch.stack(norms)}
 
     def eval_batch(
         self, state: TorchState, batch: Mapping[str, np.ndarray]

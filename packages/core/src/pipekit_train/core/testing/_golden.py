@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core import TrainingLoop
+from pipekit_train.core.adapter import GRAD_NORM
 from pipekit_train.core.data import ArrayDataset
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "dump_runs",
     "golden_conv_weights",
     "golden_field_task",
+    "max_norm_differences",
     "golden_task",
     "golden_weights",
     "load_runs",
@@ -182,12 +184,15 @@ class GoldenRun:
         backend: the backend label.
         losses: the training loss of every step.
         val_loss: the validation loss after the last step.
+        grad_norms: the `grad_norm` of every step (`TrainingLoop(log_grad_norm=True)`),
+            empty when the backend does not record it.
     """
 
     case: str
     backend: str
     losses: list[float] = field(default_factory=list)
     val_loss: float = math.nan
+    grad_norms: list[float] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """JSON (for runs made in another process)."""
@@ -248,6 +253,8 @@ def run_golden(
     train, val = golden_task(in_size=sizes[0], out_size=sizes[-1])
     runs: dict[str, GoldenRun] = {}
     for case in cases:
+        adapter = backend.adapter(case.precision)
+        norms = bool(getattr(getattr(adapter, "capabilities", None), "grad_norm", False))
         loop = TrainingLoop(
             model=backend.model_from_weights(golden_weights(sizes)),
             data=train,
@@ -260,8 +267,9 @@ def run_golden(
             validate_every_n_steps=steps,
             log_every_n_steps=steps,
             seed=0,
-            adapter=backend.adapter(case.precision),
+            adapter=adapter,
             progress=False,
+            log_grad_norm=norms,
         )
         artifact = loop.run()
         runs[case.name] = GoldenRun(
@@ -269,6 +277,7 @@ def run_golden(
             backend=backend.name,
             losses=[float(v) for v in artifact.history["loss"]],
             val_loss=float(artifact.final_metrics["val_loss"]),
+            grad_norms=[float(v) for v in artifact.history[GRAD_NORM]] if norms else [],
         )
     return runs
 
@@ -313,7 +322,42 @@ def compare_golden(
                 f"{case.name}: {got.backend} vs {ref.backend}: final val_loss differs by "
                 f"{val:.2e} relative (rtol {case.rtol:g})"
             )
+        if ref.grad_norms and got.grad_norms:
+            problems += _compare_norms(case, ref, got)
     return problems
+
+
+def _compare_norms(case: GoldenCase, ref: GoldenRun, got: GoldenRun) -> list[str]:
+    if len(ref.grad_norms) != len(got.grad_norms):
+        return [
+            f"{case.name}: {got.backend} recorded {len(got.grad_norms)} grad norms, "
+            f"{ref.backend} {len(ref.grad_norms)}"
+        ]
+    worst = max(
+        (_relative(g, r), i + 1)
+        for i, (g, r) in enumerate(zip(got.grad_norms, ref.grad_norms, strict=True))
+    )
+    if not worst[0] <= case.rtol:
+        return [
+            f"{case.name}: {got.backend} vs {ref.backend}: grad_norm of step {worst[1]} "
+            f"differs by {worst[0]:.2e} relative (rtol {case.rtol:g})"
+        ]
+    return []
+
+
+def max_norm_differences(
+    reference: Mapping[str, GoldenRun], other: Mapping[str, GoldenRun]
+) -> dict[str, float]:
+    """Per case recorded on both: the largest per-step relative `grad_norm` difference."""
+    out = {}
+    for name, ref in reference.items():
+        got = other.get(name)
+        if got is None or not ref.grad_norms or len(got.grad_norms) != len(ref.grad_norms):
+            continue
+        out[name] = max(
+            _relative(g, r) for g, r in zip(got.grad_norms, ref.grad_norms, strict=True)
+        )
+    return out
 
 
 def max_differences(

@@ -17,6 +17,7 @@ import numpy as np
 
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.adapter import (
+    GRAD_NORM,
     Capabilities,
     DirectoryCheckpointer,
     HostBuffers,
@@ -25,6 +26,7 @@ from pipekit_train.core.adapter import (
     StepAdapter,
     StepBackend,
     describe_callable,
+    global_grad_norm,
     learning_rate_at,
 )
 
@@ -62,7 +64,7 @@ class NumpyAdapter(StepAdapter):
     """
 
     name = "numpy"
-    capabilities = Capabilities(online=True, skip_nonfinite=True)
+    capabilities = Capabilities(online=True, skip_nonfinite=True, grad_norm=True)
 
     def __init__(self, gradient_noise: float = 0.0):
         if (
@@ -147,6 +149,7 @@ class _NumpyBackend(StepBackend[_State]):
         self.noise = noise
         self.skip_nonfinite = plan.on_nonfinite == "skip"
         self.op = cast(_NumpyOp, plan.model)  # validate(): a numpy model operator
+        self.log_grad_norm = plan.log_grad_norm
         cfg = plan.optimizer_config
         assert isinstance(cfg, Mapping)  # validate_online() checked it
         self.opt_name = cfg["name"]
@@ -190,9 +193,12 @@ class _NumpyBackend(StepBackend[_State]):
                 k: v + self.noise * state.rng.standard_normal(v.shape).astype(np.float32)
                 for k, v in grads.items()
             }
+        metrics: dict[str, Any] = {"loss": loss}
+        if self.log_grad_norm:
+            metrics[GRAD_NORM] = np.float32(global_grad_norm(grads.values()))
         if self.skip_nonfinite and not np.isfinite(loss):
             # on_nonfinite="skip": parameters and optimizer state (and its count) unchanged
-            return _State(state.params, state.opt, state.t, state.rng), {"loss": loss}
+            return _State(state.params, state.opt, state.t, state.rng), metrics
         lr = self.learning_rate(state)
         t = state.t + 1
         params, opt = {}, dict(state.opt)
@@ -207,7 +213,7 @@ class _NumpyBackend(StepBackend[_State]):
                 mhat = m / (1 - self.b1**t)
                 vhat = v / (1 - self.b2**t)
                 params[k] = (p - lr * mhat / (np.sqrt(vhat) + self.eps)).astype(np.float32)
-        return _State(params, opt, t, state.rng), {"loss": loss}
+        return _State(params, opt, t, state.rng), metrics
 
     def eval_batch(
         self, state: _State, batch: Mapping[str, np.ndarray]
