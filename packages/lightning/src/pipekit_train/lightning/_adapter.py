@@ -26,6 +26,7 @@ from pipekit_train.core.adapter import Adapter, Capabilities, Plan, Precision, i
 from ._data import BatchFeed, is_datamodule, is_native_loader
 from ._losses import torch_loss
 from ._model import LightningModelOp, as_input, module_dtype
+from ._ema import averaged_copy
 from ._optim import build_optimizer, check_optimizer_config, gradient_clip
 from ._precision import trainer_precision
 
@@ -473,11 +474,22 @@ class Lightning(Adapter):
             if run is None:  # pragma: no cover - refused above
                 raise RuntimeError("the training did not run in this process")
             net.train(False)
-            if isinstance(model, LightningModelOp):
-                op = model.with_model(net)
-            else:
-                op = LightningModelOp.wrap(net, seed=plan.seed)
-            return run.finish(op, extra={"global_rank": bridge.rank, "world_size": bridge.world})
+            # with optimizer_config["ema"]: the artifact's model holds the average
+            averaged = averaged_copy(net, bridge.state.optimizers)
+            ops = []
+            for module in (net, averaged):
+                if module is None:
+                    ops.append(None)
+                elif isinstance(model, LightningModelOp):
+                    ops.append(model.with_model(module))
+                else:
+                    ops.append(LightningModelOp.wrap(module, seed=plan.seed))
+            raw, op = ops[0], ops[1] if ops[1] is not None else ops[0]
+            return run.finish(
+                op,
+                raw_model=raw if averaged is not None else None,
+                extra={"global_rank": bridge.rank, "world_size": bridge.world},
+            )
         except BaseException:
             if bridge.run is not None:
                 bridge.run.abort()
