@@ -30,7 +30,7 @@ __all__ = ["averaged", "has_ema", "swapped_in"]
 def averaged(base: type) -> type:
     """`base` (a Keras optimizer class) keeping core's moving average of the weights."""
 
-    class Averaged(base):  # type: ignore[misc, valid-type]  # a class built at run time
+    class Averaged(base):
         pipekit_ema = True
 
         def __init__(self, *, ema: float, **kwargs: Any):

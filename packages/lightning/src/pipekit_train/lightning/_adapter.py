@@ -476,18 +476,16 @@ class Lightning(Adapter):
             net.train(False)
             # with optimizer_config["ema"]: the artifact's model holds the average
             averaged = averaged_copy(net, bridge.state.optimizers)
-            ops = []
-            for module in (net, averaged):
-                if module is None:
-                    ops.append(None)
-                elif isinstance(model, LightningModelOp):
-                    ops.append(model.with_model(module))
-                else:
-                    ops.append(LightningModelOp.wrap(module, seed=plan.seed))
-            raw, op = ops[0], ops[1] if ops[1] is not None else ops[0]
+
+            def op_of(module: Any) -> LightningModelOp:
+                if isinstance(model, LightningModelOp):
+                    return model.with_model(module)
+                return LightningModelOp.wrap(module, seed=plan.seed)
+
+            raw = op_of(net)
             return run.finish(
-                op,
-                raw_model=raw if averaged is not None else None,
+                raw if averaged is None else op_of(averaged),
+                raw_model=None if averaged is None else raw,
                 extra={"global_rank": bridge.rank, "world_size": bridge.world},
             )
         except BaseException:

@@ -31,7 +31,7 @@ _KEY = "ema"
 def _averaged(base: type) -> type:
     """`base` with the moving average of the weights kept in its state (see the module)."""
 
-    class Averaged(base):  # type: ignore[misc, valid-type]  # a class built at run time
+    class Averaged(base):
         ema_decay: float
 
         def step(self, closure: Any = None) -> Any:
@@ -61,7 +61,8 @@ def _averaged(base: type) -> type:
 
 def with_ema(optimizer: Any, decay: float) -> Any:
     """The same optimizer object, now keeping the average (its class becomes a subclass)."""
-    optimizer.__class__ = _averaged(type(optimizer))
+    base: Any = type(optimizer)
+    optimizer.__class__ = _averaged(base)
     optimizer.ema_decay = float(decay)
     return optimizer
 
