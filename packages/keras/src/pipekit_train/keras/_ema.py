@@ -47,12 +47,14 @@ def averaged(base: type) -> type:
         def _update_model_variables_moving_average(self, trainable_variables: Any) -> None:
             d = self.ema_momentum
             steps = self.gradient_accumulation_steps
-            update = True if not steps else ops.equal((self._iterations + 1) % steps, 0)
+            # `_iterations` counts batches here (before this one); an update ends a group
+            update = True if not steps else ops.equal((self._iterations.value + 1) % steps, 0)
             for var, average in zip(
                 trainable_variables, self._model_variables_moving_average, strict=True
             ):
-                new = ops.add(ops.multiply(d, average), ops.multiply(1.0 - d, var))
-                average.assign(new if update is True else ops.where(update, new, average))
+                old = average.value
+                new = ops.add(ops.multiply(d, old), ops.multiply(1.0 - d, var.value))
+                average.assign(new if update is True else ops.where(update, new, old))
 
         def finalize_variable_values(self, var_list: Any) -> None:
             """Keep the trained weights: the average goes to the artifact, not the model."""
