@@ -77,8 +77,7 @@ def test_every_case_matches_equinox(golden: dict[str, dict], label: str) -> None
     cases = [
         c
         for c in GOLDEN_CASES
-        if label != "plain-torch"
-        or (c.precision == "float32" and "ema" not in c.optimizer_config)
+        if label != "plain-torch" or (c.precision == "float32" and "ema" not in c.optimizer_config)
     ]
     problems = compare_golden(golden["equinox"], golden[label], cases)
     table = "\n".join(
@@ -163,7 +162,10 @@ def _hand_optax_ema(case: GoldenCase) -> list[np.ndarray]:
     for _ in range(GOLDEN_STEPS):
         for _ in range(m):
             params, state = step(params, state, next(batches))
-        ema = [decay * e + (1 - decay) * np.asarray(w, np.float64) for e, w in zip(ema, params)]
+        ema = [
+            decay * e + (1 - decay) * np.asarray(w, np.float64)
+            for e, w in zip(ema, params, strict=True)
+        ]
     return ema
 
 
@@ -178,7 +180,7 @@ def test_ema_weights_match_a_hand_written_optax_loop(golden: dict[str, dict]) ->
                 continue
             got = runs[case.name].weights
             assert got is not None and len(got) == len(expected), (label, case.name)
-            for i, (g, e) in enumerate(zip(got, expected)):
+            for i, (g, e) in enumerate(zip(got, expected, strict=True)):
                 rel = np.linalg.norm(np.asarray(g) - e) / np.linalg.norm(e)
                 assert rel <= 1e-4, (label, case.name, i, rel)
         # the average is not the trained weights: validation sees a different model

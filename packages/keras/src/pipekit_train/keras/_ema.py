@@ -85,7 +85,9 @@ def swapped_in(optimizer: Any) -> Iterator[None]:
         yield
         return
     inner = _inner(optimizer)
-    pairs = list(zip(inner._trainable_variables, inner._model_variables_moving_average, strict=True))
+    pairs = list(
+        zip(inner._trainable_variables, inner._model_variables_moving_average, strict=True)
+    )
     saved = [ops.copy(var.value) for var, _ in pairs]
     for var, average in pairs:
         var.assign(ops.copy(average.value))  # own buffer: jax may donate the variable's

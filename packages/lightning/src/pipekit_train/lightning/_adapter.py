@@ -24,9 +24,9 @@ from pipekit_train.core.adapter import PRECISIONS as SPEC_PRECISIONS
 from pipekit_train.core.adapter import Adapter, Capabilities, Plan, Precision, is_core_dataset
 
 from ._data import BatchFeed, is_datamodule, is_native_loader
+from ._ema import averaged_copy
 from ._losses import torch_loss
 from ._model import LightningModelOp, as_input, module_dtype
-from ._ema import averaged_copy
 from ._optim import build_optimizer, check_optimizer_config, gradient_clip
 from ._precision import trainer_precision
 

@@ -38,9 +38,9 @@ from ._checkpoint import (
 )
 from ._compile import Objective
 from ._determinism import is_deterministic
+from ._ema import averaged_copy, has_ema, swapped_in
 from ._losses import torch_loss
 from ._model import LightningModelOp, as_input, module_dtype
-from ._ema import averaged_copy, has_ema, swapped_in
 from ._optim import build_optimizer, gradient_clip
 
 __all__ = ["TorchStepBackend"]

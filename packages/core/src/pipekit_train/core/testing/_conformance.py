@@ -562,9 +562,7 @@ class AdapterConformance:
         ).run()
         assert resumed.model.serialize_weights() == reference.model.serialize_weights()
         assert resumed.raw_model.serialize_weights() == reference.raw_model.serialize_weights()
-        np.testing.assert_array_equal(
-            resumed.history["val_loss"], reference.history["val_loss"]
-        )
+        np.testing.assert_array_equal(resumed.history["val_loss"], reference.history["val_loss"])
         assert resumed.steps == reference.steps == self.resume_steps
         # the history survives the resume: every step's loss is there exactly once
         steps, losses = resumed.history.series("loss")
