@@ -94,7 +94,8 @@ def optimizers() -> str:
         "",
         f"Every optimizer also takes `learning_rate` (or `lr`; default "
         f"`{_value(default.learning_rate)}`, a number or a [schedule](#learning-rate-schedules)), "
-        f"`clip_norm` and `clip_value` (default: none). Without `optimizer_config` (or "
+        f"`clip_norm`, `clip_value` and `ema` (default: none; see "
+        f"[the moving average](#moving-average-of-the-weights-ema)). Without `optimizer_config` (or "
         f"without `name`) the optimizer is `{default.name}` with learning rate "
         f"`{_value(default.learning_rate)}`.",
     ]

@@ -307,6 +307,11 @@ class StepBackend(abc.ABC, Generic[StateT]):
     def checkpointer(self) -> Checkpointer:
         """The checkpoint engine for `plan.checkpoint`."""
 
+    def raw_model_op(self, state: StateT) -> Any:
+        """The operator with the trained (not averaged) weights, when `model_op` returns
+        the moving average (`optimizer_config["ema"]`); None otherwise (the default)."""
+        return None
+
     def train_steps(self, state: StateT, stacked: Any) -> tuple[StateT, Mapping[str, Any]]:
         """K fused steps over K stacked batches; each metric has shape `(K,)`.
 

@@ -19,7 +19,8 @@ class TrainingArtifact:
     """The result of `TrainingLoop.run()`.
 
     Attributes:
-        model: the trained model operator.
+        model: the trained model operator. With `optimizer_config["ema"]` it holds the
+            moving average of the weights (what validation and the registry use).
         history: every metric written during the run.
         final_metrics: the last value of each metric.
         best_metric: the best value of the monitored metric (`val_loss` by default), if any.
@@ -37,6 +38,8 @@ class TrainingArtifact:
         sweep_id: the sweep this run belongs to, if any.
         registry_uri: set by `register()`.
         normalizer: a normalizer that travels with the model to the registry, if any.
+        raw_model: the operator with the weights as trained (not averaged). The same
+            object as `model` unless the run kept an EMA (`optimizer_config["ema"]`).
     """
 
     model: Any
@@ -58,6 +61,11 @@ class TrainingArtifact:
     registry_uri: str | None = None
     normalizer: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+    raw_model: Any = None
+
+    def __post_init__(self) -> None:
+        if self.raw_model is None:
+            self.raw_model = self.model
 
     @staticmethod
     def hash_weights(model: Any) -> str:

@@ -82,7 +82,7 @@ def run_step_loop(plan: Plan, backend: StepBackend[Any]) -> TrainingArtifact:
                 state, metrics = backend.train_steps(state, backend.put(group))
             holder["state"] = state
             run.end_of_update(metrics, k, micro=micro)
-        return run.finish(backend.model_op(state))
+        return run.finish(backend.model_op(state), raw_model=backend.raw_model_op(state))
     except BaseException:
         run.abort()
         raise

@@ -276,7 +276,9 @@ class RunLifecycle:
             self._signals.restore()
             self._raise_preempted()
 
-    def finish(self, model: Any, *, extra: Mapping[str, Any] | None = None) -> TrainingArtifact:
+    def finish(
+        self, model: Any, *, extra: Mapping[str, Any] | None = None, raw_model: Any = None
+    ) -> TrainingArtifact:
         """Wait for durable saves, restore the handlers; raise `Preempted` or return the artifact."""
         ckpt = self.checkpointer
         if not self._began:
@@ -287,7 +289,7 @@ class RunLifecycle:
         self._signals.restore()
         if self._preempted:
             self._raise_preempted()
-        artifact = self.ctx._finish(model, extra=extra)
+        artifact = self.ctx._finish(model, extra=extra, raw_model=raw_model)
         if ckpt is not None:
             ckpt.close()
         return artifact

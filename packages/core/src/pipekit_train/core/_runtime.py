@@ -266,7 +266,9 @@ class RunContext(MetricRouting, Validation, CheckpointSchedule):
             if callable(fn):
                 fn(self._state, *args)
 
-    def _finish(self, model: Any, *, extra: Mapping[str, Any] | None = None) -> TrainingArtifact:
+    def _finish(
+        self, model: Any, *, extra: Mapping[str, Any] | None = None, raw_model: Any = None
+    ) -> TrainingArtifact:
         """Flush, assemble the artifact, dispatch `on_train_end`, close the writers."""
         self.flush_metrics()
         wall = time.perf_counter() - self._t_start
@@ -293,6 +295,7 @@ class RunContext(MetricRouting, Validation, CheckpointSchedule):
             sweep_id=self._plan.sweep_id,
             normalizer=self._plan.normalizer,
             extra=dict(extra or {}),
+            raw_model=raw_model,
         )
         try:
             self._dispatch("on_train_end", artifact)

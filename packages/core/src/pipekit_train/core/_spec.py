@@ -14,8 +14,16 @@ backend:
 
 Every optimizer also takes `learning_rate` (a number or a schedule dict, see
 `pipekit_train.core.adapter.SCHEDULES`), `clip_norm` (clip the global gradient norm
-before the update) and `clip_value` (clip each gradient element).
+before the update), `clip_value` (clip each gradient element) and `ema` (keep an
+exponential moving average of the weights):
 
+- `ema=decay` (or `{"decay": decay}`, `0 <= decay < 1`) keeps an exponential moving
+  average of the trainable parameters: it starts from the initial weights and after
+  every optimizer update becomes `decay * ema + (1 - decay) * weights` (one update per
+  optimizer update with gradient accumulation, none for a skipped non-finite step).
+  Layer state (BatchNorm statistics) is used as trained. Validation, best-k checkpoint
+  selection, `artifact.model` and the registry use the averaged weights;
+  `artifact.raw_model` holds the trained ones. The average is in every checkpoint.
 - `weight_decay` is **decoupled** on every backend, as in AdamW: each update subtracts
   `learning_rate * weight_decay * param` besides the optimizer's own step. `adam` with
   `weight_decay` is therefore the same as `adamw`.
@@ -103,6 +111,7 @@ class OptimizerSpec:
         weight_decay: decoupled weight decay (0.0 for none).
         clip_norm: the global-norm clip, or None.
         clip_value: the element-wise clip, or None.
+        ema: the decay of the moving average of the weights (see the module docstring), or None.
     """
 
     name: str
@@ -111,6 +120,7 @@ class OptimizerSpec:
     weight_decay: float = 0.0
     clip_norm: float | None = None
     clip_value: float | None = None
+    ema: float | None = None
 
     @property
     def scheduled(self) -> bool:
@@ -126,6 +136,8 @@ class OptimizerSpec:
             "weight_decay": self.weight_decay,
             "clip_norm": self.clip_norm,
             "clip_value": self.clip_value,
+            # only when set: a config without it keeps its canonical JSON (and digests)
+            **({} if self.ema is None else {"ema": self.ema}),
         }
 
 
@@ -199,7 +211,7 @@ def optimizer_spec(config: Mapping[str, Any] | None) -> OptimizerSpec:
         )
     name = name.lower()
     defaults = {**OPTIMIZERS[name]}
-    accepted = {"learning_rate", *_COMMON, *defaults}
+    accepted = {"learning_rate", "ema", *_COMMON, *defaults}
     unknown = sorted(set(cfg) - accepted)
     if unknown:
         raise ConfigError(
@@ -259,6 +271,7 @@ def optimizer_spec(config: Mapping[str, Any] | None) -> OptimizerSpec:
             "`optimizer_config` sets both `clip_norm` and `clip_value`; backends apply only one. "
             f"Received: clip_norm={clips['clip_norm']}, clip_value={clips['clip_value']}. Pass one."
         )
+    ema = _ema_decay(cfg.get("ema"))
     return OptimizerSpec(
         name=name,
         learning_rate=lr,
@@ -266,7 +279,34 @@ def optimizer_spec(config: Mapping[str, Any] | None) -> OptimizerSpec:
         weight_decay=weight_decay,
         clip_norm=clips["clip_norm"],
         clip_value=clips["clip_value"],
+        ema=ema,
     )
+
+
+def _ema_decay(value: Any) -> float | None:
+    """The decay of `optimizer_config['ema']` (a number or `{"decay": number}`), or None."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - {"decay"})
+        if unknown or "decay" not in value:
+            raise ConfigError(
+                "`optimizer_config['ema']` as a dict takes one key, `decay`. Received: "
+                f"ema={dict(value)!r}. Use e.g. {{'decay': 0.999}} or just 0.999."
+            )
+        value = value["decay"]
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and math.isfinite(value)
+        and 0 <= value < 1
+    )
+    if not ok:
+        raise ConfigError(
+            f"`optimizer_config['ema']` is the decay of the moving average of the weights. "
+            f"Received: ema={value!r}, but the decay must be in [0, 1). Use e.g. 0.999."
+        )
+    return float(value)
 
 
 def resolve_optimizer_config(config: Any) -> Any:

@@ -28,6 +28,7 @@ from jaxtyping import Array, PyTree
 import equinox as eqx
 from pipekit_train.core.adapter import GRAD_NORM, global_grad_norm
 
+from ._ema import ema_model
 from ._model import apply_model
 from ._precision import Policy, all_finite
 from ._state import TrainState
@@ -245,7 +246,8 @@ class StepFunctions:
     # -- evaluation --------------------------------------------------------------------
     def _flat_eval(self, leaves: list[Any], batch: Batch) -> tuple[Array, Array]:
         state = self.unflatten(leaves)
-        model = eqx.nn.inference_mode(state.model)
+        # validation sees the moving average of the weights when the optimizer keeps one
+        model = eqx.nn.inference_mode(ema_model(state.model, state.opt_state))
         pred, _ = self._forward(model, batch["x"], state.model_state, None)
         return pred, jnp.asarray(self.loss_fn(pred, batch["y"]), jnp.float32)
 

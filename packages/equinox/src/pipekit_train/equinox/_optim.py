@@ -10,6 +10,7 @@ Core validates `optimizer_config` and fills in every default; this module transl
 | `adagrad` | `optax.adagrad(initial_accumulator_value, eps)`, plus decay |
 | `clip_norm` / `clip_value` | `optax.clip_by_global_norm` / `optax.clip` before the update |
 | schedules | the optax schedule of the same curve (core's `SCHEDULES` table) |
+| `ema` | `with_ema` (`_ema.py`): the average in the optimizer state, inside `MultiSteps` |
 
 An `optax.GradientTransformation` (or anything with `init`/`update`, such as
 `optax.MultiSteps`) passed as `optimizer_config` is used as is.
@@ -27,6 +28,8 @@ import optax
 
 from pipekit_train.core import ConfigError
 from pipekit_train.core.adapter import OptimizerSpec, check_schedule, optimizer_spec
+
+from ._ema import with_ema
 
 __all__ = ["SCHEDULES", "BuiltOptimizer", "build_optimizer", "build_schedule"]
 
@@ -170,6 +173,8 @@ def build_optimizer(config: Any, *, accumulate: int = 1) -> BuiltOptimizer:
         transform = optax.chain(optax.clip_by_global_norm(spec.clip_norm), transform)
     elif spec.clip_value is not None:
         transform = optax.chain(optax.clip(spec.clip_value), transform)
+    if spec.ema is not None:  # inside MultiSteps: one average update per optimizer update
+        transform = with_ema(transform, spec.ema)
     if accumulate > 1:
         transform = optax.MultiSteps(transform, every_k_schedule=accumulate)
     return BuiltOptimizer(

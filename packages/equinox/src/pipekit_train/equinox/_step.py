@@ -20,6 +20,7 @@ from pipekit_train.core.adapter import Plan, StepBackend, is_core_dataset
 
 from ._checkpoint import OrbaxCheckpointer, abstract_of
 from ._compiled import flatten_state, step_functions
+from ._ema import ema_model, find_ema
 from ._model import EquinoxModelOp, _host_array, has_stochastic_layers, takes_key
 from ._optim import build_optimizer
 from ._sharding import Placement, ShardingSpec
@@ -211,10 +212,21 @@ class EquinoxBackend(StepBackend[FlatState]):
         return [bool(v) for v in anywhere.tolist()]
 
     def model_op(self, state: FlatState) -> EquinoxModelOp:
-        """The trained operator (host copies of the weights: later steps may donate them)."""
+        """The trained operator (host copies of the weights: later steps may donate them).
+
+        With `optimizer_config["ema"]` its trainable arrays are the moving average.
+        """
         ts = self.train_state(state)
-        model = jax.tree.map(_host_array, ts.model)
-        mstate = None if ts.model_state is None else jax.tree.map(_host_array, ts.model_state)
+        return self._host_op(ema_model(ts.model, ts.opt_state), ts.model_state)
+
+    def raw_model_op(self, state: FlatState) -> EquinoxModelOp | None:
+        """The operator with the trained weights when `model_op` holds the average."""
+        ts = self.train_state(state)
+        return None if find_ema(ts.opt_state) is None else self._host_op(ts.model, ts.model_state)
+
+    def _host_op(self, model: Any, model_state: Any) -> EquinoxModelOp:
+        model = jax.tree.map(_host_array, model)
+        mstate = None if model_state is None else jax.tree.map(_host_array, model_state)
         return self.op.with_model(model, mstate)
 
     # -- checkpoints -------------------------------------------------------------------

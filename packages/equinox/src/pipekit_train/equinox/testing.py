@@ -38,6 +38,7 @@ __all__ = [
     "linear",
     "mlp",
     "mlp_from_weights",
+    "mlp_weights",
 ]
 
 _ACTIVATIONS = {"tanh": jax.nn.tanh, "relu": jax.nn.relu}
@@ -86,6 +87,14 @@ def mlp_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") ->
             (jnp.asarray(w.T), jnp.asarray(b)),
         )
     return op.with_model(model)
+
+
+def mlp_weights(op: EquinoxModelOp) -> list[np.ndarray]:
+    """The canonical weights `[W0, b0, W1, b1, ...]` of an `mlp` operator (`W`: `(in, out)`)."""
+    out: list[np.ndarray] = []
+    for layer in op.model.layers:
+        out += [np.asarray(layer.weight).T, np.asarray(layer.bias)]
+    return out
 
 
 class ConvNet(eqx.Module):
@@ -192,6 +201,7 @@ def golden_backend() -> GoldenBackend:
         model_from_weights=mlp_from_weights,
         adapter=lambda p: Equinox(precision=p),
         conv_from_weights=conv_from_weights,
+        weights_of=mlp_weights,
     )
 
 

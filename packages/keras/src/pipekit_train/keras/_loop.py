@@ -31,6 +31,7 @@ from pipekit_train.core.adapter import GRAD_NORM, Plan, RunLifecycle, is_core_da
 from . import _weights
 from ._checkpoint import TrainHandle, checkpointer
 from ._data import FitFeed, native_batches, native_eval_batches
+from ._ema import has_ema, swapped_in
 from ._model import KerasModelOp, model_weights
 from ._optim import build_optimizer
 from ._tracker import (
@@ -43,7 +44,13 @@ from ._tracker import (
     packed_losses,
 )
 
-__all__ = ["FitSession", "FitCallback", "build_train_handle", "output_model_op"]
+__all__ = [
+    "FitSession",
+    "FitCallback",
+    "build_train_handle",
+    "output_model_op",
+    "output_model_ops",
+]
 
 
 def build_train_handle(
@@ -106,6 +113,16 @@ def output_model_op(op: Any, model: Any) -> Any:
         "w", model_weights(out.model), arrays, what="The trained model", cast=True
     )
     return out
+
+
+def output_model_ops(op: Any, handle: TrainHandle) -> tuple[Any, Any]:
+    """`(model, raw model or None)` for the artifact: with `optimizer_config["ema"]` the
+    model holds the moving average and the raw model the trained weights."""
+    raw = output_model_op(op, handle.model)
+    if not has_ema(handle.optimizer):
+        return raw, None
+    with swapped_in(handle.optimizer):
+        return output_model_op(op, handle.model), raw
 
 
 def predict(handle: TrainHandle, x: np.ndarray) -> np.ndarray:
@@ -269,7 +286,8 @@ class FitSession:
             self.handle.sync()
         val = self.plan.validation
         native = native_eval_batches(val) if not is_core_dataset(val) else None
-        self.ctx.validate(self.eval_batch, batches=native)
+        with swapped_in(self.handle.optimizer):  # the moving average, if the plan keeps one
+            self.ctx.validate(self.eval_batch, batches=native)
 
     def _save_now(self) -> None:
         self.save(self.consumed)
@@ -300,7 +318,8 @@ class FitSession:
                         callbacks=[FitCallback(self)],
                     )
             self.ctx.flush_metrics()  # fetches (and checks) the last steps' losses
-            return run.finish(output_model_op(self.plan.model, model))
+            op, raw = output_model_ops(self.plan.model, self.handle)
+            return run.finish(op, raw_model=raw)
         except BaseException:
             run.abort()
             raise

@@ -105,13 +105,18 @@ def _keras_optimizer(spec: OptimizerSpec, lr: Any, accumulate: int) -> Any:
         kwargs["global_clipnorm"] = spec.clip_norm
     if spec.clip_value is not None:
         kwargs["clipvalue"] = spec.clip_value
+    wrap: Any = lambda cls: cls  # noqa: E731
+    if spec.ema is not None:  # core's convention, not Keras's own use_ema (see _ema.py)
+        from ._ema import averaged
+
+        wrap, kwargs["ema"] = averaged, spec.ema
     if spec.name in ("adam", "adamw"):
         cls = keras.optimizers.AdamW if spec.weight_decay else keras.optimizers.Adam
-        return cls(beta_1=h["b1"], beta_2=h["b2"], epsilon=h["eps"], **kwargs)
+        return wrap(cls)(beta_1=h["b1"], beta_2=h["b2"], epsilon=h["eps"], **kwargs)
     if spec.name == "sgd":
-        return keras.optimizers.SGD(momentum=h["momentum"], nesterov=h["nesterov"], **kwargs)
+        return wrap(keras.optimizers.SGD)(momentum=h["momentum"], nesterov=h["nesterov"], **kwargs)
     if spec.name == "rmsprop":
-        return keras.optimizers.RMSprop(
+        return wrap(keras.optimizers.RMSprop)(
             rho=h["decay"],
             epsilon=h["eps"],
             momentum=h["momentum"],
@@ -119,7 +124,7 @@ def _keras_optimizer(spec: OptimizerSpec, lr: Any, accumulate: int) -> Any:
             **kwargs,
         )
     if spec.name == "adagrad":
-        return keras.optimizers.Adagrad(
+        return wrap(keras.optimizers.Adagrad)(
             initial_accumulator_value=h["initial_accumulator_value"], epsilon=h["eps"], **kwargs
         )
     raise ConfigError(  # pragma: no cover - core's table and this one are kept in step

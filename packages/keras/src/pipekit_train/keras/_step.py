@@ -16,7 +16,8 @@ import numpy as np
 from pipekit_train.core.adapter import DirectoryCheckpointer, Plan, StepBackend
 
 from ._checkpoint import TrainHandle, checkpointer
-from ._loop import build_train_handle, learning_rate, output_model_op, predict
+from ._ema import swapped_in
+from ._loop import build_train_handle, learning_rate, output_model_ops, predict
 from ._tracker import eval_loss, last_loss
 
 __all__ = ["KerasStepBackend"]
@@ -60,8 +61,10 @@ class KerasStepBackend(StepBackend[TrainHandle]):
     def eval_batch(
         self, state: TrainHandle, batch: Mapping[str, np.ndarray]
     ) -> tuple[np.ndarray, float]:
-        """`(predictions, mean loss)` with the current weights."""
-        pred = predict(state, np.asarray(batch["x"]))
+        """`(predictions, mean loss)` with the current weights (their moving average with
+        `optimizer_config["ema"]`)."""
+        with swapped_in(state.optimizer):
+            pred = predict(state, np.asarray(batch["x"]))
         return pred, eval_loss(self.plan.loss, pred, np.asarray(batch["y"]))
 
     def learning_rate(self, state: TrainHandle) -> float | None:
@@ -73,8 +76,12 @@ class KerasStepBackend(StepBackend[TrainHandle]):
         return [np.asarray(v) for v in values]
 
     def model_op(self, state: TrainHandle) -> Any:
-        """A new `KerasModelOp` holding the current weights."""
-        return output_model_op(self.plan.model, state.model)
+        """A new `KerasModelOp` holding the current weights (or their moving average)."""
+        return output_model_ops(self.plan.model, state)[0]
+
+    def raw_model_op(self, state: TrainHandle) -> Any:
+        """The trained weights when `model_op` holds the moving average (else None)."""
+        return output_model_ops(self.plan.model, state)[1]
 
     def checkpointer(self) -> DirectoryCheckpointer:
         """Core's atomic directory store for `plan.checkpoint`."""

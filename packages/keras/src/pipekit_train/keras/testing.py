@@ -29,6 +29,7 @@ __all__ = [
     "linear",
     "mlp",
     "mlp_from_weights",
+    "mlp_weights",
     "periodic_pad",
 ]
 
@@ -213,6 +214,16 @@ def mlp_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") ->
     return op
 
 
+def mlp_weights(op: Any) -> list[np.ndarray]:
+    """The canonical weights `[W0, b0, W1, b1, ...]` of an `mlp` operator (Keras's layout)."""
+    import keras
+
+    out: list[np.ndarray] = []
+    for layer in (la for la in op.model.layers if isinstance(la, keras.layers.Dense)):
+        out += [np.asarray(w) for w in layer.get_weights()]
+    return out
+
+
 def golden_backend() -> Any:
     """The Keras backend of the cross-backend golden-run suite (named by Keras's backend)."""
     from pipekit_train.core.testing import GoldenBackend
@@ -225,4 +236,5 @@ def golden_backend() -> Any:
         model_from_weights=mlp_from_weights,
         adapter=lambda p: Keras(precision=p),
         conv_from_weights=conv_from_weights,
+        weights_of=mlp_weights,
     )

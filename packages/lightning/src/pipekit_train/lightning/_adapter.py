@@ -24,6 +24,7 @@ from pipekit_train.core.adapter import PRECISIONS as SPEC_PRECISIONS
 from pipekit_train.core.adapter import Adapter, Capabilities, Plan, Precision, is_core_dataset
 
 from ._data import BatchFeed, is_datamodule, is_native_loader
+from ._ema import averaged_copy
 from ._losses import torch_loss
 from ._model import LightningModelOp, as_input, module_dtype
 from ._optim import build_optimizer, check_optimizer_config, gradient_clip
@@ -474,11 +475,20 @@ class Lightning(Adapter):
             if run is None:  # pragma: no cover - refused above
                 raise RuntimeError("the training did not run in this process")
             net.train(False)
-            if isinstance(model, LightningModelOp):
-                op = model.with_model(net)
-            else:
-                op = LightningModelOp.wrap(net, seed=plan.seed)
-            return run.finish(op, extra={"global_rank": bridge.rank, "world_size": bridge.world})
+            # with optimizer_config["ema"]: the artifact's model holds the average
+            averaged = averaged_copy(net, bridge.state.optimizers)
+
+            def op_of(module: Any) -> LightningModelOp:
+                if isinstance(model, LightningModelOp):
+                    return model.with_model(module)
+                return LightningModelOp.wrap(module, seed=plan.seed)
+
+            raw = op_of(net)
+            return run.finish(
+                raw if averaged is None else op_of(averaged),
+                raw_model=None if averaged is None else raw,
+                extra={"global_rank": bridge.rank, "world_size": bridge.world},
+            )
         except BaseException:
             if bridge.run is not None:
                 bridge.run.abort()

@@ -52,6 +52,7 @@ from ._checkpoint import (
     seed_rng,
 )
 from ._data import BatchFeed
+from ._ema import swapped_in
 from ._grad_norm import grad_norm
 from ._model import as_input, module_dtype
 from ._module import unpack
@@ -264,7 +265,8 @@ class LightningHooks(L.Callback):
         """Run the validation data through `eval_module` and record it."""
         ctx = self.ctx
         assert ctx is not None
-        with eval_mode(self.eval_module):
+        # with optimizer_config["ema"] the module holds the moving average meanwhile
+        with eval_mode(self.eval_module), swapped_in(self.state.optimizers):
             if not self._native_val:
                 return ctx.validate(self._eval_batch)
             return ctx.record_validation(self._native_validation())

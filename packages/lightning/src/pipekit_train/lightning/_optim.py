@@ -12,6 +12,7 @@ Core validates `optimizer_config` and fills in every default
 | `weight_decay` | decoupled on every optimizer: `param -= lr * wd * param` before the update (torch's own `weight_decay` argument, a coupled L2 term, is never used) |
 | `clip_norm` / `clip_value` | Lightning's `gradient_clip_val` with `"norm"` / `"value"` |
 | schedules | a `LambdaLR` over base rate 1.0 evaluating core's `learning_rate_at` |
+| `ema` | `with_ema` (`_ema.py`): the average in the optimizer's state, updated by `step()` |
 
 The schedule's value *is* the learning rate and the scheduler's state is plain JSON.
 A backend-native optimizer is a callable `params -> torch.optim.Optimizer`, e.g.
@@ -208,6 +209,10 @@ def build_optimizer(
     schedule = schedule_fn(spec.learning_rate) if spec.scheduled else None  # type: ignore[arg-type]  # `scheduled`: a schedule dict
     lr = 1.0 if schedule is not None else float(spec.learning_rate)  # type: ignore[arg-type]  # not `scheduled`: a float
     optimizer = _torch_optimizer(spec, params, lr, fused=fused)
+    if spec.ema is not None:  # before the scheduler, which wraps `optimizer.step`
+        from ._ema import with_ema
+
+        with_ema(optimizer, spec.ema)
     # a plain function (not a callable object) keeps LambdaLR's state dict pure JSON
     scheduler = None if schedule is None else torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     return optimizer, scheduler

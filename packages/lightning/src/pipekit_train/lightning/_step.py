@@ -42,6 +42,7 @@ from ._checkpoint import (
 )
 from ._compile import Objective
 from ._determinism import is_deterministic
+from ._ema import averaged_copy, has_ema, swapped_in
 from ._grad_norm import grad_norm
 from ._grads import GradReset
 from ._losses import torch_loss
@@ -300,12 +301,15 @@ class TorchStepBackend(StepBackend[TorchState]):
     def eval_batch(
         self, state: TorchState, batch: Mapping[str, np.ndarray]
     ) -> tuple[np.ndarray, float]:
-        """`(predictions, mean loss)` in eval mode without autograd (autocast as in training)."""
+        """`(predictions, mean loss)` in eval mode without autograd (autocast as in training).
+
+        With `optimizer_config["ema"]` the module holds the moving average meanwhile.
+        """
         net = state.module
         was = net.training
         net.eval()
         try:
-            with torch.no_grad(), self._amp.autocast(self._device):
+            with swapped_in(state.optimizers), torch.no_grad(), self._amp.autocast(self._device):
                 inputs = self.put(batch)
                 pred = net(inputs["x"])
                 loss = float(self._loss(pred, inputs["y"]))
@@ -325,10 +329,18 @@ class TorchStepBackend(StepBackend[TorchState]):
         return fetch(values)
 
     def model_op(self, state: TorchState) -> LightningModelOp:
-        """An independent operator holding a copy of the current module (where it came from)."""
-        net = copy.deepcopy(state.module).to(self._home)
-        net.eval()
-        return self._op.with_model(net)
+        """An independent operator holding a copy of the current module (where it came from).
+
+        With `optimizer_config["ema"]` the copy holds the moving average of the weights.
+        """
+        net = averaged_copy(state.module, state.optimizers) or copy.deepcopy(state.module)
+        return self._op.with_model(net.to(self._home).eval())
+
+    def raw_model_op(self, state: TorchState) -> LightningModelOp | None:
+        """The operator with the trained weights when `model_op` holds the average."""
+        if not has_ema(state.optimizers):
+            return None
+        return self._op.with_model(copy.deepcopy(state.module).to(self._home).eval())
 
     # -- checkpoints -----------------------------------------------------------------------
     def checkpointer(self) -> DirectoryCheckpointer:

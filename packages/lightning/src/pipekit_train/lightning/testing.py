@@ -21,6 +21,7 @@ __all__ = [
     "linear",
     "mlp",
     "mlp_from_weights",
+    "mlp_weights",
     "tied",
     "torch_golden_backend",
 ]
@@ -148,6 +149,14 @@ def mlp_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") ->
     return op
 
 
+def mlp_weights(op: Any) -> list[np.ndarray]:
+    """The canonical weights `[W0, b0, W1, b1, ...]` of an `mlp` operator (`W`: `(in, out)`)."""
+    out: list[np.ndarray] = []
+    for layer in (m for m in op.model.modules() if isinstance(m, torch.nn.Linear)):
+        out += [layer.weight.detach().numpy().T.copy(), layer.bias.detach().numpy().copy()]
+    return out
+
+
 def golden_backend() -> Any:
     """The Lightning backend of the cross-backend golden-run suite."""
     from pipekit_train.core.testing import GoldenBackend
@@ -158,6 +167,7 @@ def golden_backend() -> Any:
         model_from_weights=mlp_from_weights,
         adapter=lambda p: Lightning(accelerator="cpu", precision=p),
         conv_from_weights=conv_from_weights,
+        weights_of=mlp_weights,
     )
 
 
@@ -170,4 +180,5 @@ def torch_golden_backend(steps_per_execution: int = 1) -> Any:
         name="torch" if steps_per_execution == 1 else f"torch-k{steps_per_execution}",
         model_from_weights=mlp_from_weights,
         adapter=lambda p: Torch(precision=p, steps_per_execution=steps_per_execution),
+        weights_of=mlp_weights,
     )

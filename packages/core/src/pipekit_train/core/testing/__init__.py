@@ -17,6 +17,7 @@ from typing import Any
 
 from ._golden import (
     GOLDEN_CASES,
+    GOLDEN_EMA_CASES,
     GOLDEN_FIELD_CASES,
     GOLDEN_FIELD_STEPS,
     GOLDEN_STEPS,
@@ -47,6 +48,7 @@ from ._tasks import damped_oscillator_step, oscillator_task, regression_task
 __all__ = [
     "BAD_INPUTS",
     "GOLDEN_CASES",
+    "GOLDEN_EMA_CASES",
     "GOLDEN_FIELD_CASES",
     "GOLDEN_FIELD_STEPS",
     "GOLDEN_STEPS",

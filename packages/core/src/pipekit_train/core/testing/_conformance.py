@@ -509,14 +509,19 @@ class AdapterConformance:
         return None if adapter is None else adapter.get_config()
 
     def _kill_and_resume(
-        self, tmp_path: Path, directory: str, storage_options: dict[str, Any] | None = None
+        self,
+        tmp_path: Path,
+        directory: str,
+        storage_options: dict[str, Any] | None = None,
+        optimizer_config: dict[str, Any] | None = None,
     ) -> Checkpoint:
         """SIGKILL a run that checkpoints to `directory`, resume it, compare the bytes."""
+        optimizer = dict(self.optimizer_config if optimizer_config is None else optimizer_config)
         spec = {
             "model": self.make_model(4, 1, seed=0).get_config(),
             "adapter": self._adapter_config(),
             "task": "regression",
-            "optimizer_config": dict(self.optimizer_config),
+            "optimizer_config": optimizer,
             "batch_size": self.batch_size,
             "max_steps": self.resume_steps,
             "every_n_steps": 4,
@@ -546,11 +551,18 @@ class AdapterConformance:
         )
 
         resumed = self.loop(
-            max_steps=self.resume_steps, checkpoint=policy, validate_every_n_steps=8
+            max_steps=self.resume_steps,
+            checkpoint=policy,
+            validate_every_n_steps=8,
+            optimizer_config=optimizer,
         ).run()
         assert resumed.resumed_from_step is not None and resumed.resumed_from_step >= 8
-        reference = self.loop(max_steps=self.resume_steps, validate_every_n_steps=8).run()
+        reference = self.loop(
+            max_steps=self.resume_steps, validate_every_n_steps=8, optimizer_config=optimizer
+        ).run()
         assert resumed.model.serialize_weights() == reference.model.serialize_weights()
+        assert resumed.raw_model.serialize_weights() == reference.raw_model.serialize_weights()
+        np.testing.assert_array_equal(resumed.history["val_loss"], reference.history["val_loss"])
         assert resumed.steps == reference.steps == self.resume_steps
         # the history survives the resume: every step's loss is there exactly once
         steps, losses = resumed.history.series("loss")
@@ -561,6 +573,15 @@ class AdapterConformance:
     @pytest.mark.slow
     def test_exact_resume_after_sigkill(self, tmp_path: Path) -> None:
         self._kill_and_resume(tmp_path, str(tmp_path / "ckpt"))
+
+    @pytest.mark.slow
+    def test_exact_resume_after_sigkill_with_ema(self, tmp_path: Path) -> None:
+        """`optimizer_config["ema"]`: the average is in the checkpoint, the resume exact."""
+        config = {**self.optimizer_config, "ema": 0.8}
+        self._kill_and_resume(tmp_path, str(tmp_path / "ckpt"), optimizer_config=config)
+        # the artifact's model is the average, not the trained weights
+        art = self.loop(max_steps=12, optimizer_config=config).run()
+        assert art.model.serialize_weights() != art.raw_model.serialize_weights()
 
     # -- preemption and time budgets ------------------------------------------------------
     def _preempt_and_resume(

@@ -37,6 +37,7 @@ from pipekit_train.core.data import ArrayDataset
 
 __all__ = [
     "GOLDEN_CASES",
+    "GOLDEN_EMA_CASES",
     "GOLDEN_FIELD_CASES",
     "GOLDEN_FIELD_STEPS",
     "GoldenBackend",
@@ -151,9 +152,28 @@ GOLDEN_CASES: tuple[GoldenCase, ...] = (
     GoldenCase(
         "bfloat16_mixed", {"name": "adam", "lr": 0.01}, precision="bfloat16-mixed", rtol=0.02
     ),
+    # the moving average of the weights: validation (and the artifact) use the average
+    GoldenCase("ema", {"name": "adam", "lr": 0.01, "ema": 0.9}),
+    GoldenCase(
+        "ema_accumulate_2",
+        {
+            "name": "adamw",
+            "lr": _WARMUP_COSINE,
+            "weight_decay": 0.05,
+            "clip_norm": 0.5,
+            "ema": {"decay": 0.95},
+        },
+        accumulate_grad_batches=2,
+    ),
 )
 """The suite's cases: optimizers, decoupled weight decay, clipping, every schedule,
-gradient accumulation and mixed precision."""
+gradient accumulation, mixed precision and the moving average of the weights (`ema`)."""
+
+GOLDEN_EMA_CASES: tuple[GoldenCase, ...] = tuple(
+    c for c in GOLDEN_CASES if "ema" in c.optimizer_config
+)
+"""The cases that keep a moving average of the weights (their runs record the artifact's
+canonical weights, for a comparison with a hand-written loop)."""
 
 
 @dataclass(frozen=True)
@@ -167,12 +187,15 @@ class GoldenBackend:
         conv_from_weights: canonical conv-net weights (`golden_conv_weights`) → a model
             operator taking channels-last fields `(N, H, W, C)`; None when the backend
             has no conv net (`run_golden_field` then refuses it).
+        weights_of: a model operator of `model_from_weights` → its canonical weights
+            (recorded for `GOLDEN_EMA_CASES`); None: not recorded.
     """
 
     name: str
     model_from_weights: Callable[[Sequence[np.ndarray]], Any]
     adapter: Callable[[str], Any]
     conv_from_weights: Callable[[Sequence[np.ndarray]], Any] | None = None
+    weights_of: Callable[[Any], Sequence[np.ndarray]] | None = None
 
 
 @dataclass
@@ -186,6 +209,8 @@ class GoldenRun:
         val_loss: the validation loss after the last step.
         grad_norms: the `grad_norm` of every step (`TrainingLoop(log_grad_norm=True)`),
             empty when the backend does not record it.
+        weights: the artifact's canonical weights (nested lists) for `GOLDEN_EMA_CASES`
+            when the backend has `weights_of`, else None.
     """
 
     case: str
@@ -193,6 +218,7 @@ class GoldenRun:
     losses: list[float] = field(default_factory=list)
     val_loss: float = math.nan
     grad_norms: list[float] = field(default_factory=list)
+    weights: list[Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON (for runs made in another process)."""
@@ -272,12 +298,16 @@ def run_golden(
             log_grad_norm=norms,
         )
         artifact = loop.run()
+        weights = None
+        if backend.weights_of is not None and case in GOLDEN_EMA_CASES:
+            weights = [np.asarray(w).tolist() for w in backend.weights_of(artifact.model)]
         runs[case.name] = GoldenRun(
             case=case.name,
             backend=backend.name,
             losses=[float(v) for v in artifact.history["loss"]],
             val_loss=float(artifact.final_metrics["val_loss"]),
             grad_norms=[float(v) for v in artifact.history[GRAD_NORM]] if norms else [],
+            weights=weights,
         )
     return runs
 

@@ -3,7 +3,8 @@
 It exists so the conformance suite, `RunContext`, `run_step_loop` and the checkpoint
 store are tested without any backend. It supports the `mse` loss, `sgd`/`adam`
 optimizers with a constant learning rate and optional gradient noise (drawn from a
-checkpointed RNG, so exact resume covers RNG state).
+checkpointed RNG, so exact resume covers RNG state), and `optimizer_config["ema"]` (the
+average lives with the optimizer state, `ema/<name>`).
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ class _NumpyBackend(StepBackend[_State]):
             float(cfg.get("b2", 0.999)),
             float(cfg.get("eps", 1e-8)),
         )
+        self.ema: float | None = cfg.get("ema")
 
     def init_state(self) -> _State:
         params = {k: v.copy() for k, v in self.op.model.parameters().items()}
@@ -170,6 +172,8 @@ class _NumpyBackend(StepBackend[_State]):
             for k, v in params.items():
                 opt[f"m/{k}"] = np.zeros_like(v)
                 opt[f"v/{k}"] = np.zeros_like(v)
+        if self.ema is not None:  # the average starts from the initial weights
+            opt.update({f"ema/{k}": v.copy() for k, v in params.items()})
         return _State(params, opt, 0, np.random.default_rng([self.plan.seed, 7919]))
 
     def put(self, batch: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
@@ -213,12 +217,21 @@ class _NumpyBackend(StepBackend[_State]):
                 mhat = m / (1 - self.b1**t)
                 vhat = v / (1 - self.b2**t)
                 params[k] = (p - lr * mhat / (np.sqrt(vhat) + self.eps)).astype(np.float32)
+            if self.ema is not None:
+                d = self.ema
+                opt[f"ema/{k}"] = (d * opt[f"ema/{k}"] + (1 - d) * params[k]).astype(np.float32)
         return _State(params, opt, t, state.rng), metrics
+
+    def _weights(self, state: _State) -> dict[str, np.ndarray]:
+        """What validation and the artifact use: the moving average when the plan keeps one."""
+        if self.ema is None:
+            return state.params
+        return {k: state.opt[f"ema/{k}"] for k in state.params}
 
     def eval_batch(
         self, state: _State, batch: Mapping[str, np.ndarray]
     ) -> tuple[np.ndarray, float]:
-        pred = self._forward(state.params, batch["x"])
+        pred = self._forward(self._weights(state), batch["x"])
         err = pred - np.asarray(batch["y"], np.float32)
         return pred, float(np.mean(err * err))
 
@@ -228,9 +241,13 @@ class _NumpyBackend(StepBackend[_State]):
         return learning_rate_at(self.lr_spec, state.t)
 
     def model_op(self, state: _State) -> Any:
-        return self.op.with_model(
-            self.op.model.replace(**{k: v.copy() for k, v in state.params.items()})
-        )
+        return self._op_of(self._weights(state))
+
+    def raw_model_op(self, state: _State) -> Any:
+        return None if self.ema is None else self._op_of(state.params)
+
+    def _op_of(self, params: Mapping[str, np.ndarray]) -> Any:
+        return self.op.with_model(self.op.model.replace(**{k: v.copy() for k, v in params.items()}))
 
     # -- checkpointing -------------------------------------------------------------------
     @staticmethod
