@@ -66,6 +66,7 @@ class Equinox(StepAdapter):
         accumulation=True,
         precisions=SPEC_PRECISIONS,
         skip_nonfinite=True,
+        lr_scale=True,
     )
 
     def __init__(

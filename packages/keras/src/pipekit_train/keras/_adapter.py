@@ -68,6 +68,7 @@ class Keras(Adapter):
         accumulation=True,
         precisions=SPEC_PRECISIONS,
         skip_nonfinite=True,
+        lr_scale=True,
     )
 
     def __init__(

@@ -100,6 +100,7 @@ class Torch(StepAdapter):
         accumulation=True,
         precisions=PRECISIONS,
         skip_nonfinite=True,
+        lr_scale=True,
     )
 
     def __init__(

@@ -52,7 +52,7 @@ class NumpyAdapter(StepAdapter):
     """
 
     name = "numpy"
-    capabilities = Capabilities(online=True, skip_nonfinite=True)
+    capabilities = Capabilities(online=True, skip_nonfinite=True, lr_scale=True)
 
     def __init__(self, gradient_noise: float = 0.0):
         if (
@@ -142,6 +142,7 @@ class _NumpyBackend(StepBackend[_State]):
         # a constant rate, or one of core's schedules evaluated in plain Python
         self.lr_spec: Mapping[str, Any] | None = spec if isinstance(spec, Mapping) else None
         self.lr = 0.0 if self.lr_spec is not None else float(spec)
+        self.lr_scale = 1.0  # core's learning-rate scale (`with_lr_scale`)
         self.b1, self.b2, self.eps = (
             float(cfg.get("b1", 0.9)),
             float(cfg.get("b2", 0.999)),
@@ -205,9 +206,12 @@ class _NumpyBackend(StepBackend[_State]):
         return pred, float(np.mean(err * err))
 
     def learning_rate(self, state: _State) -> float:
-        if self.lr_spec is None:
-            return self.lr
-        return learning_rate_at(self.lr_spec, state.t)
+        base = self.lr if self.lr_spec is None else learning_rate_at(self.lr_spec, state.t)
+        return base if self.lr_scale == 1.0 else base * self.lr_scale
+
+    def with_lr_scale(self, state: _State, scale: float) -> _State:
+        self.lr_scale = float(scale)
+        return state
 
     def model_op(self, state: _State) -> Any:
         return self.plan.model.with_model(
