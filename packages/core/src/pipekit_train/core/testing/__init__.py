@@ -10,11 +10,21 @@
   full disk.
 - `run_golden`, `compare_golden`, `GOLDEN_CASES`, ...: the cross-backend golden-run suite
   (the same description and initial weights give the same loss curve on every backend);
-  `run_golden_field`, `GOLDEN_FIELD_CASES`: its conv-net cases on channels-last fields.
+  `run_golden_field`, `GOLDEN_FIELD_CASES`: its conv-net cases on channels-last fields;
+  `run_golden_plateau`, `compare_plateau`, `PLATEAU_CASES`: its `ReduceLROnPlateau` cases.
 """
 
 from typing import Any
 
+from ._golden_plateau import (
+    PLATEAU_CASES,
+    PLATEAU_STEPS,
+    PLATEAU_VALIDATE_EVERY,
+    PlateauRun,
+    compare_plateau,
+    plateau_loop,
+    run_golden_plateau,
+)
 from ._golden import (
     GOLDEN_CASES,
     GOLDEN_FIELD_CASES,
@@ -44,6 +54,13 @@ from ._smallfs import SmallFilesystemUnavailable, small_filesystem
 from ._tasks import damped_oscillator_step, oscillator_task, regression_task
 
 __all__ = [
+    "PLATEAU_CASES",
+    "PLATEAU_STEPS",
+    "PLATEAU_VALIDATE_EVERY",
+    "PlateauRun",
+    "compare_plateau",
+    "plateau_loop",
+    "run_golden_plateau",
     "BAD_INPUTS",
     "GOLDEN_CASES",
     "GOLDEN_FIELD_CASES",
