@@ -3,7 +3,8 @@
 Each backend runs `pipekit_train.core.testing.run_golden_plateau` in its own process
 (`golden_worker.py ... plateau`): `ReduceLROnPlateau(monitor="val_loss", factor=0.5,
 patience=1)` on the golden MLP task with a constant rate and with a warm-up cosine
-schedule. Every backend must reduce after the same validations, log the same rate at
+schedule, on Equinox, Lightning, `Torch()`, Keras (jax and torch) and the plain-PyTorch
+example adapter. Every backend must reduce after the same validations, log the same rate at
 every step and train the same losses as Equinox.
 """
 
@@ -29,6 +30,7 @@ SETUPS = {
     "torch": ("torch", None),
     "keras-jax": ("keras", "jax"),
     "keras-torch": ("keras", "torch"),
+    "plain-torch": ("plain_torch", None),
 }
 
 
@@ -76,7 +78,7 @@ def plateau_rate(case: str, step: int) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("label", ["lightning", "torch", "keras-jax", "keras-torch"])
+@pytest.mark.parametrize("label", ["lightning", "torch", "keras-jax", "keras-torch", "plain-torch"])
 def test_every_backend_reduces_at_the_same_steps(plateau: dict, label: str) -> None:
     problems = compare_plateau(plateau["equinox"], plateau[label])
     assert not problems, "\n".join(problems)

@@ -146,7 +146,11 @@ class Adapter(abc.ABC):
         from ._lr_scale import adjusts_learning_rate
 
         if adjusts_learning_rate(plan) and not caps.lr_scale:
-            names = [type(cb).__name__ for cb in plan.callbacks if getattr(cb, "adjusts_learning_rate", False)]
+            names = [
+                type(cb).__name__
+                for cb in plan.callbacks
+                if getattr(cb, "adjusts_learning_rate", False)
+            ]
             raise self._unsupported(
                 "Changing the learning rate from a callback",
                 f"callbacks={names}",

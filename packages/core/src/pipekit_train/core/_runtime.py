@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from ._artifact import TrainingArtifact
-from ._errors import ConfigError
 from ._checkpoint_schedule import CheckpointSchedule
+from ._errors import ConfigError
 from ._history import History, loss_label
 from ._lr_scale import adjusts_learning_rate, check_lr_scale
 from ._metrics_routing import SKIPPED_METRIC, MetricRouting, _PendingGroup, default_fetch

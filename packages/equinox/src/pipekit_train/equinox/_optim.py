@@ -163,9 +163,7 @@ def scale_by_lr_scale() -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
-def build_optimizer(
-    config: Any, *, accumulate: int = 1, lr_scale: bool = False
-) -> BuiltOptimizer:
+def build_optimizer(config: Any, *, accumulate: int = 1, lr_scale: bool = False) -> BuiltOptimizer:
     """Build the optax optimizer a plan's `optimizer_config` describes.
 
     Args:

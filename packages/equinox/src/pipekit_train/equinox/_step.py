@@ -84,7 +84,9 @@ class EquinoxBackend(StepBackend[FlatState]):
         self._names = _leaf_names(self._template)
         self._step_index = self._names.index("step")
         scales = [
-            i for i, n in enumerate(self._names) if n.startswith("opt_state") and n.endswith("lr_scale")
+            i
+            for i, n in enumerate(self._names)
+            if n.startswith("opt_state") and n.endswith("lr_scale")
         ]
         self._scale_index: int | None = scales[-1] if self.optimizer.lr_scale else None
         shardings = None
@@ -217,7 +219,9 @@ class EquinoxBackend(StepBackend[FlatState]):
         value = jnp.asarray(scale, old.dtype)
         sharding = getattr(old, "sharding", None)
         if sharding is not None and self.placement.multiprocess:
-            value = jax.make_array_from_callback((), sharding, lambda _: np.asarray(scale, old.dtype))
+            value = jax.make_array_from_callback(
+                (), sharding, lambda _: np.asarray(scale, old.dtype)
+            )
         elif sharding is not None:
             value = jax.device_put(value, sharding)
         leaves = list(state.leaves)

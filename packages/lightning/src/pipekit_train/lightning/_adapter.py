@@ -434,7 +434,10 @@ class Lightning(Adapter):
 
         def build(params: Any) -> tuple[Any, Any]:
             return build_optimizer(
-                plan.optimizer_config, params, total_steps=total, lr_scale=adjusts_learning_rate(plan)
+                plan.optimizer_config,
+                params,
+                total_steps=total,
+                lr_scale=adjusts_learning_rate(plan),
             )
 
         patched = False

@@ -60,8 +60,8 @@ class ReduceLROnPlateau:
         factor: the multiplier of a reduction, in (0, 1).
         patience: validations without improvement before a reduction.
         verbose: print a line at each reduction (0: silent).
-        mode: `"min"`, `"max"`, or `"auto"` (`"max"` when `monitor` names an accuracy,
-            else `"min"`).
+        mode: `"min"`, `"max"`, or `"auto"` (`"max"` when `monitor` names an accuracy or
+            `r2`, else `"min"`).
         min_delta: the smallest change that counts as an improvement (>= 0).
         cooldown: validations after a reduction before stalling counts again.
         min_lr: the lower bound of the effective learning rate (>= 0).
@@ -110,7 +110,8 @@ class ReduceLROnPlateau:
                 "Use 'min' for losses and errors, 'max' for scores such as accuracy."
             )
         if mode == "auto":
-            mode = "max" if "acc" in monitor else "min"
+            name = monitor.removeprefix("val_")
+            mode = "max" if name == "r2" or "acc" in name else "min"
         self.monitor: str = monitor
         self.mode: str = mode
         self.best: float | None = None

@@ -16,15 +16,6 @@
 
 from typing import Any
 
-from ._golden_plateau import (
-    PLATEAU_CASES,
-    PLATEAU_STEPS,
-    PLATEAU_VALIDATE_EVERY,
-    PlateauRun,
-    compare_plateau,
-    plateau_loop,
-    run_golden_plateau,
-)
 from ._golden import (
     GOLDEN_CASES,
     GOLDEN_FIELD_CASES,
@@ -46,6 +37,15 @@ from ._golden import (
     mlp_sizes,
     run_golden,
     run_golden_field,
+)
+from ._golden_plateau import (
+    PLATEAU_CASES,
+    PLATEAU_STEPS,
+    PLATEAU_VALIDATE_EVERY,
+    PlateauRun,
+    compare_plateau,
+    plateau_loop,
+    run_golden_plateau,
 )
 from ._numpy_adapter import NumpyAdapter
 from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arrays, linear

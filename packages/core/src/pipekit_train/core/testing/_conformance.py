@@ -874,6 +874,7 @@ class AdapterConformance:
         assert art.steps < 40 and art.steps % 2 == 0
         assert art.stop_reason != "max_steps"
 
+    @pytest.mark.slow
     def test_reduce_lr_on_plateau_resumes_exactly(self, tmp_path: Path) -> None:
         """Reductions at fixed steps on every backend; a resume keeps the wait and the scale.
 
@@ -882,7 +883,14 @@ class AdapterConformance:
         validation waited) and resumed from its checkpoint reduces at step 20 too, logs
         the same rates and ends with the same bytes as the uninterrupted run.
         """
+        from pipekit_train.core._adapter import NotSupportedError
         from pipekit_train.core.callbacks import LearningRateLogger, ReduceLROnPlateau
+
+        adapter = self.loop(max_steps=1).adapter
+        if not adapter.capabilities.lr_scale:  # such a backend refuses before any work
+            with pytest.raises(NotSupportedError, match="ReduceLROnPlateau"):
+                self.loop(callbacks=[ReduceLROnPlateau()])
+            return
 
         def loop(max_steps: int, checkpoint: Any = None) -> tuple[TrainingLoop, Any]:
             plateau = ReduceLROnPlateau(monitor="val_loss", factor=0.5, patience=2, min_delta=10.0)

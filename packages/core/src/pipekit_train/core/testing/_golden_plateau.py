@@ -175,7 +175,10 @@ def compare_plateau(
             if len(a) != len(b):
                 problems.append(f"{case.name}: {label}: {len(a)} values vs {len(b)}")
                 continue
-            worst = max(((_relative(x, y), i) for i, (x, y) in enumerate(zip(a, b))), default=(0.0, 0))
+            worst = max(
+                ((_relative(x, y), i) for i, (x, y) in enumerate(zip(a, b, strict=True))),
+                default=(0.0, 0),
+            )
             if not worst[0] <= tol or any(math.isnan(x) for x in a):
                 problems.append(
                     f"{case.name}: {label}: {got.backend} vs {ref.backend}: value {worst[1]} "
