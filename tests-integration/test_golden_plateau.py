@@ -2,9 +2,9 @@
 
 Each backend runs `pipekit_train.core.testing.run_golden_plateau` in its own process
 (`golden_worker.py ... plateau`): `ReduceLROnPlateau(monitor="val_loss", factor=0.5,
-patience=1)` on the golden MLP task with a constant rate and with a warm-up cosine
-schedule, on Equinox, Lightning, `Torch()`, Keras (jax and torch) and the plain-PyTorch
-example adapter. Every backend must reduce after the same validations, log the same rate at
+patience=1)` on the golden MLP task, with a constant rate and with a linear schedule, on
+Equinox, Lightning, `Torch()`, Keras (jax and torch) and the plain-PyTorch example
+adapter. Every backend must reduce after the same validations, log the same rate at
 every step and train the same losses as Equinox.
 """
 

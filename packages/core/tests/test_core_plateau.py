@@ -211,3 +211,15 @@ def test_a_backend_without_the_scale_refuses_before_any_work(tmp_path: Any) -> N
         )
     assert not (tmp_path / "ck").exists()
     assert isinstance(_NoScale(), StepAdapter)
+
+
+def test_online_training_refuses_the_callback() -> None:
+    from pipekit_train.core import OnlineTrainer
+
+    with pytest.raises(ConfigError, match="OnlineTrainer runs no validation"):
+        OnlineTrainer(
+            NumpyLinearOp("pipekit_train.core.testing:linear", in_size=4, out_size=1),
+            optimizer_config={"name": "sgd", "lr": 0.1},
+            callbacks=[ReduceLROnPlateau()],
+            adapter=NumpyAdapter(),
+        )

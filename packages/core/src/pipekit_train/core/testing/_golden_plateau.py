@@ -46,17 +46,14 @@ PLATEAU_VALIDATE_EVERY = 10
 PLATEAU_CASES: tuple[GoldenCase, ...] = (
     GoldenCase("plateau_adam", {"name": "adam", "lr": 0.08}),
     GoldenCase(
-        "plateau_warmup_cosine_sgd",
+        "plateau_linear_adam",
         {
-            "name": "sgd",
-            "momentum": 0.9,
+            "name": "adam",
             "lr": {
-                "schedule": "warmup_cosine",
-                "init_value": 0.0,
-                "peak_value": 0.4,
-                "warmup_steps": 10,
-                "decay_steps": PLATEAU_STEPS,
-                "end_value": 0.01,
+                "schedule": "linear",
+                "init_value": 0.1,
+                "end_value": 0.02,
+                "transition_steps": PLATEAU_STEPS,
             },
         },
     ),
