@@ -11,8 +11,8 @@ from ._adapter import Adapter
 from ._checkpoint import Checkpoint
 from ._errors import ConfigError
 from ._lifecycle import RunLifecycle
-from ._lr_scale import adjusts_learning_rate
 from ._loop import _check_callbacks, _is_int, _resolve_loss
+from ._lr_scale import adjusts_learning_rate
 from ._plan import Plan
 from ._policies import NonFinitePolicy
 from ._preemption import DEFAULT_PREEMPTION_SIGNALS, resolve_signals
