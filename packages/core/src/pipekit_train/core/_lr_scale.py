@@ -34,7 +34,7 @@ __all__ = ["adjusts_learning_rate", "check_lr_scale"]
 
 def adjusts_learning_rate(plan: Plan | Any) -> bool:
     """Whether a plan (or a list of callbacks) has a callback that sets the rate's scale."""
-    callbacks = getattr(plan, "callbacks", plan)
+    callbacks: Any = getattr(plan, "callbacks", plan)
     return any(bool(getattr(cb, "adjusts_learning_rate", False)) for cb in callbacks or ())
 
 

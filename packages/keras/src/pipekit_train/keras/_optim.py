@@ -135,7 +135,7 @@ def scaled_schedule(inner: Any) -> Any:
 
 def attach_lr_scale(optimizer: Any) -> Any:
     """Add the scale variable (1.0) to a built optimizer whose rate is a `scaled_schedule`."""
-    schedule = getattr(optimizer, "_learning_rate", None)
+    schedule: Any = getattr(optimizer, "_learning_rate", None)
     if getattr(schedule, "scale", False) is not None:
         raise ConfigError(  # pragma: no cover - build_optimizer(lr_scale=True) made it
             "The optimizer's learning rate is not a scaled schedule. Received: "

@@ -17,8 +17,8 @@ def _number(name: str, value: Any, *, low: float, high: float | None = None, fix
         not isinstance(value, bool)
         and isinstance(value, numbers.Real)
         and math.isfinite(value)
-        and value >= low
-        and (high is None or value < high)
+        and float(value) >= low
+        and (high is None or float(value) < high)
     )
     if not ok:
         bound = f">= {low:g}" + ("" if high is None else f" and < {high:g}")
