@@ -59,7 +59,7 @@ class PlainTorch(StepAdapter):
     """Train a torch module with a hand-written loop (`backend = "plain_torch"`)."""
 
     name = "plain_torch"
-    capabilities = Capabilities(online=True, accumulation=True)
+    capabilities = Capabilities(online=True, accumulation=True, lr_scale=True)
 
     def get_config(self) -> dict[str, Any]:
         """JSON options (there are none)."""
@@ -174,6 +174,7 @@ class TorchBackend(StepBackend[State]):
         assert isinstance(plan.optimizer_config, Mapping)  # validate_online() checked it
         self.spec = optimizer_spec(plan.optimizer_config)
         self.micro = plan.accumulate_grad_batches
+        self.lr_scale = 1.0  # core's learning-rate scale (ReduceLROnPlateau), see with_lr_scale
 
     def init_state(self) -> State:
         module = copy.deepcopy(self.op.model).train()
@@ -195,7 +196,7 @@ class TorchBackend(StepBackend[State]):
             torch.nn.utils.clip_grad_norm_(module.parameters(), spec.clip_norm)
         elif spec.clip_value is not None:
             torch.nn.utils.clip_grad_value_(module.parameters(), spec.clip_value)
-        lr = learning_rate_at(spec.learning_rate, state.updates)
+        lr = self.learning_rate(state)
         for group in opt.param_groups:
             group["lr"] = lr
         if spec.weight_decay:
@@ -227,7 +228,12 @@ class TorchBackend(StepBackend[State]):
             module.train()
 
     def learning_rate(self, state: State) -> float:
-        return learning_rate_at(self.spec.learning_rate, state.updates)
+        return learning_rate_at(self.spec.learning_rate, state.updates) * self.lr_scale
+
+    def with_lr_scale(self, state: State, scale: float) -> State:
+        # core keeps the scale in the checkpoint's run state and hands it back on resume
+        self.lr_scale = scale
+        return state
 
     def model_op(self, state: State) -> Any:
         return self.op.with_model(copy.deepcopy(state.module).eval())

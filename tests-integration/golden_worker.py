@@ -2,7 +2,8 @@
 
 `python golden_worker.py <equinox|lightning|torch|torch_k10|keras|plain_torch> <out.json>` (Keras's
 backend comes from `KERAS_BACKEND`); a third argument `field` runs the conv-net field cases
-(`run_golden_field`) instead. One process per backend: Keras's backend is fixed per
+(`run_golden_field`) instead, `plateau` the `ReduceLROnPlateau` cases (`run_golden_plateau`,
+any backend above). One process per backend: Keras's backend is fixed per
 process. `plain_torch` is the example adapter of `examples/plain_torch_adapter.py`;
 `torch` / `torch_k10` are `pipekit_train.lightning.Torch()` with 1 / 10 fused steps.
 """
@@ -19,6 +20,9 @@ def main(backend: str, out: str, suite: str = "mlp") -> None:
     from pipekit_train.core.testing import GOLDEN_CASES, GoldenBackend, dump_runs, run_golden
 
     start = time.perf_counter()
+    if suite == "plateau":
+        _plateau(backend, out)
+        return
     if suite == "field":
         from pipekit_train.core.testing import run_golden_field
 
@@ -45,6 +49,28 @@ def main(backend: str, out: str, suite: str = "mlp") -> None:
         runs = run_golden(testing.golden_backend())
     Path(out).write_text(dump_runs(runs))
     print(f"{backend}: {len(runs)} cases in {time.perf_counter() - start:.1f} s")
+
+
+def _plateau(backend: str, out: str) -> None:
+    import json
+
+    from pipekit_train.core.testing import GoldenBackend, run_golden_plateau
+
+    if backend == "plain_torch":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+        from plain_torch_adapter import PlainTorch
+
+        from pipekit_train.lightning.testing import mlp_from_weights
+
+        golden = GoldenBackend("plain-torch", mlp_from_weights, lambda precision: PlainTorch())
+    elif backend in ("torch", "torch_k10"):
+        from pipekit_train.lightning.testing import torch_golden_backend
+
+        golden = torch_golden_backend(10 if backend == "torch_k10" else 1)
+    else:
+        golden = importlib.import_module(f"pipekit_train.{backend}.testing").golden_backend()
+    runs = run_golden_plateau(golden)
+    Path(out).write_text(json.dumps({k: v.to_json() for k, v in runs.items()}))
 
 
 if __name__ == "__main__":

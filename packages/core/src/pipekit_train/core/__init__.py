@@ -35,6 +35,7 @@ from .callbacks import (
     NaNGuard,
     NonFiniteLossError,
     ProgressBar,
+    ReduceLROnPlateau,
 )
 from .data import (
     ArrayDataset,
@@ -126,6 +127,7 @@ __all__ = [
     "PipekitError",
     "Precision",
     "ProgressBar",
+    "ReduceLROnPlateau",
     "RegistryError",
     "RunState",
     "S3ModelRegistry",

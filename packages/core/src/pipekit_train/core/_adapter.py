@@ -73,6 +73,10 @@ class Capabilities:
             the skips, stops after `max_consecutive_skips` and postpones checkpoints.
         grad_norm: honours `TrainingLoop(log_grad_norm=True)`: every update's metrics
             hold `grad_norm` (see `pipekit_train.core.adapter.global_grad_norm`).
+        lr_scale: applies core's learning-rate scale (`RunState.set_lr_scale`, used by
+            `ReduceLROnPlateau`): the step trains at `schedule(step) * scale`. A
+            step-based backend implements `StepBackend.with_lr_scale`; a loop-owning
+            adapter binds a hook with `RunContext.bind_lr_scale`.
     """
 
     native_data: bool = False
@@ -83,6 +87,7 @@ class Capabilities:
     precisions: tuple[str, ...] = ("float32",)
     skip_nonfinite: bool = False
     grad_norm: bool = False
+    lr_scale: bool = False
 
 
 class Adapter(abc.ABC):
@@ -146,6 +151,20 @@ class Adapter(abc.ABC):
                 "Skipping non-finite steps",
                 "on_nonfinite='skip'",
                 "Use on_nonfinite='stop' (the default) or 'ignore'.",
+            )
+        from ._lr_scale import adjusts_learning_rate
+
+        if adjusts_learning_rate(plan) and not caps.lr_scale:
+            names = [
+                type(cb).__name__
+                for cb in plan.callbacks
+                if getattr(cb, "adjusts_learning_rate", False)
+            ]
+            raise self._unsupported(
+                "Changing the learning rate from a callback",
+                f"callbacks={names}",
+                "Drop the callback, or use a backend that declares Capabilities(lr_scale=True) "
+                "(numpy, equinox, lightning, torch, keras).",
             )
         from ._plan import is_core_dataset
 
@@ -332,6 +351,18 @@ class StepBackend(abc.ABC, Generic[StateT]):
     def learning_rate(self, state: StateT) -> float | None:
         """The learning rate of the next step, if known."""
         return None
+
+    def with_lr_scale(self, state: StateT, scale: float) -> StateT:
+        """`state` training at `schedule(step) * scale` from the next step on.
+
+        Called (for backends declaring `Capabilities.lr_scale`) before the first step with
+        the restored scale and whenever a callback changes it; `learning_rate(state)`
+        then reports the scaled rate.
+        """
+        raise NotSupportedError(
+            f"{type(self).__name__} has no learning-rate scale. Received: scale={scale!r}. "
+            "Drop the callback that changes the learning rate (e.g. ReduceLROnPlateau)."
+        )
 
     def agree(self, flags: Sequence[bool]) -> Sequence[bool]:
         """Multi-process runs: element-wise "any process" of `flags` (one all-reduce).

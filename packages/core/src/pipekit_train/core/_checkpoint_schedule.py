@@ -79,18 +79,21 @@ class CheckpointSchedule:
         get_state = getattr(self._train_iter, "get_state", None)
         if data_state is None and callable(get_state):
             data_state = get_state()
+        run: dict[str, Any] = {
+            "step": self.step,
+            "history": self._history.to_json(),
+            "best_metric": self._best_metric,
+            "best_step": self._best_step,
+            "latest": self._latest,
+            "callbacks": {key: obj.state_dict() for key, obj in self._stateful()},
+        }
+        if getattr(self, "adjusts_lr", False):
+            run["lr_scale"] = float(getattr(self, "_lr_scale", 1.0))
         return {
             "step": self.step,
             "epoch": self.epoch,
             "data_iter": None if data_state is None else dict(data_state),
-            "run": {
-                "step": self.step,
-                "history": self._history.to_json(),
-                "best_metric": self._best_metric,
-                "best_step": self._best_step,
-                "latest": self._latest,
-                "callbacks": {key: obj.state_dict() for key, obj in self._stateful()},
-            },
+            "run": run,
             "resume_key": self._plan.resume_key(),
             "plan": self._plan_json,
         }

@@ -70,9 +70,16 @@ def run_step_loop(plan: Plan, backend: StepBackend[Any]) -> TrainingArtifact:
             ctx.record_checkpoint(path)
 
         run.bind(save=save, validate=validate, agree=getattr(backend, "agree", None))
+        if ctx.adjusts_lr:
+
+            def rescale(scale: float) -> None:
+                holder["state"] = backend.with_lr_scale(holder["state"], scale)
+
+            ctx.bind_lr_scale(rescale)
         run.begin()
         micro = plan.accumulate_grad_batches
         while not ctx._done:
+            state = holder["state"]
             k = ctx.steps_until_event(k_max) if k_max > 1 else 1
             if k == 1 and micro == 1:
                 state, metrics = backend.train_step(state, backend.put(next(batches)))
@@ -82,7 +89,9 @@ def run_step_loop(plan: Plan, backend: StepBackend[Any]) -> TrainingArtifact:
                 state, metrics = backend.train_steps(state, backend.put(group))
             holder["state"] = state
             run.end_of_update(metrics, k, micro=micro)
-        return run.finish(backend.model_op(state), raw_model=backend.raw_model_op(state))
+        return run.finish(
+            backend.model_op(holder["state"]), raw_model=backend.raw_model_op(holder["state"])
+        )
     except BaseException:
         run.abort()
         raise

@@ -12,6 +12,7 @@ from ._checkpoint import Checkpoint
 from ._errors import ConfigError
 from ._lifecycle import RunLifecycle
 from ._loop import _check_callbacks, _is_int, _resolve_loss
+from ._lr_scale import adjusts_learning_rate
 from ._plan import Plan
 from ._policies import NonFinitePolicy
 from ._preemption import DEFAULT_PREEMPTION_SIGNALS, resolve_signals
@@ -97,6 +98,13 @@ class OnlineTrainer:
             on_nonfinite=NonFinitePolicy.IGNORE,  # an online step reports its loss; it never stops
             preemption_signals=signals,
         )
+        if adjusts_learning_rate(self.plan):
+            names = [type(cb).__name__ for cb in self.plan.callbacks]
+            raise ConfigError(
+                "OnlineTrainer runs no validation, so a callback that changes the learning rate "
+                f"on a plateau never acts. Received: callbacks={names}. Drop it, or train "
+                "with a TrainingLoop and validation data."
+            )
         adapter.validate_online(self.plan)
         self._backend = adapter.step_backend(self.plan)
         self._run = RunLifecycle(

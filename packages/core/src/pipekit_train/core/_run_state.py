@@ -44,6 +44,15 @@ class RunState:
         return self._ctx._learning_rate()
 
     @property
+    def lr_scale(self) -> float:
+        """The learning-rate scale: the backend trains at `schedule(step) * lr_scale`."""
+        return self._ctx._lr_scale
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Set the learning-rate scale from the next step on (it must be finite and > 0)."""
+        self._ctx._set_lr_scale(scale)
+
+    @property
     def stop_requested(self) -> bool:
         """Whether a callback asked to stop."""
         return self._ctx._stop_reason is not None

@@ -18,7 +18,9 @@ import numpy as np
 
 from ._artifact import TrainingArtifact
 from ._checkpoint_schedule import CheckpointSchedule
+from ._errors import ConfigError
 from ._history import History, loss_label
+from ._lr_scale import adjusts_learning_rate, check_lr_scale
 from ._metrics_routing import SKIPPED_METRIC, MetricRouting, _PendingGroup, default_fetch
 from ._plan import Plan
 from ._run_state import RunState
@@ -50,6 +52,8 @@ ADAPTER_SURFACE: frozenset[str] = frozenset(
         "checkpoint_metrics",
         "record_checkpoint",
         "flush_metrics",
+        "adjusts_lr",
+        "bind_lr_scale",
     }
 )
 """The `RunContext` members an adapter may use (its other members are private)."""
@@ -85,7 +89,10 @@ class RunContext(MetricRouting, Validation, CheckpointSchedule):
       evaluator, or `record_validation(metrics)` for metrics the framework computed;
     - `checkpoint_meta(data_state)`, `checkpoint_metrics()`, `record_checkpoint(path)`:
       what a save stores besides the state, and its report afterwards;
-    - `flush_metrics()`: fetch the pending step metrics now (and check them).
+    - `flush_metrics()`: fetch the pending step metrics now (and check them);
+    - `adjusts_lr`, `bind_lr_scale(hook)`: whether a callback of the plan changes the
+      learning rate (`ReduceLROnPlateau`), and the adapter's hook that applies core's
+      learning-rate scale to its step.
 
     Args:
         plan: the frozen plan.
@@ -149,6 +156,11 @@ class RunContext(MetricRouting, Validation, CheckpointSchedule):
         self._consecutive_skips = 0
         self._last_skipped: int | None = None
         self._checkpoint_owed = False
+        # the learning-rate scale (`_lr_scale`): only plans whose callbacks adjust the rate
+        # use it; the adapter's hook applies it to the backend's step
+        self.adjusts_lr = adjusts_learning_rate(plan)
+        self._lr_scale = 1.0
+        self._lr_scale_hook: Callable[[float], None] | None = None
 
     # -- data --------------------------------------------------------------------------
     def _train_batches(
@@ -218,6 +230,7 @@ class RunContext(MetricRouting, Validation, CheckpointSchedule):
         self._latest = {k: float(v) for k, v in run.get("latest", {}).items()}
         # a checkpoint is never written right after a skipped step: no run of skips is open
         self._skipped_steps = int(self._history.last(SKIPPED_METRIC) or 0)
+        self._lr_scale = check_lr_scale(run.get("lr_scale", 1.0))
         states = run.get("callbacks", {})
         for key, obj in self._stateful():
             if key in states and callable(getattr(obj, "load_state_dict", None)):
@@ -248,10 +261,39 @@ class RunContext(MetricRouting, Validation, CheckpointSchedule):
         return out
 
     def _begin(self) -> None:
-        """Start the clock and dispatch `on_train_start`."""
+        """Start the clock, hand the backend the (restored) rate scale, dispatch `on_train_start`."""
         self._t_start = time.perf_counter()
         self._steps_at_start = self.step
+        if self.adjusts_lr and self._lr_scale_hook is not None:
+            self._lr_scale_hook(self._lr_scale)
         self._dispatch("on_train_start")
+
+    # -- learning-rate scale -----------------------------------------------------------
+    def bind_lr_scale(self, hook: Callable[[float], None] | None) -> None:
+        """The adapter's `scale -> None` that applies a new learning-rate scale to its step.
+
+        Called once in `begin` (with the restored scale) and after every change, only
+        for plans whose callbacks adjust the rate (`adjusts_learning_rate`).
+        """
+        self._lr_scale_hook = hook
+
+    def _set_lr_scale(self, scale: float) -> None:
+        """Set the learning-rate scale: the next steps train at `schedule(step) * scale`.
+
+        Raises:
+            ConfigError: `scale` is not a finite number > 0, or no callback of the plan
+                declares `adjusts_learning_rate` (the backend was built without the scale).
+        """
+        value = check_lr_scale(scale)
+        if not self.adjusts_lr:
+            raise ConfigError(
+                "`set_lr_scale` needs a callback with `adjusts_learning_rate = True` in the "
+                f"plan (the {self._backend!r} step was built without a learning-rate scale). "
+                f"Received: scale={scale!r}. Set the attribute on the callback class."
+            )
+        self._lr_scale = value
+        if self._lr_scale_hook is not None:
+            self._lr_scale_hook(value)
 
     @property
     def _done(self) -> bool:

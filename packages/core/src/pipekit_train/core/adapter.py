@@ -27,7 +27,8 @@ classes here and uses the shared machinery, and imports nothing private from cor
   (`BACKENDS_GROUP`); `backend_names`, `load_backend`.
 - **Metrics of the step**: `GRAD_NORM`, `global_grad_norm` (the `grad_norm` metric of
   `TrainingLoop(log_grad_norm=True)`, one definition for every backend).
-- **Helpers**: `is_core_dataset`, `describe_callable`, `import_string`, `object_path`,
+- **Helpers**: `adjusts_learning_rate` (a plan's callbacks change the rate through
+  the run's learning-rate scale, `RunContext.bind_lr_scale`), `is_core_dataset`, `describe_callable`, `import_string`, `object_path`,
   `optional_import`, `check_seed`.
 
 See the "Writing an adapter" page of the docs for a walk-through.
@@ -47,6 +48,7 @@ from ._driver import run_step_loop
 from ._grad_norm import GRAD_NORM, global_grad_norm
 from ._imports import import_string, object_path, optional_import
 from ._lifecycle import RunLifecycle
+from ._lr_scale import adjusts_learning_rate
 from ._operators import check_seed
 from ._plan import Plan, describe_callable, is_core_dataset
 from ._policies import NonFinitePolicy, Precision
@@ -74,6 +76,7 @@ __all__ = [
     "PRECISIONS",
     "SCHEDULES",
     "Adapter",
+    "adjusts_learning_rate",
     "Capabilities",
     "CheckpointStore",
     "Checkpointer",

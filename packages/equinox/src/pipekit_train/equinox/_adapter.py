@@ -67,6 +67,7 @@ class Equinox(StepAdapter):
         precisions=SPEC_PRECISIONS,
         skip_nonfinite=True,
         grad_norm=True,
+        lr_scale=True,
     )
 
     def __init__(

@@ -11,6 +11,7 @@ Core validates `optimizer_config` and fills in every default; this module transl
 | `clip_norm` / `clip_value` | `optax.clip_by_global_norm` / `optax.clip` before the update |
 | schedules | the optax schedule of the same curve (core's `SCHEDULES` table) |
 | `ema` | `with_ema` (`_ema.py`): the average in the optimizer state, inside `MultiSteps` |
+| core's learning-rate scale (`ReduceLROnPlateau`) | `scale_by_lr_scale()` after the optimizer: the update times a scalar kept in the optimizer state |
 
 An `optax.GradientTransformation` (or anything with `init`/`update`, such as
 `optax.MultiSteps`) passed as `optimizer_config` is used as is.
@@ -21,9 +22,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from pipekit_train.core import ConfigError
@@ -31,7 +33,14 @@ from pipekit_train.core.adapter import OptimizerSpec, check_schedule, optimizer_
 
 from ._ema import with_ema
 
-__all__ = ["SCHEDULES", "BuiltOptimizer", "build_optimizer", "build_schedule"]
+__all__ = [
+    "SCHEDULES",
+    "BuiltOptimizer",
+    "LRScaleState",
+    "build_optimizer",
+    "build_schedule",
+    "scale_by_lr_scale",
+]
 
 SCHEDULES: Final[dict[str, Callable[..., optax.Schedule]]] = {
     "constant": optax.constant_schedule,
@@ -56,6 +65,7 @@ class BuiltOptimizer:
     schedule: Callable[[Any], Any] | float | None
     runtime_lr: bool = False
     accumulate: int = 1
+    lr_scale: bool = False
 
     def cache_key(self, config: Any) -> str | None:
         """The JSON of the config that fixes the compiled step (None: never share).
@@ -66,6 +76,8 @@ class BuiltOptimizer:
         if not isinstance(config, Mapping):
             return None
         cfg = dict(config, accumulate=self.accumulate)
+        if self.lr_scale:
+            cfg["lr_scale"] = True
         if self.runtime_lr:
             cfg["learning_rate"] = "<in optimizer state>"
         try:
@@ -129,7 +141,32 @@ def _base_transform(spec: OptimizerSpec, lr: Any) -> tuple[Callable[..., Any], d
     )
 
 
-def build_optimizer(config: Any, *, accumulate: int = 1) -> BuiltOptimizer:
+class LRScaleState(NamedTuple):
+    """The state of `scale_by_lr_scale`: core's learning-rate scale (float32 scalar)."""
+
+    lr_scale: jax.Array
+
+
+def scale_by_lr_scale() -> optax.GradientTransformation:
+    """Multiply the updates by a scalar kept in the state (core's learning-rate scale).
+
+    Placed after an optimizer whose last factor is the learning rate (every translation
+    here, decoupled decay included), it is the same as training at `lr * scale`. The
+    scale is data, not a constant of the compiled step: changing it (`set_lr_scale`)
+    never recompiles, and it is saved with the optimizer state.
+    """
+
+    def init(params: Any) -> LRScaleState:
+        return LRScaleState(jnp.ones((), jnp.float32))
+
+    def update(updates: Any, state: LRScaleState, params: Any = None) -> Any:
+        scale = state.lr_scale
+        return jax.tree.map(lambda u: u * scale.astype(u.dtype), updates), state
+
+    return optax.GradientTransformation(init, update)
+
+
+def build_optimizer(config: Any, *, accumulate: int = 1, lr_scale: bool = False) -> BuiltOptimizer:
     """Build the optax optimizer a plan's `optimizer_config` describes.
 
     Args:
@@ -138,6 +175,8 @@ def build_optimizer(config: Any, *, accumulate: int = 1) -> BuiltOptimizer:
             `optax.GradientTransformation`, `optax.MultiSteps`).
         accumulate: `TrainingLoop(accumulate_grad_batches=k)`: wrap the optimizer in
             `optax.MultiSteps(k)`, which averages k batches' gradients into one update.
+        lr_scale: end the chain with `scale_by_lr_scale()` (plans whose callbacks change
+            the learning rate, such as `ReduceLROnPlateau`).
 
     Returns:
         The transform and its schedule.
@@ -147,9 +186,13 @@ def build_optimizer(config: Any, *, accumulate: int = 1) -> BuiltOptimizer:
     """
     if not isinstance(config, Mapping):
         if callable(getattr(config, "init", None)) and callable(getattr(config, "update", None)):
+            if lr_scale:
+                config = optax.chain(config, scale_by_lr_scale())
             if accumulate > 1:
                 config = optax.MultiSteps(config, every_k_schedule=accumulate)
-            return BuiltOptimizer(transform=config, schedule=None, accumulate=accumulate)
+            return BuiltOptimizer(
+                transform=config, schedule=None, accumulate=accumulate, lr_scale=lr_scale
+            )
         raise ConfigError(
             "`optimizer_config` must be a dict such as {'name': 'adam', 'lr': 1e-3} or an "
             f"optax.GradientTransformation. Received: optimizer_config={config!r}."
@@ -173,12 +216,20 @@ def build_optimizer(config: Any, *, accumulate: int = 1) -> BuiltOptimizer:
         transform = optax.chain(optax.clip_by_global_norm(spec.clip_norm), transform)
     elif spec.clip_value is not None:
         transform = optax.chain(optax.clip(spec.clip_value), transform)
-    if spec.ema is not None:  # inside MultiSteps: one average update per optimizer update
+    if lr_scale:
+        transform = optax.chain(transform, scale_by_lr_scale())
+    if spec.ema is not None:
+        # outermost, inside MultiSteps: one average update per optimizer update, of the
+        # parameters after the whole (rate-scaled) update
         transform = with_ema(transform, spec.ema)
     if accumulate > 1:
         transform = optax.MultiSteps(transform, every_k_schedule=accumulate)
     return BuiltOptimizer(
-        transform=transform, schedule=schedule, runtime_lr=runtime_lr, accumulate=accumulate
+        transform=transform,
+        schedule=schedule,
+        runtime_lr=runtime_lr,
+        accumulate=accumulate,
+        lr_scale=lr_scale,
     )
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 import equinox as eqx
 from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import Plan, StepBackend, is_core_dataset
+from pipekit_train.core.adapter import Plan, StepBackend, adjusts_learning_rate, is_core_dataset
 
 from ._checkpoint import OrbaxCheckpointer, abstract_of
 from ._compiled import flatten_state, step_functions
@@ -73,7 +73,9 @@ class EquinoxBackend(StepBackend[FlatState]):
         assert plan.sharding is None or isinstance(plan.sharding, ShardingSpec)  # validate()
         self.op: EquinoxModelOp = plan.model
         self.optimizer = build_optimizer(
-            plan.optimizer_config, accumulate=plan.accumulate_grad_batches
+            plan.optimizer_config,
+            accumulate=plan.accumulate_grad_batches,
+            lr_scale=adjusts_learning_rate(plan),
         )
         self.policy = adapter.policy
         self.placement = Placement(plan.sharding)
@@ -84,6 +86,12 @@ class EquinoxBackend(StepBackend[FlatState]):
         self._template = self._host_state()
         self._names = _leaf_names(self._template)
         self._step_index = self._names.index("step")
+        scales = [
+            i
+            for i, n in enumerate(self._names)
+            if n.startswith("opt_state") and n.endswith("lr_scale")
+        ]
+        self._scale_index: int | None = scales[-1] if self.optimizer.lr_scale else None
         shardings = None
         if plan.sharding is not None:
             shardings = self.placement.state_shardings(self._template, self.optimizer.transform)
@@ -193,12 +201,36 @@ class EquinoxBackend(StepBackend[FlatState]):
         return self.fns.eval_batch(state.leaves, self.placement.put_replicated(batch))
 
     def learning_rate(self, state: FlatState) -> float | None:
-        """The learning rate of the next step (None for an optimizer object)."""
+        """The learning rate of the next step, scaled (None for an optimizer object)."""
         if self.optimizer.schedule is None:
             return None
         # the state counts batches; with accumulation an update takes several
         batches = int(jax.device_get(state.leaves[self._step_index]))
-        return self.optimizer.learning_rate(batches // self.optimizer.accumulate)
+        lr = self.optimizer.learning_rate(batches // self.optimizer.accumulate)
+        if lr is None or self._scale_index is None:
+            return lr
+        return lr * float(jax.device_get(state.leaves[self._scale_index]))
+
+    def with_lr_scale(self, state: FlatState, scale: float) -> FlatState:
+        """The state with core's learning-rate scale set in the optimizer state."""
+        index = self._scale_index
+        if index is None:  # pragma: no cover - built with the scale for such plans
+            raise ConfigError(
+                "This Equinox run was built without a learning-rate scale. Received: "
+                f"scale={scale!r}. Add the callback before building the loop."
+            )
+        old = state.leaves[index]
+        value = jnp.asarray(scale, old.dtype)
+        sharding = getattr(old, "sharding", None)
+        if sharding is not None and self.placement.multiprocess:
+            value = jax.make_array_from_callback(
+                (), sharding, lambda _: np.asarray(scale, old.dtype)
+            )
+        elif sharding is not None:
+            value = jax.device_put(value, sharding)
+        leaves = list(state.leaves)
+        leaves[index] = value
+        return FlatState(leaves)
 
     def agree(self, flags: Sequence[bool]) -> Sequence[bool]:
         """Element-wise "any process" of the step-boundary flags (multi-process runs)."""

@@ -69,6 +69,7 @@ class Keras(Adapter):
         precisions=SPEC_PRECISIONS,
         skip_nonfinite=True,
         grad_norm=True,
+        lr_scale=True,
     )
 
     def __init__(

@@ -26,14 +26,20 @@ import numpy as np
 
 import keras
 from pipekit_train.core import TrainingArtifact
-from pipekit_train.core.adapter import GRAD_NORM, Plan, RunLifecycle, is_core_dataset
+from pipekit_train.core.adapter import (
+    GRAD_NORM,
+    Plan,
+    RunLifecycle,
+    adjusts_learning_rate,
+    is_core_dataset,
+)
 
 from . import _weights
 from ._checkpoint import TrainHandle, checkpointer
 from ._data import FitFeed, native_batches, native_eval_batches
 from ._ema import has_ema, swapped_in
 from ._model import KerasModelOp, model_weights
-from ._optim import build_optimizer
+from ._optim import attach_lr_scale, build_optimizer, set_lr_scale
 from ._tracker import (
     COUNT_MODULUS,
     StepSlice,
@@ -70,8 +76,9 @@ def build_train_handle(
     assert isinstance(plan.model, KerasModelOp)  # the adapter's validate_online() checked it
     model = plan.model.build_model(precision=precision)
     micro = plan.accumulate_grad_batches
+    scaled = adjusts_learning_rate(plan)
     model.compile(
-        optimizer=build_optimizer(plan.optimizer_config, accumulate=micro),
+        optimizer=build_optimizer(plan.optimizer_config, accumulate=micro, lr_scale=scaled),
         loss=keras_loss(plan.loss),
         # fused executions run whole updates; unfused ones run one batch per call
         steps_per_execution=steps_per_execution * micro if steps_per_execution > 1 else 1,
@@ -79,6 +86,8 @@ def build_train_handle(
     )
     optimizer = model.optimizer
     optimizer.build(model.trainable_variables)  # before any restore (see _state)
+    if scaled:
+        attach_lr_scale(optimizer)  # an optimizer variable: checkpointed with the others
     # the ring buffer also covers a whole metrics group, so one snapshot serves a flush
     # (Keras runs batches: with accumulation, `micro` per optimizer step)
     capacity = (steps_per_execution + (plan.log_every_n_steps if deferred else 0)) * micro
@@ -265,11 +274,19 @@ class FitSession:
             learning_rate=lambda: learning_rate(self.handle),
         )
         self.ctx = self.lifecycle.ctx
+        if self.ctx.adjusts_lr:
+            self.ctx.bind_lr_scale(self._set_lr_scale)
         self.feed: FitFeed | None = None
         self.consumed = 0  # batches trained on by this fit call (the data position)
         self.lifecycle.bind(
             save=self._save_now if self.ckpt is not None else None, validate=self.validate
         )
+
+    def _set_lr_scale(self, scale: float) -> None:
+        """Core's learning-rate scale into the optimizer variable (read by the next step)."""
+        if self.handle.sync is not None:
+            self.handle.sync()  # then Keras's jax loop re-reads the variables
+        set_lr_scale(self.handle.optimizer, scale)
 
     def _scope(self) -> Any:
         return self.distribution.scope() if self.distribution is not None else nullcontext()

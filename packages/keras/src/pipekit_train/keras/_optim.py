@@ -12,6 +12,7 @@ Core validates `optimizer_config` and fills in every default
 | `weight_decay` | Keras's own `weight_decay` argument, which is decoupled on every optimizer |
 | `clip_norm` / `clip_value` | `global_clipnorm` / `clipvalue` |
 | schedules | a `LearningRateSchedule` following core's curve (`core_schedule`) |
+| core's learning-rate scale | the rate (constant or schedule) times an optimizer variable (`scaled_schedule`, `attach_lr_scale`) |
 
 A `keras.optimizers.Optimizer` instance (with any Keras schedule) is accepted too.
 """
@@ -25,7 +26,14 @@ from typing import Any
 from pipekit_train.core import ConfigError
 from pipekit_train.core.adapter import OptimizerSpec, check_schedule, optimizer_spec
 
-__all__ = ["build_optimizer", "check_optimizer_config", "core_schedule"]
+__all__ = [
+    "attach_lr_scale",
+    "build_optimizer",
+    "check_optimizer_config",
+    "core_schedule",
+    "scaled_schedule",
+    "set_lr_scale",
+]
 
 
 def core_schedule(spec: Mapping[str, Any], accumulate: int = 1) -> Any:
@@ -92,6 +100,58 @@ def core_schedule(spec: Mapping[str, Any], accumulate: int = 1) -> Any:
     return CoreSchedule()
 
 
+def scaled_schedule(inner: Any) -> Any:
+    """A `LearningRateSchedule`: `inner(step) * scale` (`inner` a schedule or a number).
+
+    `scale` is core's learning-rate scale, an optimizer variable that `attach_lr_scale`
+    adds once the optimizer is built: inside Keras's compiled (stateless, on jax) train
+    step it is read like the moments, so changing it never recompiles, and it is saved
+    with the optimizer's variables in every checkpoint.
+    """
+    import keras
+
+    ops = keras.ops
+
+    class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
+        def __init__(self) -> None:
+            self.inner = inner
+            self.scale: Any = None
+
+        def __call__(self, step: Any) -> Any:
+            if callable(self.inner):
+                lr = ops.cast(self.inner(step), "float32")
+            else:
+                lr = ops.convert_to_tensor(float(self.inner), "float32")
+            if self.scale is None:
+                return lr
+            return lr * ops.cast(self.scale, "float32")
+
+        def get_config(self) -> dict[str, Any]:
+            base = self.inner.get_config() if hasattr(self.inner, "get_config") else self.inner
+            return {"inner": base, "lr_scale": True}
+
+    return ScaledSchedule()
+
+
+def attach_lr_scale(optimizer: Any) -> Any:
+    """Add the scale variable (1.0) to a built optimizer whose rate is a `scaled_schedule`."""
+    schedule: Any = getattr(optimizer, "_learning_rate", None)
+    if getattr(schedule, "scale", False) is not None:
+        raise ConfigError(  # pragma: no cover - build_optimizer(lr_scale=True) made it
+            "The optimizer's learning rate is not a scaled schedule. Received: "
+            f"{type(schedule).__name__}. Build it with build_optimizer(..., lr_scale=True)."
+        )
+    schedule.scale = optimizer.add_variable(
+        shape=(), initializer="ones", dtype="float32", name="pipekit_lr_scale"
+    )
+    return schedule.scale
+
+
+def set_lr_scale(optimizer: Any, scale: float) -> None:
+    """Assign core's learning-rate scale (after `attach_lr_scale`)."""
+    optimizer._learning_rate.scale.assign(float(scale))
+
+
 def _keras_optimizer(spec: OptimizerSpec, lr: Any, accumulate: int) -> Any:
     import keras
 
@@ -132,13 +192,15 @@ def _keras_optimizer(spec: OptimizerSpec, lr: Any, accumulate: int) -> Any:
     )
 
 
-def build_optimizer(config: Any, *, accumulate: int = 1) -> Any:
+def build_optimizer(config: Any, *, accumulate: int = 1, lr_scale: bool = False) -> Any:
     """A new, unbuilt `keras.optimizers.Optimizer` from a dict config or a Keras optimizer.
 
     A Keras optimizer instance is cloned (`from_config(get_config())`) so every run
     starts from fresh optimizer state. `accumulate > 1`
     (`TrainingLoop(accumulate_grad_batches=k)`) sets Keras's `gradient_accumulation_steps`:
     one update averages k batches' gradients, and schedules follow the update count.
+    `lr_scale` (plans with `ReduceLROnPlateau`): the rate becomes a `scaled_schedule`
+    (call `attach_lr_scale` once the optimizer is built).
 
     Raises:
         ConfigError: an unknown optimizer or schedule name, or arguments the Keras
@@ -150,6 +212,11 @@ def build_optimizer(config: Any, *, accumulate: int = 1) -> Any:
         native = config.get_config()
         if accumulate > 1:
             native["gradient_accumulation_steps"] = accumulate
+        if lr_scale:
+            rate = native.get("learning_rate")
+            if isinstance(rate, Mapping):
+                rate = keras.optimizers.schedules.deserialize(rate)
+            native["learning_rate"] = scaled_schedule(rate)
         return type(config).from_config(native)
     if not isinstance(config, Mapping):
         raise ConfigError(
@@ -162,6 +229,8 @@ def build_optimizer(config: Any, *, accumulate: int = 1) -> Any:
         if spec.scheduled
         else spec.learning_rate
     )
+    if lr_scale:
+        lr = scaled_schedule(lr)
     return _keras_optimizer(spec, lr, accumulate)
 
 

@@ -21,7 +21,14 @@ import torch
 
 from pipekit_train.core import ConfigError, TrainingArtifact
 from pipekit_train.core.adapter import PRECISIONS as SPEC_PRECISIONS
-from pipekit_train.core.adapter import Adapter, Capabilities, Plan, Precision, is_core_dataset
+from pipekit_train.core.adapter import (
+    Adapter,
+    Capabilities,
+    Plan,
+    Precision,
+    adjusts_learning_rate,
+    is_core_dataset,
+)
 
 from ._data import BatchFeed, is_datamodule, is_native_loader
 from ._ema import averaged_copy
@@ -230,6 +237,7 @@ class Lightning(Adapter):
         precisions=SPEC_PRECISIONS,
         skip_nonfinite=True,
         grad_norm=True,
+        lr_scale=True,
     )
 
     def __init__(self, **trainer_kwargs: Any):
@@ -305,6 +313,14 @@ class Lightning(Adapter):
                 f"`optimizer_config['{key}']` and Lightning(gradient_clip_val=...) both clip. "
                 f"Received: {key}={clip[0]}, gradient_clip_val={given}. Set only `{key}` "
                 "(it means the same on every backend)."
+            )
+        if adjusts_learning_rate(plan) and not self._uses_plan_optimizer(plan.model):
+            raise self._unsupported(
+                "A callback that changes the learning rate (ReduceLROnPlateau) with your "
+                "LightningModule's own configure_optimizers",
+                f"model={type(plan.model).__name__}",
+                "Drop configure_optimizers so the adapter builds the optimizer from "
+                "optimizer_config, or pass the network (a torch.nn.Module or LightningModelOp).",
             )
         if plan.on_nonfinite == "skip" and is_lightning_module(plan.model):
             raise self._unsupported(
@@ -419,7 +435,12 @@ class Lightning(Adapter):
         loss = torch_loss(plan.loss)
 
         def build(params: Any) -> tuple[Any, Any]:
-            return build_optimizer(plan.optimizer_config, params, total_steps=total)
+            return build_optimizer(
+                plan.optimizer_config,
+                params,
+                total_steps=total,
+                lr_scale=adjusts_learning_rate(plan),
+            )
 
         patched = False
         if is_lightning_module(net):

@@ -168,6 +168,12 @@ class LightningHooks(L.Callback):
             validate=self.validate,
             agree=(lambda flags: _any_process(trainer, flags)) if self.world > 1 else None,
         )
+        if ctx.adjusts_lr:
+            from ._lr_scale import apply_lr_scale
+
+            ctx.bind_lr_scale(
+                lambda scale: apply_lr_scale(self.state.optimizers, self.state.schedulers, scale)
+            )
         total = ctx.total_steps
         if total is not None:
             trainer.fit_loop.epoch_loop.max_steps = max(total - ctx.step, 0)

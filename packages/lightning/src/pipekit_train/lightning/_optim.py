@@ -13,6 +13,7 @@ Core validates `optimizer_config` and fills in every default
 | `clip_norm` / `clip_value` | Lightning's `gradient_clip_val` with `"norm"` / `"value"` |
 | schedules | a `LambdaLR` over base rate 1.0 evaluating core's `learning_rate_at` |
 | `ema` | `with_ema` (`_ema.py`): the average in the optimizer's state, updated by `step()` |
+| core's learning-rate scale | the `LambdaLR`'s base rates (`_lr_scale.apply_lr_scale`) |
 
 The schedule's value *is* the learning rate and the scheduler's state is plain JSON.
 A backend-native optimizer is a callable `params -> torch.optim.Optimizer`, e.g.
@@ -183,7 +184,12 @@ def _fused_optimizer(spec: OptimizerSpec, params: list[Any], lr: float) -> Any:
 
 
 def build_optimizer(
-    config: Any, params: Iterable[Any], *, total_steps: int | None, fused: bool = False
+    config: Any,
+    params: Iterable[Any],
+    *,
+    total_steps: int | None,
+    fused: bool = False,
+    lr_scale: bool = False,
 ) -> tuple[Any, Any]:
     """Build `(optimizer, scheduler or None)` over `params`.
 
@@ -193,6 +199,9 @@ def build_optimizer(
         total_steps: the run length (kept for custom builders; core schedules carry theirs).
         fused: use torch's fused optimizer kernel where it has one (not for rmsprop or a
             callable config); it agrees with the default build to float rounding.
+        lr_scale: always return a step-interval `LambdaLR` (a constant rate and a callable
+            config included), whose base rates carry core's learning-rate scale
+            (`apply_lr_scale`; plans with `ReduceLROnPlateau`).
     """
     import torch
 
@@ -204,9 +213,15 @@ def build_optimizer(
                 "A callable `optimizer_config` must return a torch.optim.Optimizer. "
                 f"Received: {type(optimizer).__name__}."
             )
+        if lr_scale:
+            from ._lr_scale import unit_rate
+
+            return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, unit_rate)
         return optimizer, None
     spec = optimizer_spec(config)
     schedule = schedule_fn(spec.learning_rate) if spec.scheduled else None  # type: ignore[arg-type]  # `scheduled`: a schedule dict
+    if schedule is None and lr_scale:
+        schedule = schedule_fn({"schedule": "constant", "value": float(spec.learning_rate)})  # type: ignore[arg-type]  # not `scheduled`: a float
     lr = 1.0 if schedule is not None else float(spec.learning_rate)  # type: ignore[arg-type]  # not `scheduled`: a float
     optimizer = _torch_optimizer(spec, params, lr, fused=fused)
     if spec.ema is not None:  # before the scheduler, which wraps `optimizer.step`

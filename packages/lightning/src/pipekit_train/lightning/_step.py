@@ -29,7 +29,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipekit_train.core.adapter import GRAD_NORM, DirectoryCheckpointer, Plan, StepBackend
+from pipekit_train.core.adapter import (
+    GRAD_NORM,
+    DirectoryCheckpointer,
+    Plan,
+    StepBackend,
+    adjusts_learning_rate,
+)
 
 from ._amp import amp_for
 from ._checkpoint import (
@@ -115,6 +121,7 @@ class TorchStepBackend(StepBackend[TorchState]):
             net.parameters(),
             total_steps=self.plan.total_steps,
             fused=self._fused,
+            lr_scale=adjusts_learning_rate(self.plan),
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.plan.seed, 0, 1))
@@ -319,6 +326,13 @@ class TorchStepBackend(StepBackend[TorchState]):
         if out.dtype in (torch.bfloat16, torch.float16):
             out = out.float()
         return out.cpu().numpy(), loss
+
+    def with_lr_scale(self, state: TorchState, scale: float) -> TorchState:
+        """Core's learning-rate scale into the schedule's base rates (`apply_lr_scale`)."""
+        from ._lr_scale import apply_lr_scale
+
+        apply_lr_scale(state.optimizers, state.schedulers, scale)
+        return state
 
     def learning_rate(self, state: TorchState) -> float:
         """The first parameter group's learning rate."""

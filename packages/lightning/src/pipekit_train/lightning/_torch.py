@@ -101,6 +101,7 @@ class Torch(StepAdapter):
         precisions=PRECISIONS,
         skip_nonfinite=True,
         grad_norm=True,
+        lr_scale=True,
     )
 
     def __init__(

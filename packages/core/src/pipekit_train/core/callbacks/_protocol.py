@@ -46,8 +46,18 @@ class RunStateView(Protocol):
         ...
 
     @property
+    def lr_scale(self) -> float:
+        """The learning-rate scale: the backend trains at `schedule(step) * lr_scale`."""
+        ...
+
+    @property
     def stop_requested(self) -> bool:
         """Whether a callback asked to stop."""
+        ...
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Scale the learning rate from the next step on (callbacks that declare
+        `adjusts_learning_rate = True` only)."""
         ...
 
     @property

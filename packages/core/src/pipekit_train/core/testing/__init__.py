@@ -10,7 +10,8 @@
   full disk.
 - `run_golden`, `compare_golden`, `GOLDEN_CASES`, ...: the cross-backend golden-run suite
   (the same description and initial weights give the same loss curve on every backend);
-  `run_golden_field`, `GOLDEN_FIELD_CASES`: its conv-net cases on channels-last fields.
+  `run_golden_field`, `GOLDEN_FIELD_CASES`: its conv-net cases on channels-last fields;
+  `run_golden_plateau`, `compare_plateau`, `PLATEAU_CASES`: its `ReduceLROnPlateau` cases.
 """
 
 from typing import Any
@@ -39,6 +40,15 @@ from ._golden import (
     run_golden,
     run_golden_field,
 )
+from ._golden_plateau import (
+    PLATEAU_CASES,
+    PLATEAU_STEPS,
+    PLATEAU_VALIDATE_EVERY,
+    PlateauRun,
+    compare_plateau,
+    plateau_loop,
+    run_golden_plateau,
+)
 from ._numpy_adapter import NumpyAdapter
 from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arrays, linear
 from ._s3 import LoopbackS3, loopback_s3
@@ -46,6 +56,13 @@ from ._smallfs import SmallFilesystemUnavailable, small_filesystem
 from ._tasks import damped_oscillator_step, oscillator_task, regression_task
 
 __all__ = [
+    "PLATEAU_CASES",
+    "PLATEAU_STEPS",
+    "PLATEAU_VALIDATE_EVERY",
+    "PlateauRun",
+    "compare_plateau",
+    "plateau_loop",
+    "run_golden_plateau",
     "BAD_INPUTS",
     "GOLDEN_CASES",
     "GOLDEN_EMA_CASES",

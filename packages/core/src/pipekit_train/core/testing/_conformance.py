@@ -12,7 +12,7 @@ class TestEquinoxConformance(AdapterConformance):
 It checks that loss falls, determinism, exact resume after SIGKILL (to a local folder and
 to S3 on a loopback moto server), preemption by a real SIGTERM/SIGUSR1 sent to a training
 child (also during an async checkpoint write) and the `max_time` budget, torn checkpoints, checkpoints at a `memory://` URI,
-callback order, writers, retention, early stopping, the NaN guard, the registry
+callback order, writers, retention, early stopping, `ReduceLROnPlateau` across a resume, the NaN guard, the registry
 round-trip, and a table of bad inputs that must fail before any work.
 """
 
@@ -913,6 +913,57 @@ class AdapterConformance:
         ).run()
         assert art.steps < 40 and art.steps % 2 == 0
         assert art.stop_reason != "max_steps"
+
+    @pytest.mark.slow
+    def test_reduce_lr_on_plateau_resumes_exactly(self, tmp_path: Path) -> None:
+        """Reductions at fixed steps on every backend; a resume keeps the wait and the scale.
+
+        `min_delta=10` makes every validation after the first a plateau: with `patience=2`
+        the rate halves at steps 12 and 20. A run stopped at step 16 (scale 0.5, one
+        validation waited) and resumed from its checkpoint reduces at step 20 too, logs
+        the same rates and ends with the same bytes as the uninterrupted run.
+        """
+        from pipekit_train.core._adapter import NotSupportedError
+        from pipekit_train.core.callbacks import LearningRateLogger, ReduceLROnPlateau
+
+        adapter = self.loop(max_steps=1).adapter
+        if not adapter.capabilities.lr_scale:  # such a backend refuses before any work
+            with pytest.raises(NotSupportedError, match="ReduceLROnPlateau"):
+                self.loop(callbacks=[ReduceLROnPlateau()])
+            return
+
+        def loop(max_steps: int, checkpoint: Any = None) -> tuple[TrainingLoop, Any]:
+            plateau = ReduceLROnPlateau(monitor="val_loss", factor=0.5, patience=2, min_delta=10.0)
+            callbacks = [plateau, LearningRateLogger()]
+            return (
+                self.loop(
+                    max_steps=max_steps,
+                    validate_every_n_steps=4,
+                    callbacks=callbacks,
+                    checkpoint=checkpoint,
+                ),
+                plateau,
+            )
+
+        ref_loop, ref_cb = loop(20)
+        reference = ref_loop.run()
+        assert ref_cb.reduced_at == [12, 20]
+        lrs = np.asarray(reference.history["lr"])
+        base = float(lrs[0])
+        # each step logs the rate of the next update, before that step's validation
+        expected = [base * 0.5 ** sum(s > r for r in (12, 20)) for s in range(1, 21)]
+        np.testing.assert_allclose(lrs, expected, rtol=1e-6)
+        policy = Checkpoint(tmp_path / "ck", every_n_steps=4, max_to_keep=None)
+        first, first_cb = loop(16, policy)
+        stopped = first.run()
+        assert first_cb.wait == 1 and first_cb.reduced_at == [12]
+        second_loop, second_cb = loop(20, policy)
+        resumed = second_loop.run()
+        assert resumed.resumed_from_step == stopped.steps == 16
+        assert second_cb.reduced_at == [12, 20] and second_cb.num_reductions == 2
+        np.testing.assert_array_equal(resumed.history["lr"], reference.history["lr"])
+        np.testing.assert_array_equal(resumed.history["loss"], reference.history["loss"])
+        assert resumed.model.serialize_weights() == reference.model.serialize_weights()
 
     def test_nan_guard(self, tmp_path: Path) -> None:
         from pipekit_train.core.callbacks import NaNGuard, NonFiniteLossError

@@ -65,7 +65,7 @@ class NumpyAdapter(StepAdapter):
     """
 
     name = "numpy"
-    capabilities = Capabilities(online=True, skip_nonfinite=True, grad_norm=True)
+    capabilities = Capabilities(online=True, skip_nonfinite=True, grad_norm=True, lr_scale=True)
 
     def __init__(self, gradient_noise: float = 0.0):
         if (
@@ -158,6 +158,7 @@ class _NumpyBackend(StepBackend[_State]):
         # a constant rate, or one of core's schedules evaluated in plain Python
         self.lr_spec: Mapping[str, Any] | None = spec if isinstance(spec, Mapping) else None
         self.lr = 0.0 if self.lr_spec is not None else float(spec)
+        self.lr_scale = 1.0  # core's learning-rate scale (`with_lr_scale`)
         self.b1, self.b2, self.eps = (
             float(cfg.get("b1", 0.9)),
             float(cfg.get("b2", 0.999)),
@@ -236,9 +237,12 @@ class _NumpyBackend(StepBackend[_State]):
         return pred, float(np.mean(err * err))
 
     def learning_rate(self, state: _State) -> float:
-        if self.lr_spec is None:
-            return self.lr
-        return learning_rate_at(self.lr_spec, state.t)
+        base = self.lr if self.lr_spec is None else learning_rate_at(self.lr_spec, state.t)
+        return base if self.lr_scale == 1.0 else base * self.lr_scale
+
+    def with_lr_scale(self, state: _State, scale: float) -> _State:
+        self.lr_scale = float(scale)
+        return state
 
     def model_op(self, state: _State) -> Any:
         return self._op_of(self._weights(state))
