@@ -82,12 +82,6 @@ class PlainTorch(StepAdapter):
                 "PlainTorch takes a dict optimizer_config. "
                 f"Received: optimizer_config={plan.optimizer_config!r}."
             )
-        spec = optimizer_spec(plan.optimizer_config)
-        if spec.ema is not None:  # refuse what it does not implement, never ignore it
-            raise ConfigError(
-                "PlainTorch does not keep a moving average of the weights. Received: "
-                f"ema={spec.ema!r}. Drop `ema`, or use pipekit_train.lightning.Torch()."
-            )
 
     def step_backend(self, plan: Plan) -> TorchBackend:
         """The step backend of one run."""

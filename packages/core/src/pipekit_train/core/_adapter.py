@@ -77,6 +77,9 @@ class Capabilities:
             `ReduceLROnPlateau`): the step trains at `schedule(step) * scale`. A
             step-based backend implements `StepBackend.with_lr_scale`; a loop-owning
             adapter binds a hook with `RunContext.bind_lr_scale`.
+        ema: keeps the moving average of the weights of `optimizer_config["ema"]` (from
+            the initial weights, once per optimizer update; validation and the artifact
+            use it, `StepBackend.raw_model_op` gives the trained weights).
     """
 
     native_data: bool = False
@@ -88,6 +91,7 @@ class Capabilities:
     skip_nonfinite: bool = False
     grad_norm: bool = False
     lr_scale: bool = False
+    ema: bool = False
 
 
 class Adapter(abc.ABC):
@@ -145,6 +149,14 @@ class Adapter(abc.ABC):
                 "The `grad_norm` metric",
                 "log_grad_norm=True",
                 "Drop it, or use a backend that records it (Equinox, Lightning, Torch, Keras).",
+            )
+        config = plan.optimizer_config
+        ema = config.get("ema") if isinstance(config, Mapping) else None
+        if ema is not None and not caps.ema:
+            raise self._unsupported(
+                "A moving average of the weights",
+                f"optimizer_config['ema']={ema!r}",
+                "Drop `ema`, or use a backend that keeps one (equinox, lightning, torch, keras).",
             )
         if plan.on_nonfinite == "skip" and not caps.skip_nonfinite:
             raise self._unsupported(

@@ -68,6 +68,7 @@ class Equinox(StepAdapter):
         skip_nonfinite=True,
         grad_norm=True,
         lr_scale=True,
+        ema=True,
     )
 
     def __init__(

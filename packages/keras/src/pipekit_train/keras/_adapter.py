@@ -70,6 +70,7 @@ class Keras(Adapter):
         skip_nonfinite=True,
         grad_norm=True,
         lr_scale=True,
+        ema=True,
     )
 
     def __init__(

@@ -238,6 +238,7 @@ class Lightning(Adapter):
         skip_nonfinite=True,
         grad_norm=True,
         lr_scale=True,
+        ema=True,
     )
 
     def __init__(self, **trainer_kwargs: Any):

@@ -102,6 +102,7 @@ class Torch(StepAdapter):
         skip_nonfinite=True,
         grad_norm=True,
         lr_scale=True,
+        ema=True,
     )
 
     def __init__(

@@ -125,6 +125,7 @@ def run_golden_plateau(
     for case in cases:
         loop = plateau_loop(backend, case)
         plateau = loop.plan.callbacks[0]
+        assert isinstance(plateau, ReduceLROnPlateau)  # plateau_loop put it first
         artifact = loop.run()
         runs[case.name] = PlateauRun(
             case=case.name,

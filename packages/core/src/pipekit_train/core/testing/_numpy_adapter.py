@@ -65,7 +65,9 @@ class NumpyAdapter(StepAdapter):
     """
 
     name = "numpy"
-    capabilities = Capabilities(online=True, skip_nonfinite=True, grad_norm=True, lr_scale=True)
+    capabilities = Capabilities(
+        online=True, skip_nonfinite=True, grad_norm=True, lr_scale=True, ema=True
+    )
 
     def __init__(self, gradient_noise: float = 0.0):
         if (
