@@ -9,6 +9,8 @@ from typing import Any
 
 from pipekit_train.core._errors import ConfigError
 
+from ._monitor import improved, monitored_value
+
 __all__ = ["EarlyStopping"]
 
 
@@ -77,25 +79,12 @@ class EarlyStopping:
         self.stopped_step: int | None = None
 
     def _improved(self, value: float) -> bool:
-        if not math.isfinite(value):
-            return False
-        if self.best is None:
-            return True
-        if self.mode == "min":
-            return value < self.best - self.min_delta
-        return value > self.best + self.min_delta
+        return improved(value, self.best, mode=self.mode, min_delta=self.min_delta)
 
     def on_validation_end(self, state: Any) -> None:
         """Update the best value and the wait counter; request a stop when patience runs out."""
         metrics = state.metrics
-        if self.monitor not in metrics:
-            raise ConfigError(
-                "`monitor` names a metric that the validation did not produce. "
-                f"Received: monitor={self.monitor!r}. Available keys: {sorted(metrics)}. "
-                "Pass one of them to EarlyStopping(monitor=...) (validation metrics are "
-                "prefixed 'val_'), or add the metric to `metrics=`."
-            )
-        value = float(metrics[self.monitor])
+        value = monitored_value(metrics, self.monitor, "EarlyStopping")
         if self._improved(value):
             self.best, self.best_step, self.wait = value, int(state.step), 0
             return

@@ -9,6 +9,8 @@ from typing import Any, ClassVar
 
 from pipekit_train.core._errors import ConfigError
 
+from ._monitor import improved, monitored_value
+
 __all__ = ["ReduceLROnPlateau"]
 
 
@@ -121,13 +123,7 @@ class ReduceLROnPlateau:
         self.reduced_at: list[int] = []
 
     def _improved(self, value: float) -> bool:
-        if not math.isfinite(value):
-            return False
-        if self.best is None:
-            return True
-        if self.mode == "min":
-            return value < self.best - self.min_delta
-        return value > self.best + self.min_delta
+        return improved(value, self.best, mode=self.mode, min_delta=self.min_delta)
 
     def on_train_start(self, state: Any) -> None:
         """Refuse `min_lr > 0` when the backend reports no learning rate."""
@@ -141,14 +137,7 @@ class ReduceLROnPlateau:
     def on_validation_end(self, state: Any) -> None:
         """Update the best value and the counters; reduce the rate when patience runs out."""
         metrics = state.metrics
-        if self.monitor not in metrics:
-            raise ConfigError(
-                "`monitor` names a metric that the validation did not produce. "
-                f"Received: monitor={self.monitor!r}. Available keys: {sorted(metrics)}. "
-                "Pass one of them to ReduceLROnPlateau(monitor=...) (validation metrics are "
-                "prefixed 'val_'), or add the metric to `metrics=`."
-            )
-        value = float(metrics[self.monitor])
+        value = monitored_value(metrics, self.monitor, "ReduceLROnPlateau")
         if self.cooldown_counter > 0:
             self.cooldown_counter -= 1
             self.wait = 0
