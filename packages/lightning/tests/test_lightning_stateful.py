@@ -29,13 +29,14 @@ StatefulDataLoader = stateful_dataloader.StatefulDataLoader
 HERE = Path(__file__).parent
 
 
-def _loader(n: int = 40, seed: int = 0) -> Any:
+def _loader(n: int = 40, seed: int = 0, num_workers: int = 0) -> Any:
     x = torch.arange(n, dtype=torch.float32).reshape(n, 1)
     return StatefulDataLoader(
         torch.utils.data.TensorDataset(x, x),
         batch_size=8,
         shuffle=True,
         generator=torch.Generator().manual_seed(seed),
+        num_workers=num_workers,
     )
 
 
@@ -43,11 +44,12 @@ def _rows(batches: Any) -> list[list[float]]:
     return [b[0].reshape(-1).tolist() for b in batches]
 
 
-def test_position_round_trips_through_json_and_the_next_epoch_matches() -> None:
-    reference = _loader()
+@pytest.mark.parametrize("workers", [0, 2])
+def test_position_round_trips_through_json_and_the_next_epoch_matches(workers: int) -> None:
+    reference = _loader(num_workers=workers)
     ref_epochs = [_rows(reference) for _ in range(3)]
     # stop after 2 batches of the second epoch, save the position as JSON text
-    first = _loader()
+    first = _loader(num_workers=workers)
     _rows(first)
     it = iter(first)
     taken = _rows([next(it), next(it)])
@@ -55,7 +57,7 @@ def test_position_round_trips_through_json_and_the_next_epoch_matches() -> None:
     position = json.loads(text)
     assert position["epoch"] == 1 and position["kind"] == "torch-loader-state"
     # a fresh loader (its generator seeded as at the start) continues at batch 3
-    resumed = _loader()
+    resumed = _loader(num_workers=workers)
     resumed.load_state_dict(decode_loader_state(position["state"]))
     rest = _rows(iter(resumed))
     restore_generators(resumed, position["generators"])

@@ -409,9 +409,12 @@ class LightningHooks(L.Callback):
                     raise RuntimeError("lost track of the data iterator state")
             elif self._stateful_loader is not None:
                 # Lightning reads no batch ahead of a sized loader: this is the position
-                # after the batch just trained on
-                epoch = self._epoch_offset + int(trainer.current_epoch)
-                data_state = loader_position(self._stateful_loader, epoch)
+                # after the batch just trained on (of the loader now in use: Lightning may
+                # reload it every n epochs)
+                loader = trainer.train_dataloader
+                if is_stateful_loader(loader):
+                    epoch = self._epoch_offset + int(trainer.current_epoch)
+                    data_state = loader_position(loader, epoch)
             self.state.rng = rngs
             extra: dict[str, Any] = {"global_step": int(trainer.global_step)}
             scaler = getattr(trainer.precision_plugin, "scaler", None)
