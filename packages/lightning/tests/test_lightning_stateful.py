@@ -98,7 +98,9 @@ def test_an_unserialisable_state_is_refused_naming_where_it_is() -> None:
         encode_loader_state({"blob": b"\x00"})
 
 
-def test_lightning_refuses_it_before_the_first_step(regression: Any, tmp_path: Path) -> None:
+def test_lightning_refuses_it_before_the_first_step(
+    regression: Any, tmp_path: Path, lightning_module: Any
+) -> None:
     train, _ = regression
     batch = train.get_batch(np.arange(len(train)))
     data = OpaqueState(
