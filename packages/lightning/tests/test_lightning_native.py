@@ -103,16 +103,20 @@ def test_user_module_with_dataloaders(regression: Any, tmp_path: Path) -> None:
     np.testing.assert_allclose(
         art.model(x), module(torch.from_numpy(x)).detach().numpy(), rtol=1e-6
     )
-    # resume restores model, optimizer and step (the loader restarts its epoch)
-    again = TrainingLoop(
-        model=Regressor(),
-        data=loader(train, shuffle=True),
-        validation=loader(val),
-        max_steps=35,
-        checkpoint=Checkpoint(tmp_path / "ck", every_n_steps=10, async_save=False),
-        adapter=Lightning(accelerator="cpu"),
-        progress=False,
-    ).run()
+    # resume restores model, optimizer and step (the loader restarts its epoch, warned,
+    # pointing to the loader that resumes exactly)
+    with pytest.warns(
+        UserWarning, match=r"Resuming at step 30.*\(DataLoader\).*StatefulDataLoader"
+    ):
+        again = TrainingLoop(
+            model=Regressor(),
+            data=loader(train, shuffle=True),
+            validation=loader(val),
+            max_steps=35,
+            checkpoint=Checkpoint(tmp_path / "ck", every_n_steps=10, async_save=False),
+            adapter=Lightning(accelerator="cpu"),
+            progress=False,
+        ).run()
     assert again.resumed_from_step == 30 and again.steps == 35
 
 

@@ -1,7 +1,10 @@
-"""Subprocess worker of the `Torch()` kill-and-resume tests.
+"""Subprocess worker of the `Torch()` and stateful-loader kill-and-resume tests.
 
-`python torch_worker.py spec.json` trains the spec's loop with `Torch(**adapter)` and
-checkpoints; at `kill_at` it sends itself SIGKILL, like a preempted job.
+`python torch_worker.py spec.json` trains the spec's loop with `Torch(**adapter)` (or
+`Lightning(accelerator="cpu", **adapter)` with `"backend": "lightning"`) and checkpoints;
+at `kill_at` it sends itself SIGKILL, like a preempted job. `"data": "stateful"` trains on
+a shuffled torchdata `StatefulDataLoader` over the same samples, `"datamodule"` on a
+`LightningDataModule` returning one.
 """
 
 from __future__ import annotations
@@ -13,12 +16,41 @@ import sys
 from typing import Any
 
 
+def stateful_loader(train: Any, batch_size: int = 16) -> Any:
+    """A shuffled, seeded `StatefulDataLoader` over a core dataset's samples."""
+    import numpy as np
+    import torch
+    from torch.utils.data import TensorDataset
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    batch = train.get_batch(np.arange(len(train)))
+    tensors = TensorDataset(torch.from_numpy(batch["x"]), torch.from_numpy(batch["y"]))
+    return StatefulDataLoader(
+        tensors, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
+
+
+def _data(spec: dict[str, Any], train: Any) -> Any:
+    kind = spec.get("data")
+    if kind is None:
+        return train
+    if kind == "stateful":
+        return stateful_loader(train)
+    import lightning as L
+
+    class Data(L.LightningDataModule):
+        def train_dataloader(self) -> Any:
+            return stateful_loader(train)
+
+    return Data()
+
+
 def build(spec: dict[str, Any], *, kill_at: int | None) -> Any:
     """The loop of `spec` (the test builds the same one for the resume and the reference)."""
     from pipekit_train.core import Checkpoint, TrainingLoop
     from pipekit_train.core.callbacks import LambdaCallback
     from pipekit_train.core.testing import regression_task
-    from pipekit_train.lightning import LightningModelOp, Torch
+    from pipekit_train.lightning import Lightning, LightningModelOp, Torch
 
     train, val = regression_task()
 
@@ -28,6 +60,7 @@ def build(spec: dict[str, Any], *, kill_at: int | None) -> Any:
             os.kill(os.getpid(), signal.SIGKILL)
 
     directory = spec.get("directory")
+    own_validation = spec.get("data") == "datamodule"  # a LightningDataModule brings its own
     return TrainingLoop(
         model=LightningModelOp(
             "pipekit_train.lightning.testing:mlp",
@@ -37,8 +70,8 @@ def build(spec: dict[str, Any], *, kill_at: int | None) -> Any:
             dropout=0.1,
             seed=0,
         ),
-        data=train,
-        validation=val,
+        data=_data(spec, train),
+        validation=None if own_validation else val,
         loss="mse",
         optimizer_config=spec["optimizer_config"],
         batch_size=16,
@@ -47,9 +80,11 @@ def build(spec: dict[str, Any], *, kill_at: int | None) -> Any:
         checkpoint=None
         if directory is None
         else Checkpoint(directory, every_n_steps=spec["every_n_steps"], max_to_keep=None),
-        validate_every_n_steps=8,
+        validate_every_n_steps=None if own_validation else 8,
         seed=0,
-        adapter=Torch(**spec["adapter"]),
+        adapter=Lightning(accelerator="cpu", **spec["adapter"])
+        if spec.get("backend") == "lightning"
+        else Torch(**spec["adapter"]),
         callbacks=[LambdaCallback(on_step_end=on_step_end)],
         progress=False,
     )

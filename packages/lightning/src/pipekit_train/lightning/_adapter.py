@@ -516,6 +516,7 @@ class Lightning(Adapter):
                 bridge.run.abort()
             raise
         finally:
+            bridge.cleanup()
             if patched:
                 del module.configure_optimizers
 

@@ -19,7 +19,11 @@ ones either way). The bridge
 
 A checkpoint is core's atomic `DirectoryCheckpointer` step folder: model, optimizer and
 scheduler state (safetensors + JSON), every process's RNG states, the data iterator
-state after the last batch trained on, and the run state; nothing is pickled.
+state after the last batch trained on, and the run state; nothing is pickled. With a
+native loader that has `state_dict()`/`load_state_dict()` (torchdata's
+`StatefulDataLoader`) the loader's position is the data state (`_stateful`): restored
+into the loader before Lightning iterates it, so a resumed run continues at the next
+batch; a plain `DataLoader` restarts its epoch (warned at resume).
 """
 
 from __future__ import annotations
@@ -51,11 +55,19 @@ from ._checkpoint import (
     restore_rng,
     seed_rng,
 )
-from ._data import BatchFeed
+from ._data import BatchFeed, is_datamodule
 from ._ema import swapped_in
 from ._grad_norm import grad_norm
 from ._model import as_input, module_dtype
 from ._module import unpack
+from ._stateful import (
+    KIND,
+    decode_loader_state,
+    is_sized,
+    is_stateful_loader,
+    loader_position,
+    restore_generators,
+)
 
 __all__ = ["LightningHooks", "eval_mode"]
 
@@ -134,6 +146,14 @@ class LightningHooks(L.Callback):
         self._norm: Any = None  # the current update's gradient norm (log_grad_norm)
         self._consumed = 0
         self._native_val = plan.validation is not None and not is_core_dataset(plan.validation)
+        # a stateful native loader (`_stateful`): the position to restore, the loader it
+        # was loaded into, the loader whose position checkpoints save, and an undo for
+        # a LightningDataModule's patched `train_dataloader`
+        self._position: dict[str, Any] | None = None
+        self._loaded_into: Any = None
+        self._stateful_loader: Any = None
+        self._undo: Callable[[], None] | None = None
+        self._epoch_offset = 0  # the epoch a resumed native loader continues
 
     # -- set-up --------------------------------------------------------------------------
     def _learning_rate(self) -> float | None:
@@ -163,6 +183,8 @@ class LightningHooks(L.Callback):
         if self.feed is not None:
             # this rank's part of every global batch; the saved state is global
             self.feed.start(run.data_stream(data_state, shard=(self.rank, self.world)))
+        elif isinstance(data_state, Mapping) and data_state.get("kind") == KIND and self.world == 1:
+            self._resume_position(dict(data_state))
         run.bind(
             save=(lambda: self.save(trainer, pl_module)) if ckpt is not None else None,
             validate=self.validate,
@@ -178,8 +200,68 @@ class LightningHooks(L.Callback):
         if total is not None:
             trainer.fit_loop.epoch_loop.max_steps = max(total - ctx.step, 0)
 
+    def _resume_position(self, position: dict[str, Any]) -> None:
+        """Load a saved loader position into the loader before Lightning iterates it.
+
+        A `DataLoader` passed as `data` takes it now; a `LightningDataModule`'s
+        `train_dataloader()` is wrapped (once) so the loader it returns takes it. The run's
+        epoch continues from the saved one (Lightning's own counter starts at 0: at a
+        later epoch it would iterate the loader again before the first batch, dropping
+        the loaded position).
+        """
+        state = decode_loader_state(position["state"])
+        self._position = position
+        data = self.plan.data
+        if is_datamodule(data):
+            original = data.train_dataloader
+
+            def undo() -> None:
+                data.__dict__.pop("train_dataloader", None)
+                self._undo = None
+
+            def train_dataloader() -> Any:
+                undo()
+                loader = original()
+                self._load_position(loader, state)
+                return loader
+
+            data.train_dataloader = train_dataloader  # type: ignore[method-assign]  # undone by its first call
+            self._undo = undo
+        else:
+            self._load_position(data, state)
+        self._epoch_offset = int(position.get("epoch", 0))
+
+    def _load_position(self, loader: Any, state: dict[str, Any]) -> None:
+        if is_stateful_loader(loader):
+            loader.load_state_dict(state)
+            self._loaded_into = loader
+
+    def cleanup(self) -> None:
+        """Undo a `train_dataloader` wrapper Lightning never called (a failed fit)."""
+        if self._undo is not None:
+            self._undo()
+
+    def _start_loader(self, trainer: L.Trainer) -> None:
+        """A native loader: check its state can be saved, finish a restore, warn if lost."""
+        if self.feed is not None:
+            return
+        loader = trainer.train_dataloader
+        stateful = self.world == 1 and is_stateful_loader(loader) and is_sized(loader)
+        self._stateful_loader = loader if stateful and self.ckpt is not None else None
+        if self._stateful_loader is not None:
+            # refuse a state that cannot be saved before the first step, not at a checkpoint
+            loader_position(loader, self._epoch_offset)
+        position, self._position = self._position, None
+        if stateful and position is not None and loader is self._loaded_into:
+            restore_generators(loader, position.get("generators", {}))
+            return
+        step = self.ctx.step if self.ctx is not None else 0
+        if step:
+            warnings.warn(_lost_position(step, loader, stateful, self.world), stacklevel=2)
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Apply pending optimizer/scheduler/RNG state, then dispatch `on_train_start`."""
+        self._start_loader(trainer)
         state = self.state
         state.optimizers = list(trainer.optimizers)
         state.schedulers = [cfg.scheduler for cfg in trainer.lr_scheduler_configs]
@@ -236,7 +318,7 @@ class LightningHooks(L.Callback):
         ctx = self.ctx
         assert ctx is not None
         if self.feed is None and self.plan.steps_per_epoch is None:  # a native loader's epochs
-            ctx.epoch = int(trainer.current_epoch)
+            ctx.epoch = self._epoch_offset + int(trainer.current_epoch)
         self._consumed += self.plan.accumulate_grad_batches  # batches per optimizer step
         assert self.run is not None
         metrics: dict[str, Any] = {} if loss is None else {"loss": loss}
@@ -325,6 +407,14 @@ class LightningHooks(L.Callback):
                 data_state = self.feed.state_after(self._consumed)
                 if data_state is None:  # pragma: no cover - the feed keeps 16 states
                     raise RuntimeError("lost track of the data iterator state")
+            elif self._stateful_loader is not None:
+                # Lightning reads no batch ahead of a sized loader: this is the position
+                # after the batch just trained on (of the loader now in use: Lightning may
+                # reload it every n epochs)
+                loader = trainer.train_dataloader
+                if is_stateful_loader(loader):
+                    epoch = self._epoch_offset + int(trainer.current_epoch)
+                    data_state = loader_position(loader, epoch)
             self.state.rng = rngs
             extra: dict[str, Any] = {"global_step": int(trainer.global_step)}
             scaler = getattr(trainer.precision_plugin, "scaler", None)
@@ -334,6 +424,30 @@ class LightningHooks(L.Callback):
             meta = ctx.checkpoint_meta(data_state=data_state)
             path = self.ckpt.save(ctx.step, self.state, meta, ctx.checkpoint_metrics())
         ctx.record_checkpoint(path)
+
+
+def _lost_position(step: int, loader: Any, stateful: bool, world: int) -> str:
+    """The warning of a resume whose native loader starts its epoch again."""
+    name = type(loader).__name__
+    head = f"Resuming at step {step}, but the training loader ({name}) "
+    tail = (
+        ": it restarts its epoch from the first batch, so the resumed run sees other batches "
+        "than an uninterrupted one (weights, optimizer and RNG are restored)."
+    )
+    if not stateful and world > 1:
+        return head + f"runs in {world} processes, where its position is not checkpointed" + tail
+    if not stateful and is_stateful_loader(loader):
+        return (
+            head + "has no length, so Lightning reads a batch ahead and its saved position "
+            "would skip one" + tail + " Give the dataset a __len__ for an exact resume."
+        )
+    if not stateful:
+        return (
+            head + "has no state_dict()" + tail + " For an exact resume use torchdata's "
+            "StatefulDataLoader (`pip install 'pipekit-train-lightning[stateful]'`), a drop-in "
+            "replacement for torch.utils.data.DataLoader."
+        )
+    return head + "has no saved position in the checkpoint" + tail
 
 
 def _scalar(v: Any) -> bool:
