@@ -4,13 +4,14 @@ Keras runs its own compiled loop; a Keras callback (`FitCallback`) reports every
 to the lifecycle (`end_of_update`), which does what is due:
 
 - after each execution (1 or K steps) it hands the steps' losses — still on the
-  device, a `StepSlice` of the `StepLossTracker` ring buffer — to `ctx.record_step` /
-  `ctx.record_steps` (core dispatches `on_step_end` per step and fetches the losses for
+  device, a `StepSlice` of the `StepLossTracker` ring buffer — to the lifecycle, which
+  records them (core dispatches `on_step_end` per step and fetches the losses for
   the writers in groups);
 - validation and checkpoints run when `ctx` says they are due; with
   `steps_per_execution=K` the next execution is shortened
   (`ctx.steps_until_event(K)`) so they land on exactly the same steps as with K=1;
-- `model.stop_training = True` when `ctx.done` (max steps, early stopping).
+- `model.stop_training = True` when `end_of_update` says the run is done (max steps,
+  early stopping, a preemption signal, the time budget).
 
 Overriding `on_train_batch_end` also makes Keras dispatch callbacks synchronously,
 which is faster than its thread pool on small machines; the logs hold nothing Keras
