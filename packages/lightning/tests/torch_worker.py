@@ -45,6 +45,26 @@ def _data(spec: dict[str, Any], train: Any) -> Any:
     return Data()
 
 
+def _await_commit(spec: dict[str, Any], step: int, timeout: float = 60.0) -> None:
+    """Give the last checkpoint due before `step` time to commit before the kill.
+
+    Async writes lag on a busy machine; waiting makes the resume point the one the test
+    names instead of a race with the writer. Past `timeout` the kill goes ahead anyway.
+    """
+    import time
+    from pathlib import Path
+
+    directory, every = spec.get("directory"), spec.get("every_n_steps")
+    if directory is None or not every:
+        return
+    due = (step - 1) // int(every) * int(every)
+    deadline = time.monotonic() + timeout
+    while due > 0 and time.monotonic() < deadline:
+        if list(Path(directory).glob(f"**/{due}/meta.json")):
+            return
+        time.sleep(0.05)
+
+
 def build(spec: dict[str, Any], *, kill_at: int | None) -> Any:
     """The loop of `spec` (the test builds the same one for the resume and the reference)."""
     from pipekit_train.core import Checkpoint, TrainingLoop
@@ -56,6 +76,7 @@ def build(spec: dict[str, Any], *, kill_at: int | None) -> Any:
 
     def on_step_end(state: Any) -> None:
         if kill_at is not None and state.step >= kill_at:
+            _await_commit(spec, state.step)
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
 
