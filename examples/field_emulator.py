@@ -102,7 +102,7 @@ def channel_normalizer(dataset: Any) -> Normalizer:
     return Normalizer(mean, std, count=per_cell.count)
 
 
-def model_op(backend: str, width: int = 24, depth: int = 3, seed: int = 0) -> Any:
+def model_op(backend: str, width: int = 16, depth: int = 3, seed: int = 0) -> Any:
     """The backend's periodic `conv_net` on channels-last (u, v) fields."""
     kwargs: dict[str, Any] = {
         "in_channels": 2,
@@ -223,7 +223,7 @@ def training_loop(
     *,
     steps: int,
     batch_size: int = 32,
-    width: int = 24,
+    width: int = 16,
     depth: int = 3,
     checkpoint: Checkpoint | None = None,
     callbacks: Any = (),
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--backend", default="equinox", choices=["equinox", "lightning", "keras"])
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--samples", type=int, default=4096)
-    parser.add_argument("--width", type=int, default=24)
+    parser.add_argument("--width", type=int, default=16)
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rollout", type=int, default=50)

@@ -109,7 +109,7 @@ def test_two_moons(backend: str, tmp_path: Path) -> None:
     """A reduced budget (8192 simulations, 600 steps, 1000 posterior samples a side):
     the mixture head reaches both modes of the posterior and lays its components along
     the crescents. Measured at this budget (mean C2ST / worst observation): equinox
-    0.528 / 0.582, lightning 0.517 / 0.558, keras 0.520 / 0.583; with dead components
+    0.536 / 0.556, lightning 0.534 / 0.545, keras 0.512 / 0.523; with dead components
     (each crescent one Gaussian, the plain MLP's failure) the mean was 0.67-0.69, and a
     Gaussian head scores about 0.98. The default budget's numbers are in
     docs/examples.md."""

@@ -442,3 +442,21 @@ def test_torch_never_imports_lightning(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "LIGHTNING []" in proc.stdout, proc.stdout
+
+
+def test_torch_trains_without_the_nvml_check_that_lightning_sets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`import lightning` sets PYTORCH_NVML_BASED_CUDA_CHECK=1 process-wide, which makes
+    every optimizer step query NVML; Torch() unsets it while it trains and restores it."""
+    from pipekit_train.core.callbacks import LambdaCallback
+
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    seen: list[str | None] = []
+    train, _ = regression_task()
+    callback = LambdaCallback(
+        on_step_end=lambda s: seen.append(os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"))
+    )
+    loop(train, Torch(), max_steps=3, callbacks=[callback]).run()
+    assert seen == [None, None, None]
+    assert os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"

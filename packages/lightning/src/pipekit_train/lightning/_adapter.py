@@ -9,7 +9,6 @@ import copy
 import inspect
 import json
 import logging
-import os
 import random
 import warnings
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from ._data import BatchFeed, is_datamodule, is_native_loader
 from ._ema import averaged_copy
 from ._losses import torch_loss
 from ._model import LightningModelOp, as_input, module_dtype
+from ._nvml import without_nvml_check
 from ._optim import build_optimizer, check_optimizer_config, gradient_clip
 from ._precision import trainer_precision
 
@@ -129,7 +129,6 @@ _OWNED = {
     "overfit_batches": "a small ArrayDataset",
     "accumulate_grad_batches": "TrainingLoop(accumulate_grad_batches=k) (the same meaning on every backend)",
 }
-_NVML = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 
 def _class_named(obj: Any, name: str) -> bool:
@@ -169,26 +168,6 @@ def _rng_guard() -> Iterator[None]:
         finally:
             np.random.set_state(np_state)
             random.setstate(py_state)
-
-
-@contextmanager
-def _without_nvml_check() -> Iterator[None]:
-    """Unset `PYTORCH_NVML_BASED_CUDA_CHECK` (set by `import lightning`) while training.
-
-    With it set, every `torch.cuda.is_available()` — which `torch.optim.Adam.step` calls —
-    queries NVML, adding 0.1–0.3 ms per step on GPU-less hosts. It guards against
-    initialising CUDA before a fork; forking strategies are refused, and DataLoader
-    workers do not use CUDA.
-    """
-    saved = os.environ.get(_NVML)
-    if saved is None:
-        yield
-        return
-    del os.environ[_NVML]
-    try:
-        yield
-    finally:
-        os.environ[_NVML] = saved
 
 
 class Lightning(Adapter):
@@ -479,7 +458,7 @@ class Lightning(Adapter):
                 f"of {world}."
             )
         try:
-            with _rng_guard(), _without_nvml_check(), _without_advert(), warnings.catch_warnings():
+            with _rng_guard(), without_nvml_check(), _without_advert(), warnings.catch_warnings():
                 # Lightning 2.6's pytree helper uses an API torch 2.15 deprecates (once per fit)
                 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
                 if plan.validation is not None:  # validated by the bridge, not Lightning's loop

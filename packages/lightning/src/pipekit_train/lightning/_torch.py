@@ -30,6 +30,7 @@ from ._adapter import _TRAINER_KWARGS, Lightning, is_lightning_module
 from ._compile import CUDA_GRAPHS, compile_options
 from ._data import is_datamodule
 from ._model import LightningModelOp
+from ._nvml import without_nvml_check
 from ._optim import check_optimizer_config
 from ._step import TorchStepBackend
 
@@ -286,7 +287,8 @@ class Torch(StepAdapter):
         """Train with core's step loop and return the artifact."""
         backend = self.step_backend(plan)
         try:
-            return run_step_loop(plan, backend)
+            with without_nvml_check():  # set by `import lightning` anywhere in the process
+                return run_step_loop(plan, backend)
         finally:
             if compile_options(self.compile) is not None and backend.objective is not None:
                 self.compile_report = dict(backend.objective.describe())
