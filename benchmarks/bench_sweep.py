@@ -14,8 +14,10 @@ What bounds the process executor's gain on 2 cores:
 - each worker pays its own start-up (import, model init, compilation; about 7 s alone,
   9-11 s when both workers start at once, since XLA compiles on more than one thread),
   where the serial executor pays it once. Short trials cannot hide that: the target
-  needs about 4 s of training per trial (the default), and 1500-step trials (`--quick`)
-  do not reach it.
+  needs about 4 s of training per trial. The default, 60000 steps, gives that on a
+  quiet 2-core machine (measured 2026-12-02: 32.4 s of training over 8 trials, process
+  0.62x serial); 20000 steps gave 1.5 s a trial there and 0.69x. 1500-step trials
+  (`--quick`) do not reach it.
 - with one step per call (`--steps-per-execution 1`), one jax process already keeps
   about 1.5 cores busy (Python dispatch beside XLA's execution), so two of them on two
   cores finish trials only 1.3-1.5x as fast as one.
@@ -167,7 +169,7 @@ def main() -> None:
     parser.add_argument(
         "--trials", type=int, default=8, help="grid size (lr x 2 seeds), even, <= 8"
     )
-    parser.add_argument("--steps", type=int, default=20000, help="optimizer steps per trial")
+    parser.add_argument("--steps", type=int, default=60000, help="optimizer steps per trial")
     parser.add_argument(
         "--steps-per-execution",
         type=int,
@@ -178,7 +180,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-ray", action="store_true")
     parser.add_argument(
-        "--quick", action="store_true", help="1500 steps per trial instead of 20000"
+        "--quick", action="store_true", help="1500 steps per trial instead of 60000"
     )
     parser.add_argument("--json", help="also write the result rows (run_all format) to this path")
     parser.add_argument("--child", choices=["serial", "process", "ray"], help=argparse.SUPPRESS)

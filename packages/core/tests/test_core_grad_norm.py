@@ -109,6 +109,20 @@ def test_global_grad_norm_is_the_l2_norm_over_every_array() -> None:
         global_grad_norm([None])
 
 
+def test_the_flat_and_the_per_array_reductions_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipekit_train.core import _grad_norm
+
+    rng = np.random.default_rng(0)
+    grads = [rng.normal(size=s).astype(np.float32) for s in [(64, 3), (64,), (), (1, 64)]]
+    grads.append(rng.normal(size=(5,)).astype(np.float16))
+    exact = np.sqrt(sum(float(np.sum(np.asarray(g, np.float64) ** 2)) for g in grads))
+    flat = float(global_grad_norm(grads))  # 261 elements: one flat reduction
+    monkeypatch.setattr(_grad_norm, "CONCAT_LIMIT", 0)
+    per_array = float(global_grad_norm(grads))
+    assert flat == pytest.approx(exact, rel=1e-6)
+    assert per_array == pytest.approx(exact, rel=1e-6)
+
+
 def test_accumulated_steps_take_the_last_batch_value_of_grad_norm_and_the_mean_loss() -> None:
     values = np.array([1.0, 2.0, 3.0, 5.0])  # 2 steps of 2 accumulated batches
     assert list(reduce_micro("loss", values, 2, 2)) == [1.5, 4.0]

@@ -21,6 +21,7 @@ from pipekit_train.core.adapter import Plan, StepBackend, adjusts_learning_rate,
 from ._checkpoint import OrbaxCheckpointer, abstract_of
 from ._compiled import flatten_state, step_functions
 from ._ema import ema_model, find_ema
+from ._fetch import fetch_to_host
 from ._model import EquinoxModelOp, _host_array, has_stochastic_layers, takes_key
 from ._optim import build_optimizer
 from ._sharding import Placement, ShardingSpec
@@ -182,8 +183,8 @@ class EquinoxBackend(StepBackend[FlatState]):
         return self.placement.put_batch(batch, stacked=stacked)
 
     def fetch(self, values: Sequence[Any]) -> list[Any]:
-        """Device values to the host in one `jax.device_get`."""
-        return jax.device_get(list(values))
+        """Device values to the host, one transfer per device (`fetch_to_host`)."""
+        return fetch_to_host(values)
 
     # -- steps -------------------------------------------------------------------------
     def train_step(self, state: FlatState, batch: Any) -> tuple[FlatState, dict[str, Any]]:
