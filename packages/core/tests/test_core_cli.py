@@ -106,12 +106,12 @@ def test_set_overrides_parse_toml_values_and_fall_back_to_strings(tmp_path) -> N
         (
             GOOD,
             ("batch_size=0",),
-            r"`batch_size` must be a positive integer. Received: batch_size=0",
+            r"`batch_size` must be a positive int. Received: batch_size=0",
         ),
         (
             GOOD,
             ("max_steps=ten",),
-            r"`max_steps` must be a positive integer. Received: max_steps='ten'",
+            r"`max_steps` must be a positive int. Received: max_steps='ten'",
         ),
         (
             GOOD,
@@ -208,8 +208,8 @@ def test_factory_arguments_are_checked_before_any_dataset_is_built(tmp_path) -> 
 def test_a_backend_whose_adapter_does_not_import_names_what_to_install(
     tmp_path, monkeypatch
 ) -> None:
-    from pipekit_train.core import _backends
     from pipekit_train.core.adapter import BackendEntry
+    from pipekit_train.core.contract import _backends
 
     broken = BackendEntry(
         name="keras",
@@ -230,7 +230,7 @@ def test_main_reports_a_config_error_with_exit_status_2(tmp_path, capsys) -> Non
     path = _write(tmp_path, GOOD + '\n[checkpoint]\ndirectory = "ckpt"\n')
     assert main(["run", str(path), "--set", "batch_size=-1"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("pipekit-train: error: `batch_size` must be a positive integer")
+    assert err.startswith("pipekit-train: error: `batch_size` must be a positive int")
     assert not (tmp_path / "ckpt").exists()
 
 
@@ -472,8 +472,8 @@ def test_registry_show_of_a_missing_version_names_the_cli_spelling(
 def test_checkpoint_inspect_prints_the_resume_key_in_the_plan_order(
     tmp_path, capsys, monkeypatch
 ) -> None:
-    from pipekit_train.core._plan import RESUME_KEY_FIELDS
     from pipekit_train.core.cli._inspect import ordered_resume_key
+    from pipekit_train.core.spec._plan import RESUME_KEY_FIELDS
 
     monkeypatch.chdir(tmp_path)
     assert main(["run", str(_write(tmp_path, NUMPY_RUN))]) == 0

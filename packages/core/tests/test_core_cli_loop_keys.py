@@ -115,7 +115,7 @@ def test_each_loop_key_reaches_the_training_loop(tmp_path: Path, name: str) -> N
 def test_a_parameter_added_to_training_loop_is_a_key_without_an_edit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipekit_train.core import _loop
+    from pipekit_train.core.train import _training_loop as _loop
 
     class Wider(TrainingLoop):
         def __init__(self, *args: Any, max_widgets: int = 1, **kwargs: Any):
@@ -194,7 +194,7 @@ def test_on_nonfinite_stop_from_the_command_line_fails_with_status_1(
         ),
         (
             'on_nonfinite = "skip"\nmax_consecutive_skips = 0\n',
-            r"`max_consecutive_skips` must be a positive integer. Received: max_consecutive_skips=0",
+            r"`max_consecutive_skips` must be a positive int. Received: max_consecutive_skips=0",
         ),
     ],
 )

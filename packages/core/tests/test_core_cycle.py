@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipekit_train.core._cycle import Cycle, NeuralForward, NonFiniteStateError
 from pipekit_train.core._errors import ConfigError, IntegrityError, PipekitError
 from pipekit_train.core.registry import LocalModelRegistry
+from pipekit_train.core.rollout._cycle import Cycle, NeuralForward, NonFiniteStateError
 from pipekit_train.core.testing._numpy_model import NumpyLinearOp
 
 FACTORY = "pipekit_train.core.testing._numpy_model:linear"
@@ -256,7 +256,7 @@ def test_cycle_validation_and_config() -> None:
         Cycle(lambda s: s, n_steps=1, hook="assimilate")  # type: ignore[arg-type]
     config = Cycle(DampedOscillator(), n_steps=np.int64(7)).get_config()
     assert config["n_steps"] == 7 and config["hook"] is None
-    assert config["type"] == "pipekit_train.core._cycle:Cycle"
+    assert config["type"] == "pipekit_train.core.rollout._cycle:Cycle"
     assert config["forward"].endswith(":DampedOscillator")
     op = NumpyLinearOp(FACTORY, in_size=2, out_size=2)
     assert Cycle(NeuralForward(op), n_steps=2).get_config()["forward"]["model"] == op.get_config()

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from pipekit_train.core import ConfigError, TrainingLoop
-from pipekit_train.core._grad_norm import reduce_micro
 from pipekit_train.core.adapter import (
     GRAD_NORM,
     Capabilities,
@@ -22,6 +21,7 @@ from pipekit_train.core.adapter import (
     global_grad_norm,
 )
 from pipekit_train.core.data import ArrayDataset
+from pipekit_train.core.metrics._grad_norm import reduce_micro
 from pipekit_train.core.testing import NumpyAdapter, NumpyLinearOp
 from pipekit_train.core.writers import MemoryWriter
 
@@ -110,7 +110,7 @@ def test_global_grad_norm_is_the_l2_norm_over_every_array() -> None:
 
 
 def test_the_flat_and_the_per_array_reductions_agree(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipekit_train.core import _grad_norm
+    from pipekit_train.core.metrics import _grad_norm
 
     rng = np.random.default_rng(0)
     grads = [rng.normal(size=s).astype(np.float32) for s in [(64, 3), (64,), (), (1, 64)]]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from pipekit_train.core import Checkpoint, ConfigError, TrainingLoop, lr_find
-from pipekit_train.core._lr_find import suggest
 from pipekit_train.core.testing import NumpyAdapter, NumpyLinearOp, regression_task
+from pipekit_train.core.train._lr_find import suggest
 
 
 def _loop(tmp_path: Path | None = None, **overrides: object) -> TrainingLoop:

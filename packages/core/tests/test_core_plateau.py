@@ -170,7 +170,7 @@ def test_a_scheduled_rate_is_scaled_and_logged() -> None:
 
 
 def test_the_scale_is_in_the_checkpoint_only_with_such_a_callback(tmp_path: Any) -> None:
-    from pipekit_train.core._checkpointing import step_dirs
+    from pipekit_train.core.checkpoint._engine import step_dirs
 
     plain = Checkpoint(tmp_path / "plain", every_n_steps=12)
     _loop(callbacks=[], checkpoint=plain).run()

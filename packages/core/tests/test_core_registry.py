@@ -331,7 +331,7 @@ def test_concurrent_processes_get_distinct_versions_and_lose_nothing(tmp_path: P
 
 def test_registry_import_does_not_touch_backends() -> None:
     code = (
-        "import sys; import pipekit_train.core.registry, pipekit_train.core._cycle; "
+        "import sys; import pipekit_train.core.registry, pipekit_train.core.rollout._cycle; "
         "print([m for m in ('jax', 'torch', 'keras', 'equinox', 'lightning', 'tensorflow') "
         "if m in sys.modules])"
     )

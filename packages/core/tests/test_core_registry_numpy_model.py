@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipekit_train.core._errors import ConfigError
-from pipekit_train.core._operators import model_op_from_config
+from pipekit_train.core.model._operators import model_op_from_config
 from pipekit_train.core.testing._numpy_model import (
     LinearModel,
     NumpyLinearOp,

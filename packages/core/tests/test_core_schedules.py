@@ -7,9 +7,9 @@ import math
 import pytest
 
 from pipekit_train.core import ConfigError
-from pipekit_train.core._schedules import peak_learning_rate
-from pipekit_train.core._spec import resolve_optimizer_config
 from pipekit_train.core.adapter import learning_rate_at
+from pipekit_train.core.spec._optimizer import resolve_optimizer_config
+from pipekit_train.core.spec._schedules import peak_learning_rate
 
 
 def test_cosine() -> None:

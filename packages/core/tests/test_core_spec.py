@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from pipekit_train.core import ConfigError
-from pipekit_train.core._spec import resolve_optimizer_config
 from pipekit_train.core.adapter import (
     OPTIMIZERS,
     PRECISIONS,
     optimizer_spec,
     resolve_precision,
 )
+from pipekit_train.core.spec._optimizer import resolve_optimizer_config
 
 
 def test_every_default_is_filled_in_so_backend_defaults_never_apply() -> None:

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from pipekit_train.core import Checkpoint, TornCheckpointWarning, TrainingLoop
-from pipekit_train.core._folder_digest import FOLDER_DIGEST, check_folder, seal_folder
 from pipekit_train.core.adapter import step_dirs
+from pipekit_train.core.checkpoint._digest import FOLDER_DIGEST, check_folder, seal_folder
 from pipekit_train.equinox import EquinoxModelOp
 
 # Every file of an Orbax step directory (`_files_of`), by a stable pattern: the array

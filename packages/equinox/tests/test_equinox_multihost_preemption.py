@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from pipekit_train.core import PREEMPTED_EXIT_STATUS, Checkpoint
-from pipekit_train.core._checkpointing import step_dirs
+from pipekit_train.core.checkpoint._engine import step_dirs
 
 HERE = Path(__file__).parent
 WORKER = HERE / "multihost_preemption_worker.py"

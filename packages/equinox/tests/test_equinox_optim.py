@@ -9,9 +9,9 @@ import optax
 import pytest
 
 from pipekit_train.core import ConfigError
-from pipekit_train.core._spec import resolve_optimizer_config
 from pipekit_train.core.adapter import OPTIMIZERS
 from pipekit_train.core.callbacks import LambdaCallback
+from pipekit_train.core.spec._optimizer import resolve_optimizer_config
 from pipekit_train.equinox._optim import build_optimizer, build_schedule
 
 PARAMS = {"w": jnp.ones((3, 2)), "b": jnp.zeros((2,))}

@@ -159,8 +159,8 @@ def test_decoupled_weight_decay_on_sgd_is_lr_times_wd_times_param() -> None:
 
 
 def test_schedule_follows_core_curve() -> None:
-    from pipekit_train.core._spec import resolve_optimizer_config
     from pipekit_train.core.adapter import learning_rate_at
+    from pipekit_train.core.spec._optimizer import resolve_optimizer_config
 
     config = resolve_optimizer_config(
         {

@@ -9,24 +9,7 @@ authors. It never imports a backend framework.
 from typing import Any as _Any
 
 from . import adapter, callbacks, data, losses, metrics, registry, writers
-from ._adapter import NotSupportedError
-from ._artifact import TrainingArtifact
-from ._checkpoint import Checkpoint
-from ._checkpointing import TornCheckpointWarning
-from ._cycle import Cycle, NeuralForward, NonFiniteStateError
 from ._errors import CheckpointError, ConfigError, IntegrityError, PipekitError
-from ._evaluation import evaluate
-from ._heads import Gaussian
-from ._history import History
-from ._loop import TrainingLoop
-from ._lr_find import LRFindResult, lr_find
-from ._mixture import Mixture
-from ._online import OnlineTrainer
-from ._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
-from ._policies import NonFinitePolicy, Precision
-from ._preemption import PREEMPTED_EXIT_STATUS, Preempted
-from ._runtime import RunState
-from ._trust import UntrustedFactoryError, is_model_factory, model_factory
 from .callbacks import (
     Callback,
     EarlyStopping,
@@ -37,6 +20,9 @@ from .callbacks import (
     ProgressBar,
     ReduceLROnPlateau,
 )
+from .checkpoint._engine import TornCheckpointWarning
+from .checkpoint._policy import Checkpoint
+from .contract._adapter import NotSupportedError
 from .data import (
     ArrayDataset,
     BatchIterator,
@@ -52,6 +38,10 @@ from .data import (
     split,
 )
 from .losses import Loss
+from .model._heads import Gaussian
+from .model._mixture import Mixture
+from .model._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
+from .model._trust import UntrustedFactoryError, is_model_factory, model_factory
 from .registry import (
     FsspecModelRegistry,
     LocalModelRegistry,
@@ -61,6 +51,16 @@ from .registry import (
     S3ModelRegistry,
     UnverifiedRecordWarning,
 )
+from .rollout._cycle import Cycle, NeuralForward, NonFiniteStateError
+from .run._artifact import TrainingArtifact
+from .run._context import RunState
+from .run._evaluation import evaluate
+from .run._history import History
+from .run._preemption import PREEMPTED_EXIT_STATUS, Preempted
+from .spec._policies import NonFinitePolicy, Precision
+from .train._lr_find import LRFindResult, lr_find
+from .train._online import OnlineTrainer
+from .train._training_loop import TrainingLoop
 from .writers import (
     AsyncWriter,
     CsvWriter,

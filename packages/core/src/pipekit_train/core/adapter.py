@@ -34,36 +34,36 @@ classes here and uses the shared machinery, and imports nothing private from cor
 See the "Writing an adapter" page of the docs for a walk-through.
 """
 
-from ._adapter import Adapter, Capabilities, NotSupportedError, StepAdapter, StepBackend
-from ._backends import GROUP as BACKENDS_GROUP
-from ._backends import BackendEntry, backend_names, load_backend
-from ._checkpointing import (
+from .checkpoint._engine import (
     Checkpointer,
     DirectoryCheckpointer,
     Restored,
     TornCheckpointWarning,
     step_dirs,
 )
-from ._driver import run_step_loop
-from ._grad_norm import GRAD_NORM, global_grad_norm
-from ._imports import import_string, object_path, optional_import
-from ._lifecycle import RunLifecycle
-from ._lr_scale import adjusts_learning_rate
-from ._operators import check_seed
-from ._plan import Plan, describe_callable, is_core_dataset
-from ._policies import NonFinitePolicy, Precision
-from ._runtime import RunContext
-from ._schedules import SCHEDULES, check_schedule, learning_rate_at
-from ._snapshot import HostBuffers
-from ._spec import (
+from .checkpoint._snapshot import HostBuffers
+from .checkpoint._store import CheckpointStore, FsspecStore, LocalStore, TornStepError, open_store
+from .contract._adapter import Adapter, Capabilities, NotSupportedError, StepBackend
+from .contract._backends import GROUP as BACKENDS_GROUP
+from .contract._backends import BackendEntry, backend_names, load_backend
+from .data import is_core_dataset
+from .metrics._grad_norm import GRAD_NORM, global_grad_norm
+from .run._feed import Feed
+from .run._lifecycle import RunLifecycle
+from .spec._lr_scale import adjusts_learning_rate
+from .spec._optimizer import (
     OPTIMIZERS,
     PRECISIONS,
     OptimizerSpec,
     canonical_precision,
     optimizer_spec,
     resolve_precision,
+    translate_precision,
 )
-from ._store import CheckpointStore, FsspecStore, LocalStore, TornStepError, open_store
+from .spec._plan import Plan
+from .spec._policies import NonFinitePolicy, Precision
+from .spec._schedules import SCHEDULES, check_schedule, learning_rate_at
+from .train._step_loop import StepAdapter, run_step_loop
 
 __all__ = [
     "GRAD_NORM",
@@ -81,6 +81,7 @@ __all__ = [
     "CheckpointStore",
     "Checkpointer",
     "DirectoryCheckpointer",
+    "Feed",
     "FsspecStore",
     "HostBuffers",
     "LocalStore",
@@ -90,7 +91,6 @@ __all__ = [
     "Plan",
     "Precision",
     "Restored",
-    "RunContext",
     "RunLifecycle",
     "StepAdapter",
     "StepBackend",
@@ -98,16 +98,12 @@ __all__ = [
     "TornStepError",
     "canonical_precision",
     "check_schedule",
-    "check_seed",
-    "describe_callable",
-    "import_string",
     "is_core_dataset",
     "learning_rate_at",
-    "object_path",
     "open_store",
     "optimizer_spec",
-    "optional_import",
     "resolve_precision",
+    "translate_precision",
     "run_step_loop",
     "step_dirs",
 ]

@@ -128,6 +128,8 @@ class EquinoxModelOp(ModelOpBase):
 
     backend: ClassVar[str] = "equinox"
     framework: ClassVar[str | None] = "equinox"
+    framework_label: ClassVar[str] = "Equinox"
+    framework_model: ClassVar[str] = "an `eqx.Module`"
     factory_takes_key: ClassVar[bool] = True
 
     def __init__(

@@ -124,6 +124,8 @@ class KerasModelOp(ModelOpBase):
 
     backend: ClassVar[str] = "keras"
     framework: ClassVar[str | None] = "keras"
+    framework_label: ClassVar[str] = "Keras"
+    framework_model: ClassVar[str] = "a `keras.Model`"
 
     def __init__(self, factory: str | Callable[..., Any], *, seed: int = 0, **kwargs: Any):
         # Fail with the extra to install, before the factory (which may import keras) is

@@ -164,6 +164,8 @@ class LightningModelOp(ModelOpBase):
 
     backend: ClassVar[str] = "lightning"
     framework: ClassVar[str | None] = "torch"
+    framework_label: ClassVar[str] = "PyTorch"
+    framework_model: ClassVar[str] = "a `torch.nn.Module`"
     layout: str = "channels_first"
 
     def __init__(

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import import_string, optional_import
+from pipekit_train.core.utils import import_string, optional_import
 
 from ._lifeline import die_with_parent
 from ._lock import trial_dir_lock

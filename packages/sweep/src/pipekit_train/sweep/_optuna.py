@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import optional_import
+from pipekit_train.core.utils import optional_import
 
 from ._grid import to_json_value
 

@@ -14,7 +14,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import optional_import
+from pipekit_train.core.utils import optional_import
 
 from ._axes import axis_from_values, is_number, value_key
 

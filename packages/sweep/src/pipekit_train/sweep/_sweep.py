@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import optional_import
+from pipekit_train.core.utils import optional_import
 
 from ._axes import describe_axes
 from ._executors import Executor, ProcessExecutor, make_executor, trial_name

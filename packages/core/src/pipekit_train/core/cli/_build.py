@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipekit_train.core._backends import load_backend
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core._imports import import_string
+from pipekit_train.core.contract._backends import load_backend
 
 from ._config import CALLBACKS, WRITERS, ComponentSpec, FactorySpec, RunConfig
 from ._wording import in_cli_terms

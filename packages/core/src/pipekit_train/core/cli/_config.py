@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipekit_train.core._backends import backend_names
-from pipekit_train.core._checkpoint import Checkpoint
+from pipekit_train.core._checks import check_seed, positive_int
 from pipekit_train.core._errors import ConfigError
-from pipekit_train.core._policies import NonFinitePolicy
-from pipekit_train.core._spec import resolve_optimizer_config
+from pipekit_train.core.checkpoint._policy import Checkpoint
+from pipekit_train.core.contract._backends import backend_names
+from pipekit_train.core.spec._optimizer import resolve_optimizer_config
+from pipekit_train.core.spec._policies import NonFinitePolicy
 
 from ._wording import in_cli_terms
 
@@ -96,7 +97,7 @@ def loop_keys() -> tuple[str, ...]:
     way (`LOOP_ELSEWHERE`) or a Python object (`LOOP_EXCLUDED`), so a parameter added to
     `TrainingLoop` is a config key without an edit here.
     """
-    from pipekit_train.core._loop import TrainingLoop
+    from pipekit_train.core.train._training_loop import TrainingLoop
 
     params = inspect.signature(TrainingLoop).parameters
     return tuple(n for n in params if n not in LOOP_ELSEWHERE and n not in LOOP_EXCLUDED)
@@ -376,22 +377,8 @@ def _table(where: str, value: Any) -> dict[str, Any]:
     return dict(value)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _positive_int(where: str, value: Any) -> int:
-    if not _is_int(value) or value < 1:
-        raise ConfigError(f"`{where}` must be a positive integer. Received: {where}={value!r}.")
-    return int(value)
-
-
 def _seed(where: str, value: Any) -> int:
-    if not _is_int(value) or value < 0:
-        raise ConfigError(
-            f"`{where}` must be a non-negative integer. Received: {where}={value!r}. Use e.g. 0."
-        )
-    return int(value)
+    return check_seed(value, name=where)
 
 
 def _string(where: str, value: Any) -> str:
@@ -659,7 +646,7 @@ def load_run_config(
     loop: dict[str, Any] = {"seed": seed}
     for key in _POSITIVE_INTS:
         if key in raw:
-            loop[key] = _positive_int(key, raw[key])
+            loop[key] = positive_int(key, raw[key])
     if "max_steps" not in loop and "max_epochs" not in loop:
         raise ConfigError(
             "Set `max_steps` or `max_epochs` so the run knows when to stop. "

@@ -68,8 +68,8 @@ def evaluate_command(
     as_json: bool = False,
 ) -> int:
     """Evaluate a registered model on the dataset `data` builds; print the numbers."""
-    from pipekit_train.core._evaluation import evaluate
     from pipekit_train.core.data import Normalizer
+    from pipekit_train.core.run._evaluation import evaluate
 
     from ._registry_cmd import open_registry
 
@@ -79,7 +79,7 @@ def evaluate_command(
         )
     name, version = _parse_ref(ref)
     registry = open_registry(uri)
-    from pipekit_train.core._trust import UntrustedFactoryError
+    from pipekit_train.core.model._trust import UntrustedFactoryError
 
     try:
         record, model = registry.load_record_and_model(name, version, trusted=trust or None)

@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from pipekit_train.core._checkpointing import MANIFEST, META
 from pipekit_train.core._errors import ConfigError
-from pipekit_train.core._folder_digest import FOLDER_DIGEST, check_folder, sha256_file
-from pipekit_train.core._plan import RESUME_KEY_FIELDS
+from pipekit_train.core.checkpoint._digest import FOLDER_DIGEST, check_folder, sha256_file
+from pipekit_train.core.checkpoint._engine import MANIFEST, META
+from pipekit_train.core.spec._plan import RESUME_KEY_FIELDS
 
 __all__ = ["checkpoint_inspect", "inspect_checkpoints"]
 

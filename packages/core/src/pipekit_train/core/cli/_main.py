@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from pipekit_train.core._errors import ConfigError, PipekitError
-from pipekit_train.core._preemption import PREEMPTED_EXIT_STATUS, Preempted
+from pipekit_train.core.run._preemption import PREEMPTED_EXIT_STATUS, Preempted
 
 __all__ = ["main"]
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from pipekit_train.core._errors import PipekitError
-from pipekit_train.core._trust import is_model_factory
+from pipekit_train.core.model._trust import is_model_factory
 
 from ._build import build_loop, python_path
 from ._config import RunConfig, load_run_config

@@ -17,6 +17,7 @@ from ._dataset import (
     IterableDataset,
     Sample,
     gather_batch,
+    is_core_dataset,
 )
 from ._iterator import BatchIterator
 from ._normalizer import Normalizer
@@ -42,6 +43,7 @@ __all__ = [
     "Supervised",
     "as_supervised",
     "gather_batch",
+    "is_core_dataset",
     "make_batches",
     "simulator_seed",
     "split",

@@ -13,7 +13,11 @@ import numpy as np
 from pipekit_train.core._errors import ConfigError
 
 from ._cache_chunk import check_batch, open_chunk_arrays, write_chunk
-from ._cached import (
+from ._dataset import ArraySpec, as_sample, check_key, check_numeric, spec_of
+from ._hashing import Hasher
+from ._ray_build import RayBuildExecutor, RaySession, ray_session
+from ._workers import check_workers, compute_blocks, open_pool, raw_indices
+from ._zarr_store import (
     DONE_KEY,
     FORMAT_VERSION,
     META_KEY,
@@ -21,10 +25,6 @@ from ._cached import (
     read_meta,
     zarr_module,
 )
-from ._dataset import ArraySpec, as_sample, check_key, check_numeric, spec_of
-from ._hashing import Hasher
-from ._ray_build import RayBuildExecutor, RaySession, ray_session
-from ._workers import check_workers, compute_blocks, open_pool, raw_indices
 
 __all__ = ["build_cache"]
 

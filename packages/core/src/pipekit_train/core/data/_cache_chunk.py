@@ -12,8 +12,8 @@ from typing import Any
 
 from pipekit_train.core._errors import ConfigError
 
-from ._cached import DONE_KEY
 from ._dataset import ArraySpec
+from ._zarr_store import DONE_KEY
 
 __all__ = ["check_batch", "open_chunk_arrays", "write_chunk"]
 

@@ -29,66 +29,21 @@ from pipekit_train.core._errors import ConfigError
 from ._chunk_cache import ChunkCache
 from ._chunk_files import ChunkFiles
 from ._dataset import ArraySpec, Batch, Sample, block_rows
+from ._zarr_store import (
+    DONE_KEY,
+    FORMAT_VERSION,
+    local_path,
+    read_meta,
+    uri_string,
+)
 
 if TYPE_CHECKING:
     from ._ray_build import RayBuildExecutor
 
 __all__ = ["CachedDataset"]
 
-META_KEY = "pipekit_cache"
-DONE_KEY = "_pipekit_done"
-FORMAT_VERSION = 1
 DEFAULT_MEMORY_BUDGET = 1 << 30
 DEFAULT_SHUFFLE_WINDOW = 16
-
-
-def zarr_module() -> Any:
-    """Import zarr lazily (it costs ~1 s; `import pipekit_train.core` must stay fast)."""
-    return importlib.import_module("zarr")
-
-
-def uri_string(uri: Any) -> str:
-    """Validate a cache URI (a path or an fsspec URL) and return it as a string."""
-    if isinstance(uri, os.PathLike):
-        uri = os.fspath(uri)
-    if not isinstance(uri, str) or not uri:
-        raise ConfigError(
-            "`uri` must be a local path or an fsspec URL such as 's3://bucket/cache.zarr'. "
-            f"Received: uri={uri!r}."
-        )
-    return uri
-
-
-def _local_path(uri: str) -> str | None:
-    if uri.startswith("file://"):
-        return uri[len("file://") :]
-    return None if "://" in uri else uri
-
-
-def open_store(uri: str, storage_options: Mapping[str, Any] | None, *, read_only: bool) -> Any:
-    """A zarr store for `uri`: `LocalStore` for paths, `FsspecStore` for other URLs."""
-    zarr = zarr_module()
-    local = _local_path(uri)
-    if local is not None:
-        if storage_options:
-            raise ConfigError(
-                "`storage_options` only apply to fsspec URLs. Received: storage_options="
-                f"{dict(storage_options)!r} for the local path {uri!r}."
-            )
-        return zarr.storage.LocalStore(local, read_only=read_only)
-    return zarr.storage.FsspecStore.from_url(
-        uri, storage_options=dict(storage_options or {}), read_only=read_only
-    )
-
-
-def read_meta(uri: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, Any] | None:
-    """Open the group at `uri` read-only: `(group, meta)`, `(group, None)` or None if absent."""
-    zarr = zarr_module()
-    try:
-        group = zarr.open_group(open_store(uri, storage_options, read_only=True), mode="r")
-    except (FileNotFoundError, zarr.errors.BaseZarrError):
-        return None
-    return group, group.attrs.get(META_KEY)
 
 
 def check_read_options(memory_budget_bytes: Any, shuffle_window: Any) -> None:
@@ -184,7 +139,7 @@ class CachedDataset:
             self._data = {k: np.asarray(z[...]) for k, z in self._zarrays.items()}
         else:
             self._files = ChunkFiles.open(
-                _local_path(self.uri),
+                local_path(self.uri),
                 self.uri,
                 storage_options,
                 self._zarrays,

@@ -20,6 +20,8 @@ from pipekit_train.core._errors import ConfigError
 from ._hashing import Hasher, describe_callable
 
 __all__ = [
+    "is_core_dataset",
+    "is_stream",
     "ArrayDataset",
     "ArraySpec",
     "Batch",
@@ -344,3 +346,16 @@ class IterableDataset:
 
     def __repr__(self) -> str:
         return f"IterableDataset({describe_callable(self.source)!r})"
+
+
+def is_core_dataset(data: Any) -> bool:
+    """Whether `data` is a pipekit dataset: indexable (`__len__`, `__getitem__`,
+    `get_batch`) or a core `IterableDataset` stream — not a framework's native loader."""
+    if isinstance(data, IterableDataset):
+        return True
+    return hasattr(data, "__len__") and hasattr(data, "__getitem__") and hasattr(data, "get_batch")
+
+
+def is_stream(data: Any) -> bool:
+    """Whether `data` is a core `IterableDataset` (a stream without a length)."""
+    return isinstance(data, IterableDataset)

@@ -9,10 +9,11 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core._json import to_json_value
 
 from ._dataset import IterableDataset, gather_batch, stack_samples
 
-__all__ = ["Normalizer"]
+__all__ = ["Normalizer", "normalizer_to_dict"]
 
 _FORMAT = "pipekit_train.Normalizer"
 _CONSTANT_RTOL = 1e-7  # std below this fraction of |mean| is float32 rounding: a constant
@@ -294,3 +295,38 @@ class Normalizer:
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}: {m.shape}" for k, m in self._mean.items())
         return f"Normalizer({{{shapes}}}, count={self.count})"
+
+
+def normalizer_to_dict(normalizer: Any) -> dict[str, Any] | None:
+    """The JSON dict of a normalizer.
+
+    Accepts `None`, a dict, a JSON string (what `Normalizer.to_json()` returns), or an
+    object with `to_dict()` or `to_json()` (returning a dict or a JSON string).
+
+    Raises:
+        ConfigError: the result is not a JSON object.
+    """
+    if normalizer is None:
+        return None
+    value = normalizer
+    if not isinstance(value, (Mapping, str, bytes)):
+        to_dict = getattr(value, "to_dict", None)
+        to_json = getattr(value, "to_json", None)
+        if callable(to_dict):
+            value = to_dict()
+        elif callable(to_json):
+            value = to_json()
+    if isinstance(value, (str, bytes)):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ConfigError(
+                f"`normalizer` given as a string must be JSON. Received: normalizer={value!r:.80}."
+            ) from exc
+    value = to_json_value(value, field_name="normalizer")
+    if not isinstance(value, dict):
+        raise ConfigError(
+            "`normalizer` must be a JSON object, or have `to_dict()`/`to_json()` returning one. "
+            f"Received: normalizer={value!r:.80}."
+        )
+    return value

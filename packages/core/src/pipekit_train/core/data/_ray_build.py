@@ -175,8 +175,8 @@ def _build_chunk(
 ) -> dict[str, int] | None:
     """Compute chunk `cid` (rows `start:stop`), write it to the cache and mark it done."""
     from ._cache_chunk import check_batch, open_chunk_arrays, write_chunk
-    from ._cached import open_store, zarr_module
     from ._workers import run_block
+    from ._zarr_store import open_store, zarr_module
 
     batch, delta = run_block(dataset, "rows", start, stop, raw)
     check_batch(batch, spec, start, stop)

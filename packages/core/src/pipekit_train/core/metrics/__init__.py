@@ -17,10 +17,12 @@ from ._metrics import (
     names,
     r2,
     register,
+    resolve_metrics,
     rmse,
 )
 
 __all__ = [
+    "resolve_metrics",
     "accuracy",
     "binary_accuracy",
     "describe",

@@ -9,7 +9,7 @@ validation set at once (numpy arrays on the host), but run on jax and torch arra
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pipekit_train.core._errors import ConfigError
@@ -23,6 +23,7 @@ from pipekit_train.core.losses._losses import (
 )
 
 __all__ = [
+    "resolve_metrics",
     "accuracy",
     "binary_accuracy",
     "describe",
@@ -226,3 +227,43 @@ def describe(metric: Any) -> dict[str, Any]:
         if _REGISTRY.lookup(name) is fn:
             return {"name": name}
     return describe_callable(fn)
+
+
+def resolve_metrics(metrics: Any) -> dict[str, Callable[[Any, Any], Any]]:
+    """`{name: metric}` from metric names, callables, a `{name: metric}` mapping, or a
+    plan's JSON descriptions of them (`{"name": ...}`, `{"import_path": ...}`).
+
+    Raises:
+        ConfigError: an unknown name, or something that is not a metric.
+    """
+    if metrics is None:
+        return {}
+    if isinstance(metrics, str) or callable(metrics):
+        metrics = [metrics]
+    if isinstance(metrics, Mapping):
+        return {str(k): _metric(v) for k, v in metrics.items()}
+    if not isinstance(metrics, Sequence):
+        raise ConfigError(
+            f"`metrics` must be a list of metric names or callables. Received: metrics={metrics!r}."
+        )
+    out: dict[str, Callable[[Any, Any], Any]] = {}
+    for m in metrics:
+        fn = _metric(m)
+        out[m if isinstance(m, str) else getattr(fn, "__name__", repr(fn))] = fn
+    return out
+
+
+def _metric(spec: Any) -> Callable[[Any, Any], Any]:
+    """A metric from a name, a callable, or a plan's JSON description of one."""
+    if isinstance(spec, Mapping):
+        if "name" in spec:
+            return get(spec["name"])
+        if "import_path" in spec:
+            from pipekit_train.core._imports import import_string
+
+            return import_string(spec["import_path"], field="metrics")
+        raise ConfigError(
+            "`metrics` holds a description that cannot be rebuilt. Received: "
+            f"{dict(spec)!r}. Pass the metric itself, e.g. metrics=['mae'] or a callable."
+        )
+    return get(spec)

@@ -5,7 +5,7 @@ fsspec-backed `FsspecModelRegistry`; see `_registry.py` for the layout and the
 concurrency design.
 """
 
-from pipekit_train.core._trust import UntrustedFactoryError, model_factory
+from pipekit_train.core.model._trust import UntrustedFactoryError, model_factory
 
 from ._record import ModelRecord
 from ._registry import (

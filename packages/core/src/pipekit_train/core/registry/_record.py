@@ -8,72 +8,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from pipekit_train.core._errors import ConfigError
 
 __all__ = [
     "MANIFEST_FORMAT",
     "ModelRecord",
-    "normalizer_to_dict",
     "record_digest",
-    "to_json_value",
 ]
 
 #: The `format` tag written into every manifest.
 MANIFEST_FORMAT = "pipekit-train/model-manifest/1"
 
 _REQUIRED = ("name", "version", "config", "weights_sha256", "created")
-
-
-def to_json_value(value: Any, *, field_name: str) -> Any:
-    """Return `value` as plain JSON (dict/list/str/int/float/bool/None).
-
-    numpy scalars and arrays become Python numbers and lists, tuples become lists,
-    non-finite floats become the strings `"nan"`, `"inf"`, `"-inf"` (strict JSON has no
-    NaN), and objects with `to_json()` are replaced by what it returns.
-
-    Raises:
-        ConfigError: something cannot be represented as JSON.
-    """
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, (int, np.integer)) and not isinstance(value, np.bool_):
-        return int(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if isinstance(value, (float, np.floating)):
-        f = float(value)
-        return f if math.isfinite(f) else ("nan" if math.isnan(f) else ("inf" if f > 0 else "-inf"))
-    if isinstance(value, np.ndarray):
-        return to_json_value(value.tolist(), field_name=field_name)
-    if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise ConfigError(
-                    f"`{field_name}` must have string keys to be stored as JSON. "
-                    f"Received: key {k!r} of type {type(k).__name__}. Use str keys."
-                )
-            out[k] = to_json_value(v, field_name=field_name)
-        return out
-    if isinstance(value, (list, tuple)):
-        return [to_json_value(v, field_name=field_name) for v in value]
-    to_json = getattr(value, "to_json", None)
-    if callable(to_json):
-        got = to_json()
-        if isinstance(got, str):
-            got = json.loads(got)
-        return to_json_value(got, field_name=field_name)
-    raise ConfigError(
-        f"`{field_name}` must be JSON-serialisable (numbers, strings, lists, dicts). "
-        f"Received: a {type(value).__name__} ({value!r:.80}). Convert it to plain JSON first."
-    )
 
 
 def record_digest(manifest: Mapping[str, Any]) -> str:
@@ -88,41 +38,6 @@ def record_digest(manifest: Mapping[str, Any]) -> str:
         body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
     )
     return hashlib.sha256(text.encode("ascii")).hexdigest()
-
-
-def normalizer_to_dict(normalizer: Any) -> dict[str, Any] | None:
-    """The JSON dict of a normalizer.
-
-    Accepts `None`, a dict, a JSON string (what `Normalizer.to_json()` returns), or an
-    object with `to_dict()` or `to_json()` (returning a dict or a JSON string).
-
-    Raises:
-        ConfigError: the result is not a JSON object.
-    """
-    if normalizer is None:
-        return None
-    value = normalizer
-    if not isinstance(value, (Mapping, str, bytes)):
-        to_dict = getattr(value, "to_dict", None)
-        to_json = getattr(value, "to_json", None)
-        if callable(to_dict):
-            value = to_dict()
-        elif callable(to_json):
-            value = to_json()
-    if isinstance(value, (str, bytes)):
-        try:
-            value = json.loads(value)
-        except ValueError as exc:
-            raise ConfigError(
-                f"`normalizer` given as a string must be JSON. Received: normalizer={value!r:.80}."
-            ) from exc
-    value = to_json_value(value, field_name="normalizer")
-    if not isinstance(value, dict):
-        raise ConfigError(
-            "`normalizer` must be a JSON object, or have `to_dict()`/`to_json()` returning one. "
-            f"Received: normalizer={value!r:.80}."
-        )
-    return value
 
 
 @dataclass(frozen=True)

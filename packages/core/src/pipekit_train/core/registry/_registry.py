@@ -21,7 +21,7 @@ Nothing on the load path executes code the store chose: the manifest is JSON, th
 whole record (manifest and, through its SHA-256, the weights) is checked against the
 `record_sha256` digest written at registration, and the operator is rebuilt only from a
 trusted class and factory (`model_op_from_config(config, trusted=...)`: factories marked
-with `@model_factory` or on the `trusted=` allow-list; see `pipekit_train.core._trust`
+with `@model_factory` or on the `trusted=` allow-list; see `pipekit_train.core.model._trust`
 and docs/guides/registry_and_cycle.md for the threat model). The weight bytes are
 checked against the manifest's SHA-256 before they reach the operator.
 """
@@ -42,13 +42,15 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
 from pipekit_train.core._errors import ConfigError, IntegrityError, PipekitError
-from pipekit_train.core._heads import check_head, check_head_options
 from pipekit_train.core._imports import optional_import
-from pipekit_train.core._operators import model_op_from_config
-from pipekit_train.core._trust import TrustedList
+from pipekit_train.core._json import to_json_value
+from pipekit_train.core.data._normalizer import normalizer_to_dict
+from pipekit_train.core.model._heads import check_head, check_head_options
+from pipekit_train.core.model._operators import model_op_from_config
+from pipekit_train.core.model._trust import TrustedList
 
 from ._claims import exclusive_create, fresh_ls, is_local, put_atomic, read_or_none
-from ._record import MANIFEST_FORMAT, ModelRecord, normalizer_to_dict, to_json_value
+from ._record import MANIFEST_FORMAT, ModelRecord
 
 __all__ = [
     "FsspecModelRegistry",

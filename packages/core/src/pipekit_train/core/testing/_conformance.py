@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipekit_train.core._checkpoint import Checkpoint
-from pipekit_train.core._checkpointing import TornCheckpointWarning, step_dirs
 from pipekit_train.core._errors import CheckpointError, ConfigError, IntegrityError
-from pipekit_train.core._loop import TrainingLoop
+from pipekit_train.core.checkpoint._engine import TornCheckpointWarning, step_dirs
+from pipekit_train.core.checkpoint._policy import Checkpoint
+from pipekit_train.core.train._training_loop import TrainingLoop
 
 from ._s3 import LoopbackS3, loopback_s3
 from ._smallfs import SmallFilesystemUnavailable, small_filesystem
@@ -577,7 +577,7 @@ class AdapterConformance:
     @pytest.mark.slow
     def test_exact_resume_after_sigkill_with_ema(self, tmp_path: Path) -> None:
         """`optimizer_config["ema"]`: the average is in the checkpoint, the resume exact."""
-        from pipekit_train.core._adapter import NotSupportedError
+        from pipekit_train.core.contract._adapter import NotSupportedError
 
         config = {**self.optimizer_config, "ema": 0.8}
         if not self.loop(max_steps=1).adapter.capabilities.ema:  # refused before any work
@@ -608,7 +608,7 @@ class AdapterConformance:
         import signal as signal_module
         import time
 
-        from pipekit_train.core._preemption import PREEMPTED_EXIT_STATUS
+        from pipekit_train.core.run._preemption import PREEMPTED_EXIT_STATUS
 
         rng = random.Random(seed)
         every = 5 if during_save else 1000
@@ -929,8 +929,8 @@ class AdapterConformance:
         validation waited) and resumed from its checkpoint reduces at step 20 too, logs
         the same rates and ends with the same bytes as the uninterrupted run.
         """
-        from pipekit_train.core._adapter import NotSupportedError
         from pipekit_train.core.callbacks import LearningRateLogger, ReduceLROnPlateau
+        from pipekit_train.core.contract._adapter import NotSupportedError
 
         adapter = self.loop(max_steps=1).adapter
         if not adapter.capabilities.lr_scale:  # such a backend refuses before any work

@@ -26,7 +26,6 @@ from pipekit_train.core.adapter import (
     Plan,
     StepAdapter,
     StepBackend,
-    describe_callable,
     global_grad_norm,
     learning_rate_at,
 )
@@ -34,6 +33,11 @@ from pipekit_train.core.adapter import (
 from ._numpy_model import decode_arrays, encode_arrays
 
 __all__ = ["NumpyAdapter"]
+
+
+def _describe(loss: Any) -> Any:
+    describe = getattr(loss, "describe", None)
+    return describe() if callable(describe) else repr(loss)
 
 _OPTIMIZERS = ("sgd", "adam")
 
@@ -104,11 +108,11 @@ class NumpyAdapter(StepAdapter):
     def validate_online(self, plan: Plan) -> None:
         """Checks shared by `TrainingLoop` and `OnlineTrainer`."""
         if (
-            describe_callable(plan.loss) != {"name": "mse"}
+            _describe(plan.loss) != {"name": "mse"}
             and getattr(plan.loss, "__name__", "") != "mse"
         ):
             raise ConfigError(
-                f"NumpyAdapter computes analytic gradients for 'mse' only. Received: loss={describe_callable(plan.loss)!r}."
+                f"NumpyAdapter computes analytic gradients for 'mse' only. Received: loss={_describe(plan.loss)!r}."
             )
         cfg = plan.optimizer_config
         if not isinstance(cfg, Mapping):

@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from pipekit_train.core._checks import positive_int
 from pipekit_train.core._errors import ConfigError
-from pipekit_train.core._operators import ModelOpBase
-from pipekit_train.core._trust import model_factory
+from pipekit_train.core.model._operators import ModelOpBase
+from pipekit_train.core.model._trust import model_factory
 
 if TYPE_CHECKING:
-    from pipekit_train.core.adapter import Adapter
+    pass
 
 __all__ = ["LinearModel", "NumpyLinearOp", "decode_arrays", "encode_arrays", "linear"]
 
@@ -166,12 +167,6 @@ class LinearModel:
         return f"LinearModel(in_size={self.W.shape[0]}, out_size={self.W.shape[1]})"
 
 
-def _positive_int(value: Any, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigError(f"`{field}` must be a positive int. Received: {field}={value!r}.")
-    return int(value)
-
-
 @model_factory
 def linear(in_size: int, out_size: int, *, key: int | np.random.Generator = 0) -> LinearModel:
     """Build a `LinearModel` with float32 weights drawn from `np.random.default_rng(key)`.
@@ -183,8 +178,8 @@ def linear(in_size: int, out_size: int, *, key: int | np.random.Generator = 0) -
         out_size: output features.
         key: a seed (or a `np.random.Generator`).
     """
-    in_size = _positive_int(in_size, "in_size")
-    out_size = _positive_int(out_size, "out_size")
+    in_size = positive_int("in_size", in_size)
+    out_size = positive_int("out_size", out_size)
     rng = np.random.default_rng(key)
     W = (rng.standard_normal((in_size, out_size)) / np.sqrt(in_size)).astype(np.float32)
     b = np.zeros((out_size,), dtype=np.float32)
@@ -241,9 +236,3 @@ class NumpyLinearOp(ModelOpBase):
         self.model = self.model.replace(
             **{k: v.astype(current[k].dtype) for k, v in arrays.items()}
         )
-
-    def default_adapter(self) -> Adapter:
-        """The numpy reference adapter (`pipekit_train.core.testing.NumpyAdapter`)."""
-        from pipekit_train.core.testing import NumpyAdapter  # lazy: owned by the testing package
-
-        return NumpyAdapter()

@@ -41,7 +41,7 @@ def build_adapter(config: dict[str, Any] | None) -> Any:
 
 def _signal_recorded(names: list[str]) -> bool:
     """Whether the run's `SignalFlag` (installed for `names`) has recorded a signal."""
-    from pipekit_train.core._preemption import SignalFlag
+    from pipekit_train.core.run._preemption import SignalFlag
 
     for name in names:
         owner = getattr(signal.getsignal(signal.Signals[name]), "__self__", None)
@@ -56,7 +56,7 @@ def hold_first_write(progress: Any, names: list[str]) -> None:
     Wraps `CheckpointStore.commit_blobs` / `commit_folder`, the calls every engine makes
     to complete a step, so it holds for both the directory and the Orbax engine.
     """
-    from pipekit_train.core._store import CheckpointStore
+    from pipekit_train.core.checkpoint._store import CheckpointStore
 
     first = threading.Lock()
 
@@ -87,8 +87,8 @@ def main(path: str) -> None:
         if entry not in sys.path:
             sys.path.insert(0, entry)
     from pipekit_train.core import PREEMPTED_EXIT_STATUS, Checkpoint, Preempted, TrainingLoop
-    from pipekit_train.core._operators import model_op_from_config
     from pipekit_train.core.callbacks import LambdaCallback
+    from pipekit_train.core.model._operators import model_op_from_config
 
     from ._tasks import oscillator_task, regression_task
 
@@ -99,7 +99,7 @@ def main(path: str) -> None:
     progress = open(spec["progress"], "a", buffering=1) if preempt else None  # noqa: SIM115
     sleep = float(spec.get("step_sleep", 0.0))
     if spec.get("hold_first_write"):
-        from pipekit_train.core._preemption import DEFAULT_PREEMPTION_SIGNALS
+        from pipekit_train.core.spec._signals import DEFAULT_PREEMPTION_SIGNALS
 
         hold_first_write(progress, list(DEFAULT_PREEMPTION_SIGNALS))
 

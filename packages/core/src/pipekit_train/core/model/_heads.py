@@ -1,0 +1,177 @@
+"""Model heads: what a model's output means, and `Gaussian`, a predicted normal distribution.
+
+A *head* names how to read a trained model's raw output:
+
+- `"point"`: the output is the prediction (in the target's normalised units when the
+  model was trained with a `Normalizer`).
+- `"gaussian"`: the output's last axis holds `2k` values for a target of `k` values:
+  `out[..., :k]` is the mean and `out[..., k:]` the log-variance of a normal
+  distribution over the (normalised) target. This is the layout `gaussian_nll` trains.
+- `"mixture"`: the output holds a mixture of `n_components` Gaussians (weight logits,
+  means, log-scales and, with `covariance="full"`, Cholesky entries), the layout
+  `mixture_nll` trains (`pipekit_train.core.losses._mixture`). Its *head options*
+  `{"n_components": K, "covariance": "diag" | "full"}` say how to split the output.
+
+The head (and its options) is recorded in the model registry (`register(..., head=...,
+head_options=...)`), so a loader knows what the output means without the training code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipekit_train.core._errors import ConfigError
+
+__all__ = [
+    "HEADS",
+    "Gaussian",
+    "check_head",
+    "check_head_options",
+    "head_for_loss",
+    "head_options_for_loss",
+]
+
+#: The known heads.
+HEADS = ("point", "gaussian", "mixture")
+
+
+def check_head(head: Any, *, field: str = "head") -> str:
+    """Return `head` if it is a known head name, else raise `ConfigError`."""
+    if not isinstance(head, str) or head not in HEADS:
+        raise ConfigError(
+            f"`{field}` must be one of {list(HEADS)}. Received: {field}={head!r}. Use "
+            "'gaussian' for a model trained with `gaussian_nll` (mean and log-variance "
+            "outputs), 'mixture' for one trained with `mixture_nll`, 'point' for a plain "
+            "prediction."
+        )
+    return head
+
+
+def check_head_options(head: str, options: Any, *, field: str = "head_options") -> dict | None:
+    """Validate the options of `head`: `{"n_components", "covariance"}` for `"mixture"`.
+
+    Returns:
+        The options as a new dict (`covariance` filled in with `"diag"`), or None for a
+        head without options.
+
+    Raises:
+        ConfigError: options for a head that takes none, or bad/missing mixture options.
+    """
+    if head != "mixture":
+        if options:
+            raise ConfigError(
+                f"`{field}` is only for head='mixture'. Received: {field}={options!r} with "
+                f"head={head!r}. Leave `{field}` out."
+            )
+        return None
+    if not isinstance(options, dict) or "n_components" not in options:
+        raise ConfigError(
+            f"head='mixture' needs `{field}` with the number of components. Received: "
+            f"{field}={options!r}. Pass {field}={{'n_components': K}} (and 'covariance': "
+            "'full' for a full-covariance mixture), as trained by mixture_nll(n_components=K)."
+        )
+    unknown = sorted(set(options) - {"n_components", "covariance"})
+    if unknown:
+        raise ConfigError(
+            f"`{field}` has unknown keys for head='mixture'. Received: {unknown}. Use only "
+            "'n_components' and 'covariance'."
+        )
+    from pipekit_train.core.losses._mixture import check_params
+
+    out = {"n_components": options["n_components"], "covariance": options.get("covariance", "diag")}
+    check_params(out)
+    return out
+
+
+def head_for_loss(loss: Any) -> str | None:
+    """The head a loss description implies: `"gaussian"` for `gaussian_nll`, `"mixture"`
+    for `mixture_nll`, else None.
+
+    Args:
+        loss: a plan's loss description (`{"name": "gaussian_nll", ...}`).
+    """
+    if isinstance(loss, dict):
+        heads = {"gaussian_nll": "gaussian", "mixture_nll": "mixture"}
+        return heads.get(str(loss.get("name")))
+    return None
+
+
+def head_options_for_loss(loss: Any) -> dict | None:
+    """The head options a loss description implies (`mixture_nll`'s parameters), or None."""
+    if head_for_loss(loss) != "mixture":
+        return None
+    params = loss.get("params") or {}
+    return {
+        "n_components": params.get("n_components", 1),
+        "covariance": params.get("covariance", "diag"),
+    }
+
+
+@dataclass(frozen=True, eq=False)
+class Gaussian:
+    """Independent normal distributions, one per element: `N(mean, std**2)`.
+
+    What a `NeuralForward` with a Gaussian head predicts, in the target's original
+    units. Both arrays are stored as float64 (so an interval around a large mean keeps
+    the digits of a small spread) and broadcast like numpy.
+
+    Attributes:
+        mean: the predicted means.
+        std: the predicted standard deviations (positive), same shape.
+    """
+
+    mean: np.ndarray
+    std: np.ndarray
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mean", np.asarray(self.mean, dtype=np.float64))
+        object.__setattr__(self, "std", np.asarray(self.std, dtype=np.float64))
+
+    @property
+    def var(self) -> np.ndarray:
+        """The variances, `std**2`."""
+        return np.square(self.std)
+
+    def interval(self, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+        """The central interval holding `level` of the probability: `mean ± z * std`.
+
+        Args:
+            level: the probability in (0, 1), e.g. 0.68 or 0.95.
+
+        Returns:
+            `(low, high)`, each of the mean's shape.
+        """
+        if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+            raise ConfigError(
+                f"`level` must be a probability in (0, 1). Received: level={level!r}. "
+                "Use e.g. level=0.95."
+            )
+        from statistics import NormalDist  # ~5 ms: only when an interval is asked for
+
+        z = NormalDist().inv_cdf(0.5 + level / 2)
+        return self.mean - z * self.std, self.mean + z * self.std
+
+    def z_score(self, value: Any) -> np.ndarray:
+        """`(value - mean) / std`: standard normal where the prediction is calibrated."""
+        return (np.asarray(value, dtype=np.float64) - self.mean) / self.std
+
+    def log_prob(self, value: Any) -> np.ndarray:
+        """The log-density of `value` under each normal (elementwise)."""
+        z = self.z_score(value)
+        return -0.5 * z * z - np.log(self.std) - 0.5 * math.log(2 * math.pi)
+
+    def sample(self, rng: np.random.Generator, n: int | None = None) -> np.ndarray:
+        """Draw from the distributions with `rng`: the mean's shape, or `(n, *shape)`."""
+        shape = self.mean.shape if n is None else (int(n), *self.mean.shape)
+        return self.mean + self.std * rng.standard_normal(shape)
+
+    def __getitem__(self, index: Any) -> Gaussian:
+        """The distributions at `index` (numpy indexing of mean and std)."""
+        return Gaussian(self.mean[index], self.std[index])
+
+    def __len__(self) -> int:
+        return len(self.mean)

@@ -1,0 +1,434 @@
+"""`NeuralForward` and `Cycle`: trained models as forward operators, and closed-loop rollouts.
+
+A *forward operator* maps a state to the next state. A simulator is one; so is a trained
+emulator wrapped in `NeuralForward`. `Cycle` advances a state with any forward operator
+for `n_steps` and returns the trajectory, optionally calling a hook after every step
+(e.g. to assimilate observations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pipekit_train.core._errors import ConfigError, PipekitError
+from pipekit_train.core._imports import object_path
+from pipekit_train.core.data._normalizer import normalizer_to_dict
+from pipekit_train.core.model._heads import Gaussian, check_head, check_head_options
+from pipekit_train.core.model._mixture import Mixture, mixture_from_output
+
+__all__ = ["Cycle", "NeuralForward", "NonFiniteStateError"]
+
+
+class NonFiniteStateError(PipekitError, FloatingPointError):
+    """A `Cycle` state became NaN or infinite (the rollout diverged)."""
+
+
+def _describe(obj: Any) -> Any:
+    """A JSON description of a callable: its config if it has one, else its import path."""
+    if obj is None:
+        return None
+    get_config = getattr(obj, "get_config", None)
+    if callable(get_config):
+        return get_config()
+    try:
+        return object_path(
+            obj if isinstance(obj, type) or hasattr(obj, "__qualname__") else type(obj)
+        )
+    except ConfigError:
+        return repr(obj)
+
+
+def _normalizer_json(normalizer: Any) -> Any:
+    try:
+        return normalizer_to_dict(normalizer)
+    except ConfigError:
+        return type(normalizer).__name__
+
+
+class NeuralForward:
+    """A trained model operator used as a forward operator: state → next state.
+
+    Per call: the state (one state of shape `(d,)`, or a batch `(n, d)`) is normalised
+    with `normalizer.apply({state_key: batch})[state_key]`, passed through the model,
+    de-normalised with `normalizer.invert({output_key: pred})[output_key]`, and — with
+    `residual=True` — added to the input state (the model predicts the increment).
+
+    With the defaults the keys are the training keys: inputs are normalised as `"x"`,
+    predictions inverted as `"y"`, so the normalizer fitted on the training data
+    (`pipekit_train.core.data.Normalizer`, or any object with `apply(batch)` /
+    `invert(batch)` on dicts of arrays) is used unchanged.
+
+    **Gaussian head.** With `head="gaussian"` the model's output holds a mean and a
+    log-variance per target value (`out[..., :k]` and `out[..., k:]`, the layout
+    `gaussian_nll` trains, in normalised units). `distribution(state)` returns a
+    `Gaussian` in the target's original units: the mean de-normalised as above, the
+    standard deviation `exp(log_var / 2)` scaled by the normalizer's scale of
+    `output_key` (`invert(1) - invert(0)` per feature; the core `Normalizer` is affine,
+    so this is its `std`). Calling the forward returns the mean, so it still drives a
+    `Cycle`. `NeuralForward.from_record(record, model_op)` reads the head and the
+    normalizer from the registry record.
+
+    **Mixture head.** With `head="mixture"` (and `n_components=K`, `covariance="diag"` or
+    `"full"`, as the model was trained with `losses.mixture_nll`) the output holds a
+    Gaussian mixture in normalised units (layout in `pipekit_train.core.losses._mixture`).
+    `distribution(state)` returns a `Mixture` in original units: the component means
+    de-normalised, each Cholesky factor's rows scaled by the normalizer's scale (so the
+    covariances are `diag(s) L L^T diag(s)`), the weights unchanged. Calling the forward
+    returns the mixture mean.
+
+    Args:
+        model_op: a model operator, `model_op(batch) -> batch` on numpy arrays.
+        normalizer: `None`, or an object with `apply(dict)` and `invert(dict)`.
+        residual: if True the model's output is an increment added to the input state.
+        state_key: the normalizer key of the input state (default `"x"`).
+        output_key: the normalizer key of the model's output (default `"y"`).
+        head: `"point"` (the output is the prediction), `"gaussian"` (mean and
+            log-variance) or `"mixture"` (see above).
+        n_components: the number of mixture components (`head="mixture"` only).
+        covariance: `"diag"` or `"full"` (`head="mixture"` only).
+        state_ndim: the number of axes of one state: 1 for a vector `(d,)` (default), 3
+            for a channels-last 2-D field `(H, W, C)`. An input with `state_ndim + 1` axes
+            is a batch of states.
+
+    Examples:
+        ```python
+        record, op = registry.load_record_and_model("oscillator")
+        forward = NeuralForward.from_record(record, op)  # normalizer and head from the record
+        trajectory = Cycle(forward, n_steps=100).run(x0)
+
+        posterior = NeuralForward.from_record(*registry.load_record_and_model("amortized"))
+        dist = posterior.distribution(observations)  # Gaussian, original units
+        low, high = dist.interval(0.95)
+        ```
+    """
+
+    def __init__(
+        self,
+        model_op: Callable[[np.ndarray], Any],
+        normalizer: Any = None,
+        residual: bool = False,
+        state_key: str = "x",
+        output_key: str = "y",
+        head: str = "point",
+        state_ndim: int = 1,
+        *,
+        n_components: int | None = None,
+        covariance: str | None = None,
+    ):
+        if not callable(model_op):
+            raise ConfigError(
+                f"`model_op` must be a callable model operator. Received: model_op={model_op!r}."
+            )
+        if normalizer is not None and not (
+            callable(getattr(normalizer, "apply", None))
+            and callable(getattr(normalizer, "invert", None))
+        ):
+            raise ConfigError(
+                "`normalizer` must have `apply(batch)` and `invert(batch)` methods. "
+                f"Received: normalizer={type(normalizer).__name__}. Pass a Normalizer or None."
+            )
+        if not isinstance(residual, bool):
+            raise ConfigError(f"`residual` must be a bool. Received: residual={residual!r}.")
+        for field, key in (("state_key", state_key), ("output_key", output_key)):
+            if not isinstance(key, str) or not key:
+                raise ConfigError(
+                    f"`{field}` must be a non-empty string. Received: {field}={key!r}."
+                )
+        if isinstance(state_ndim, bool) or not isinstance(state_ndim, int) or state_ndim < 1:
+            raise ConfigError(
+                f"`state_ndim` must be a positive int (the axes of one state). Received: "
+                f"state_ndim={state_ndim!r}. Use 1 for vectors, 3 for (H, W, C) fields."
+            )
+        self.state_ndim = state_ndim
+        self.model_op = model_op
+        self.normalizer = normalizer
+        self.residual = residual
+        self.state_key = state_key
+        self.output_key = output_key
+        self.head = check_head(head)
+        if self.head != "mixture" and (n_components is not None or covariance is not None):
+            raise ConfigError(
+                "`n_components` and `covariance` are only for head='mixture'. Received: "
+                f"n_components={n_components!r}, covariance={covariance!r}, head={head!r}. "
+                "Pass head='mixture', or leave them out."
+            )
+        if self.head == "mixture" and n_components is None:
+            raise ConfigError(
+                "head='mixture' needs the number of components. Received: n_components=None. "
+                "Pass n_components=K (as in mixture_nll(n_components=K) at training)."
+            )
+        options = None
+        if self.head == "mixture":
+            options = {"n_components": n_components, "covariance": covariance or "diag"}
+        self.head_options = check_head_options(self.head, options)
+
+    @classmethod
+    def from_record(
+        cls,
+        record: Any,
+        model_op: Callable[[np.ndarray], Any],
+        *,
+        residual: bool = False,
+        state_key: str = "x",
+        output_key: str = "y",
+        state_ndim: int = 1,
+    ) -> NeuralForward:
+        """A forward operator for a registered model, with its normalizer and head.
+
+        Args:
+            record: the model's `ModelRecord` (from `registry.load_record_and_model`).
+            model_op: the loaded model operator of the same version.
+            residual: as for the constructor.
+            state_key: as for the constructor.
+            output_key: as for the constructor.
+            state_ndim: as for the constructor.
+
+        Raises:
+            ConfigError: the record names a head this version does not know.
+        """
+        head = check_head(
+            "point" if getattr(record, "head", None) is None else record.head, field="record.head"
+        )
+        options = check_head_options(
+            head, getattr(record, "head_options", None), field="record.head_options"
+        )
+        return cls(
+            model_op,
+            normalizer=record.load_normalizer(),
+            residual=residual,
+            state_key=state_key,
+            output_key=output_key,
+            head=head,
+            **(options or {}),
+            state_ndim=state_ndim,
+        )
+
+    def _batch(self, state: Any) -> tuple[np.ndarray, bool]:
+        x = np.asarray(state)
+        n = self.state_ndim
+        if x.ndim not in (n, n + 1):
+            raise ConfigError(
+                f"`state` must be one state ({n}-D) or a batch of states ({n + 1}-D). "
+                f"Received: state.shape={x.shape}."
+                + ("" if n > 1 else " For (H, W, C) fields use NeuralForward(..., state_ndim=3).")
+            )
+        return (x[None], True) if x.ndim == n else (x, False)
+
+    def _model(self, batch: np.ndarray) -> Any:
+        inputs = batch
+        if self.normalizer is not None:
+            inputs = np.asarray(self.normalizer.apply({self.state_key: batch})[self.state_key])
+        return self.model_op(inputs)
+
+    def _invert(self, pred: np.ndarray) -> np.ndarray:
+        if self.normalizer is None:
+            return pred
+        return np.asarray(self.normalizer.invert({self.output_key: pred})[self.output_key])
+
+    def _add_state(self, batch: np.ndarray, pred: np.ndarray) -> np.ndarray:
+        if not self.residual:
+            return pred
+        if pred.shape != batch.shape:
+            raise ConfigError(
+                "With `residual=True` the model must predict an increment of the state's shape. "
+                f"Received: state shape {batch.shape[1:]}, prediction shape {pred.shape[1:]}. "
+                "Use residual=False or a model with out_size == in_size."
+            )
+        return batch + pred
+
+    def _gaussian(self, batch: np.ndarray) -> Gaussian:
+        out = np.asarray(self._model(batch))
+        if out.ndim < 2 or out.shape[-1] % 2:
+            raise ConfigError(
+                "With `head='gaussian'` the model must output a mean and a log-variance "
+                "per target value (an even-sized last axis). Received: output shape "
+                f"{out.shape[1:]}. Use head='point', or a model with 2*k outputs."
+            )
+        k = out.shape[-1] // 2
+        mean_n, log_var = out[..., :k], out[..., k:]
+        mean = self._invert(mean_n)
+        std = np.exp(0.5 * log_var.astype(np.float64))
+        if self.normalizer is not None:
+            probe = np.ones(mean_n.shape, dtype=np.float64)
+            scale = self._invert(probe) - self._invert(np.zeros_like(probe))
+            std = std * np.abs(scale)
+        return Gaussian(self._add_state(batch, mean.astype(np.float64)), std)
+
+    def _mixture(self, batch: np.ndarray) -> Mixture:
+        assert self.head_options is not None
+        out = np.asarray(self._model(batch))
+        raw = mixture_from_output(out, **self.head_options)
+        n, k, d = raw.means.shape
+        means = self._invert(raw.means.reshape(n * k, d)).astype(np.float64).reshape(n, k, d)
+        tril = raw.scale_tril
+        if self.normalizer is not None:
+            probe = np.ones((1, d), dtype=np.float64)
+            scale = (self._invert(probe) - self._invert(np.zeros_like(probe)))[0]
+            tril = tril * scale[:, None]  # diag(scale) @ L: row i scaled by scale[i]
+        if self.residual:
+            if d != batch.shape[-1]:
+                self._add_state(batch, means[:, 0])  # raises the residual shape error
+            means = means + batch[:, None, :]
+        return Mixture(raw.weights, means, tril)
+
+    def distribution(self, state: Any) -> Gaussian | Mixture:
+        """The predicted distribution for one state `(d,)` or a batch `(n, d)`, in original
+        units: a `Gaussian` (`head="gaussian"`) or a `Mixture` (`head="mixture"`).
+
+        Raises:
+            ConfigError: the forward has `head="point"` (no distribution is predicted),
+                or the model's output does not have the head's layout.
+        """
+        if self.head == "point":
+            raise ConfigError(
+                "`distribution()` needs a Gaussian or mixture head. Received: head='point'. "
+                "Construct NeuralForward(..., head='gaussian') for a model trained with "
+                "`gaussian_nll` (or head='mixture', n_components=K for `mixture_nll`), or "
+                "call the forward for the point prediction."
+            )
+        batch, single = self._batch(state)
+        dist = self._gaussian(batch) if self.head == "gaussian" else self._mixture(batch)
+        return dist[0] if single else dist
+
+    def __call__(self, state: Any) -> np.ndarray:
+        """Advance one state `(d,)` or a batch of states `(n, d)` by one step.
+
+        With a Gaussian head this is the predicted mean (`distribution(state).mean`).
+        """
+        batch, single = self._batch(state)
+        if self.head == "gaussian":
+            pred = self._gaussian(batch).mean
+        elif self.head == "mixture":
+            pred = self._mixture(batch).mean
+        else:
+            pred = self._add_state(batch, self._invert(np.asarray(self._model(batch))))
+        return pred[0] if single else pred
+
+    def get_config(self) -> dict[str, Any]:
+        """JSON description: the model's config, the normalizer's JSON and the options."""
+        model_config = (
+            self.model_op.get_config()
+            if hasattr(self.model_op, "get_config")
+            else _describe(self.model_op)
+        )
+        return {
+            "type": object_path(type(self)),
+            "model": model_config,
+            "normalizer": _normalizer_json(self.normalizer),
+            "residual": self.residual,
+            "state_key": self.state_key,
+            "output_key": self.output_key,
+            "head": self.head,
+            **({"head_options": self.head_options} if self.head_options else {}),
+            **({"state_ndim": self.state_ndim} if self.state_ndim != 1 else {}),
+        }
+
+    def __repr__(self) -> str:
+        head = "" if self.head == "point" else f", head={self.head!r}"
+        if self.head_options:
+            head += "".join(f", {k}={v!r}" for k, v in self.head_options.items())
+        return f"NeuralForward({self.model_op!r}, residual={self.residual}{head})"
+
+
+class Cycle:
+    """The closed loop: advance a state with a forward operator and return the trajectory.
+
+    A `StatefulOperator`: `run(state)` returns an array of shape `(n_steps + 1, *state.shape)`
+    whose row 0 is the initial state and row `k` the state after step `k` (after the hook).
+
+    Args:
+        forward: any callable state → next state of the same shape (a simulator, a
+            `NeuralForward` on any backend).
+        n_steps: the number of steps (a positive int).
+        hook: optional `hook(step, state) -> state | None`, called after each step
+            (`step` = 1..n_steps) with the new state; a returned array replaces the state
+            (e.g. after assimilating an observation), `None` keeps it.
+
+    Raises:
+        NonFiniteStateError: (from `run`) a state became NaN/inf; the message names the step.
+    """
+
+    def __init__(
+        self,
+        forward: Callable[[np.ndarray], Any],
+        n_steps: int,
+        hook: Callable[[int, np.ndarray], Any] | None = None,
+    ):
+        if not callable(forward):
+            raise ConfigError(
+                f"`forward` must be a callable state -> next state. Received: forward={forward!r}."
+            )
+        if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or n_steps < 1:
+            raise ConfigError(f"`n_steps` must be a positive int. Received: n_steps={n_steps!r}.")
+        if hook is not None and not callable(hook):
+            raise ConfigError(
+                f"`hook` must be a callable hook(step, state) or None. Received: hook={hook!r}."
+            )
+        self.forward = forward
+        self.n_steps = int(n_steps)
+        self.hook = hook
+
+    def run(self, state: Any) -> np.ndarray:
+        """Roll the state forward `n_steps` times and return the trajectory.
+
+        Args:
+            state: the initial state (any shape; `forward` must keep it). Integer states
+                are promoted to float64.
+
+        Returns:
+            The trajectory, shape `(n_steps + 1, *state.shape)`, including the initial state.
+
+        Raises:
+            ConfigError: the initial state is not finite or a step changes the shape.
+            NonFiniteStateError: a state became NaN or infinite.
+        """
+        x0 = np.asarray(state)
+        if not np.issubdtype(x0.dtype, np.inexact):
+            x0 = x0.astype(np.float64)
+        if not np.all(np.isfinite(x0)):
+            raise ConfigError(
+                "The initial `state` must be finite. Received: a state with NaN or inf entries."
+            )
+        trajectory = np.empty((self.n_steps + 1, *x0.shape), dtype=x0.dtype)
+        trajectory[0] = x0
+        current = trajectory[0].copy()  # never hand the caller's array to `forward`
+        for step in range(1, self.n_steps + 1):
+            nxt = np.asarray(self.forward(current))
+            nxt = self._check(nxt, x0.shape, step, "forward")
+            if self.hook is not None:
+                hooked = self.hook(step, nxt)
+                if hooked is not None:
+                    nxt = self._check(np.asarray(hooked), x0.shape, step, "hook")
+            trajectory[step] = nxt
+            current = trajectory[step].copy()  # the forward may not alias the trajectory
+        return trajectory
+
+    @staticmethod
+    def _check(x: np.ndarray, shape: tuple[int, ...], step: int, who: str) -> np.ndarray:
+        if x.shape != shape:
+            raise ConfigError(
+                f"`{who}` must return a state of the input's shape. Received: shape {x.shape} "
+                f"at step {step}, expected {shape}."
+            )
+        if not np.all(np.isfinite(x)):
+            raise NonFiniteStateError(
+                f"The state became non-finite (NaN or inf) at step {step} (after `{who}`). "
+                "The forward operator diverged; use a smaller time step, a stabler model or "
+                "fewer steps."
+            )
+        return x
+
+    def get_config(self) -> dict[str, Any]:
+        """JSON description: `n_steps` and descriptions of `forward` and `hook`."""
+        return {
+            "type": object_path(type(self)),
+            "n_steps": self.n_steps,
+            "forward": _describe(self.forward),
+            "hook": _describe(self.hook),
+        }
+
+    def __repr__(self) -> str:
+        return f"Cycle({self.forward!r}, n_steps={self.n_steps})"

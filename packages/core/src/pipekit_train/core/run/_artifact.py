@@ -1,0 +1,236 @@
+"""`TrainingArtifact`: everything a finished run hands downstream."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.model._heads import head_for_loss, head_options_for_loss
+
+from ._history import History
+
+__all__ = ["TrainingArtifact"]
+
+
+@dataclass
+class TrainingArtifact:
+    """The result of `TrainingLoop.run()`.
+
+    Attributes:
+        model: the trained model operator. With `optimizer_config["ema"]` it holds the
+            moving average of the weights (what validation and the registry use).
+        history: every metric written during the run.
+        final_metrics: the last value of each metric.
+        best_metric: the best value of the monitored metric (`val_loss` by default), if any.
+        best_step: the step at which `best_metric` was reached.
+        checkpoint_dir: where checkpoints were written, if any.
+        weights_sha256: SHA-256 of `model.serialize_weights()`.
+        plan: the frozen JSON plan of the run.
+        backend: `"equinox"`, `"lightning"`, `"keras"` or `"numpy"`.
+        versions: library versions the run used.
+        wall_time_s: wall time of `run()` in seconds.
+        steps_per_s: optimizer steps per second during this run.
+        steps: total optimizer steps completed.
+        resumed_from_step: the checkpoint step this run resumed from, if it resumed.
+        stop_reason: why training stopped (`"max_steps"`, or a callback's reason).
+        sweep_id: the sweep this run belongs to, if any.
+        registry_uri: set by `register()`.
+        normalizer: a normalizer that travels with the model to the registry, if any.
+        raw_model: the operator with the weights as trained (not averaged). The same
+            object as `model` unless the run kept an EMA (`optimizer_config["ema"]`).
+    """
+
+    model: Any
+    history: History
+    final_metrics: dict[str, float]
+    best_metric: float | None
+    best_step: int | None
+    checkpoint_dir: str | None
+    weights_sha256: str
+    plan: dict[str, Any]
+    backend: str
+    versions: dict[str, str]
+    wall_time_s: float
+    steps_per_s: float
+    steps: int
+    resumed_from_step: int | None = None
+    stop_reason: str = "max_steps"
+    sweep_id: str | None = None
+    registry_uri: str | None = None
+    normalizer: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    raw_model: Any = None
+
+    def __post_init__(self) -> None:
+        if self.raw_model is None:
+            self.raw_model = self.model
+
+    @staticmethod
+    def hash_weights(model: Any) -> str:
+        """SHA-256 of a model operator's weight bytes."""
+        return hashlib.sha256(model.serialize_weights()).hexdigest()
+
+    def lineage(self) -> dict[str, Any]:
+        """The lineage recorded with the model in a registry."""
+        return {
+            "plan": self.plan,
+            "backend": self.backend,
+            "versions": self.versions,
+            "sweep_id": self.sweep_id,
+            "steps": self.steps,
+            "best_metric": self.best_metric,
+            "best_step": self.best_step,
+            "weights_sha256": self.weights_sha256,
+            "wall_time_s": self.wall_time_s,
+        }
+
+    def evaluate(
+        self, data: Any, *, metrics: Any = None, batch_size: int | None = None
+    ) -> dict[str, float]:
+        """The run's loss and metrics on `data` (e.g. a held-out test set).
+
+        ```python
+        test_metrics = artifact.evaluate(test, metrics=["mae"])  # {"loss": ..., "mae": ...}
+        artifact.register(registry, "emulator", test_metrics=test_metrics)
+        ```
+
+        Computed with core's loss and metric definitions on the trained operator's own
+        predictions (`artifact.model(x)` on numpy), in the units validation used (the
+        run's normalizer is applied to the batches), so every backend gives the same
+        numbers for the same weights. `pipekit_train.core.evaluate` does the same for an
+        operator loaded from a registry.
+
+        Args:
+            data: a sized pipekit dataset whose samples hold `x` and `y`.
+            metrics: metric names or callables; default: the run's metrics.
+            batch_size: rows per prediction call; default: the run's batch size.
+
+        Returns:
+            `{"loss": ..., <metric>: ...}` as floats.
+        """
+        from ._evaluation import evaluate
+
+        loss = self.plan.get("loss")
+        if not isinstance(loss, dict) or not ({"name", "import_path"} & set(loss)):
+            raise ConfigError(
+                "The run's loss cannot be rebuilt from the plan, so `evaluate` cannot compute "
+                f"it. Received: plan loss={loss!r}. Use pipekit_train.core.evaluate(artifact."
+                "model, data, loss=your_loss) instead."
+            )
+        if metrics is None:
+            metrics = _plan_metrics(self.plan.get("metrics") or {})
+        if batch_size is None:
+            batch_size = int(self.plan.get("batch_size") or 256)
+        return evaluate(
+            self.model,
+            data,
+            loss=loss,
+            metrics=metrics,
+            batch_size=batch_size,
+            normalizer=self.normalizer,
+        )
+
+    def register(
+        self,
+        registry: Any,
+        name: str,
+        *,
+        normalizer: Any = None,
+        head: str | None = None,
+        test_metrics: Mapping[str, float] | None = None,
+        head_options: dict[str, Any] | None = None,
+    ) -> Any:
+        """Hand the trained model to a `ModelRegistry` and return its `ModelRecord`.
+
+        Args:
+            registry: a `ModelRegistry` (e.g. `LocalModelRegistry(root)`).
+            name: the model name in the registry.
+            normalizer: a `Normalizer` to store with the model (default: the run's).
+            head: what the model's output means (`"gaussian"`, `"mixture"` or
+                `"point"`). Default: `"gaussian"` when the run's loss was `gaussian_nll`,
+                `"mixture"` when it was `mixture_nll`, else not recorded.
+            head_options: the head's options (`{"n_components": K, "covariance": ...}`
+                for a mixture). Default: `mixture_nll`'s parameters when the run's loss
+                was `mixture_nll` and the head is `"mixture"`.
+            test_metrics: held-out metrics (e.g. `artifact.evaluate(test)`), recorded
+                beside the run's final metrics with a `test_` prefix (covered by the
+                record's digest like every metric).
+        """
+        norm = normalizer if normalizer is not None else self.normalizer
+        loss = self.plan.get("loss")
+        if head is None:
+            head = head_for_loss(loss)
+        if head_options is None and head is not None and head == head_for_loss(loss):
+            head_options = head_options_for_loss(loss)
+        extra: dict[str, Any] = {} if head is None else {"head": head}
+        if head_options is not None:
+            extra["head_options"] = head_options
+        recorded = dict(self.final_metrics)
+        if test_metrics is not None:
+            if not isinstance(test_metrics, Mapping):
+                raise ConfigError(
+                    "`test_metrics` must be a dict of metric names to numbers, as "
+                    f"`artifact.evaluate(test)` returns. Received: test_metrics={test_metrics!r}."
+                )
+            for key, value in test_metrics.items():
+                recorded[key if str(key).startswith("test_") else f"test_{key}"] = value
+        record = registry.register(
+            name,
+            self.model,
+            metrics=recorded,
+            lineage=self.lineage(),
+            normalizer=norm.to_json() if norm is not None and hasattr(norm, "to_json") else norm,
+            **extra,
+        )
+        self.registry_uri = getattr(record, "uri", None)
+        return record
+
+    @property
+    def resume_note(self) -> str:
+        """How this run started, for humans: `""` (from step 0), `"resumed at step N"`, or
+        `"resumed at step N, nothing left to train"` (one wording for `summary()` and the CLI).
+        """
+        if self.resumed_from_step is None:
+            return ""
+        note = f"resumed at step {self.resumed_from_step}"
+        if self.steps <= self.resumed_from_step:
+            note += ", nothing left to train"
+        return note
+
+    def summary(self) -> str:
+        """A one-paragraph human summary.
+
+        A fresh run gives its steps, time and rate; a resumed one says where it resumed,
+        and a rerun that had nothing left to do says so instead of a rate.
+        """
+        metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(self.final_metrics.items()))
+        note = self.resume_note
+        if note and self.steps <= (self.resumed_from_step or 0):
+            run = f"{self.steps} steps ({note})"
+        else:
+            ran = self.steps - (self.resumed_from_step or 0)
+            done = f"{self.steps} steps ({note}, {ran} this run)" if note else f"{self.steps} steps"
+            run = f"{done} in {self.wall_time_s:.1f}s ({self.steps_per_s:.1f} steps/s)"
+        return f"{self.backend}: {run}; {metrics}; weights sha256 {self.weights_sha256[:12]}"
+
+
+def _plan_metrics(described: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's metrics from the plan JSON: registered names, or importable callables."""
+    from pipekit_train.core import metrics as metric_lib
+    from pipekit_train.core._imports import import_string
+
+    out: dict[str, Any] = {}
+    for name, desc in described.items():
+        if name in metric_lib.names():
+            out[name] = name
+        elif isinstance(desc, str) and ":" in desc:
+            out[name] = import_string(desc, field=f"metrics[{name!r}]")
+        else:
+            raise ConfigError(
+                f"The run's metric {name!r} cannot be rebuilt from the plan. Received: "
+                f"{desc!r}. Pass metrics=[...] to evaluate()."
+            )
+    return out

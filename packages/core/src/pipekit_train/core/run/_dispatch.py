@@ -1,0 +1,44 @@
+"""`Callbacks`: the run's callbacks and the dispatch of their hooks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["HOOKS", "Callbacks"]
+
+HOOKS = ("on_train_start", "on_step_end", "on_validation_end", "on_checkpoint", "on_train_end")
+"""The hooks a callback may implement (any subset)."""
+
+
+class Callbacks:
+    """Dispatches hooks to callbacks (found by `getattr`: a callback implements any subset).
+
+    Args:
+        callbacks: the plan's callbacks (and any the run adds, e.g. a progress bar).
+        state: the read-only `RunState` every hook receives first.
+    """
+
+    def __init__(self, callbacks: Sequence[Any], state: Any):
+        self.callbacks = list(callbacks)
+        self.state = state
+        self._step_hooks = [
+            hook for cb in self.callbacks if callable(hook := getattr(cb, "on_step_end", None))
+        ]
+
+    @property
+    def has_step_hooks(self) -> bool:
+        """Whether a callback implements `on_step_end`."""
+        return bool(self._step_hooks)
+
+    def dispatch(self, hook: str, *args: Any) -> None:
+        """Call `hook(state, *args)` on every callback that implements it."""
+        for cb in self.callbacks:
+            fn = getattr(cb, hook, None)
+            if callable(fn):
+                fn(self.state, *args)
+
+    def step_end(self) -> None:
+        """`on_step_end` on every callback that implements it (the hot path)."""
+        for hook in self._step_hooks:
+            hook(self.state)

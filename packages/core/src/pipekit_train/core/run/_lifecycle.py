@@ -1,0 +1,467 @@
+"""`RunLifecycle`: the one object that owns a training run, on every backend.
+
+An adapter builds one per run (`with RunLifecycle(...) as run:` — leaving the block by an
+exception aborts the run), hands it callables with `bind`, and the lifecycle does the
+rest, in the same order everywhere:
+
+- **start** (`start`): the resume policy (restore-or-start, the resume-key check, the
+  run state), then the data stream: a `Feed` over core batching (or the adapter's
+  native iterator, positioned by the saved state) that knows the data position after
+  every batch handed out;
+- **begin** (`begin`): the preemption handlers, the clocks of `max_time` and
+  `Checkpoint(every_n_minutes=...)`, the learning-rate scale, `on_train_start`;
+- **the end of each optimizer update** (`end_of_update`): record the steps, surface a
+  failed background save, read the signal flag and the clocks, agree with the other
+  processes, validate and checkpoint when due (a preemption or the time budget forces
+  a checkpoint), and say whether the run is done. Validation chooses core or native
+  batches and runs the adapter's batch evaluator inside the adapter's scope;
+  a checkpoint composes its metadata (run state, the position after the last batch
+  trained on), has the engine save the adapter's state and records it;
+- **finish** (`finish`): wait until every save is durable, restore the handlers, then
+  raise `Preempted` or assemble the artifact;
+- **abort** (`abort`): always the same: flush and close the writers, let pending saves
+  finish, restore the handlers, never mask the original error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from pipekit_train.core._errors import CheckpointError
+from pipekit_train.core.checkpoint._engine import Checkpointer, Restored
+from pipekit_train.core.data import is_core_dataset
+from pipekit_train.core.spec._plan import Plan
+
+from ._artifact import TrainingArtifact
+from ._context import RunContext
+from ._feed import Feed
+from ._preemption import Preempted, SignalFlag
+
+__all__ = ["RunLifecycle", "check_resume_key"]
+
+# the flags processes agree on at each boundary (any process → every process)
+_STOP, _PREEMPT, _OVER_TIME, _MINUTES = range(4)
+
+
+def check_resume_key(plan: Plan, meta: Mapping[str, Any], path: str) -> None:
+    """Refuse to resume a checkpoint written by a different plan."""
+    saved = meta.get("resume_key")
+    if not saved:
+        return
+    current = plan.resume_key()
+    diff = sorted(k for k in current if k in saved and saved[k] != current[k])
+    if diff:
+        detail = "; ".join(f"{k}: checkpoint={saved[k]!r}, now={current[k]!r}" for k in diff)
+        raise CheckpointError(
+            f"The checkpoint at {path} was written by a different plan ({detail}). "
+            "Use a new checkpoint directory, or Checkpoint(resume='never') with an empty one."
+        )
+
+
+class RunLifecycle:
+    """Owns one run: start, the end of each optimizer update, finish, abort.
+
+    Args:
+        plan: the frozen plan.
+        checkpointer: the backend's checkpoint engine (None: the plan saves nothing). An
+            engine whose `collective` attribute is true is called on every process of a
+            multi-process run (its save is a collective operation); otherwise only the
+            chief writes and the other processes record the same path.
+        fetch: device values → numpy arrays, one call per group.
+        learning_rate: `() -> float | None`, evaluated only when a callback asks.
+        is_chief: whether this process writes metrics and checkpoints (multi-process
+            runs: global rank 0).
+        durable_saves: every save waits until it is durable (drivers without an end,
+            such as `OnlineTrainer`, where no `finish` waits for them).
+
+    Before the first `end_of_update` the adapter hands over its callables with `bind`.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        checkpointer: Checkpointer | None = None,
+        fetch: Callable[[Sequence[Any]], Sequence[Any]] | None = None,
+        learning_rate: Callable[[], float | None] | None = None,
+        is_chief: bool = True,
+        durable_saves: bool = False,
+    ):
+        self.plan = plan
+        self._durable = bool(durable_saves)
+        self.ctx = RunContext(plan, fetch=fetch, learning_rate=learning_rate, is_chief=is_chief)
+        self.checkpointer = checkpointer if plan.checkpoint is not None else None
+        self.feed: Feed | None = None
+        self._consumed = 0  # batches trained on in this run (the data position)
+        self._state: Callable[[], Any] | None = None
+        self._eval_batch: Callable[[Any], tuple[Any, Any]] | None = None
+        self._eval_batches: Callable[[Any], Iterable[Mapping[str, Any]]] | None = None
+        self._eval_scope: Callable[[], contextlib.AbstractContextManager[Any]] = (
+            contextlib.nullcontext
+        )
+        self._validate: Callable[[], Any] | None = None
+        self._data_state: Callable[[], Mapping[str, Any] | None] | None = None
+        self._agree: Callable[[Sequence[bool]], Sequence[bool]] | None = None
+        self._signals = SignalFlag(plan.preemption_signals)
+        self._began = False
+        self._t0 = time.monotonic()
+        self._last_save_t = self._t0
+        self._saved_step: int | None = None
+        self._preempted_by: str | None = None
+        self._preempted = False
+
+    # -- the session ----------------------------------------------------------------------
+    def __enter__(self) -> RunLifecycle:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self.abort()
+
+    # -- what the adapter hands over ----------------------------------------------------
+    def bind(
+        self,
+        *,
+        state: Callable[[], Any] | None = None,
+        eval_batch: Callable[[Any], tuple[Any, Any]] | None = None,
+        eval_batches: Callable[[Any], Iterable[Mapping[str, Any]]] | None = None,
+        eval_scope: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+        validate: Callable[[], Any] | None = None,
+        data_state: Callable[[], Mapping[str, Any] | None] | None = None,
+        lr_scale: Callable[[float], None] | None = None,
+        agree: Callable[[Sequence[bool]], Sequence[bool]] | None = None,
+    ) -> None:
+        """Hand over the adapter's callables (each optional).
+
+        Args:
+            state: `() -> state` the checkpoint engine saves (called at every save, on
+                every process: it may gather across processes).
+            eval_batch: `batch -> (predictions, mean loss)` with the current weights, for
+                validation (numpy batch dicts in, predictions back to the host).
+            eval_batches: `validation -> batches`: one pass over a native validation
+                loader as numpy batch dicts (core datasets are batched by core).
+            eval_scope: `() -> context manager` around a validation pass (eval mode, the
+                moving average swapped in, a state sync).
+            validate: a whole validation of the adapter's own, instead of the above.
+            data_state: `() -> position` to save, for a native loader the framework
+                iterates itself; by default the feed's position after the last batch
+                trained on.
+            lr_scale: `scale -> None` applying core's learning-rate scale to the step
+                (used when a callback adjusts the rate).
+            agree: multi-process runs: element-wise "any process" of a list of flags
+                (one all-reduce); None for one process.
+        """
+        self._state = state
+        self._eval_batch = eval_batch
+        self._eval_batches = eval_batches
+        if eval_scope is not None:
+            self._eval_scope = eval_scope
+        self._validate = validate
+        self._data_state = data_state
+        self._agree = agree
+        self.ctx.lr_scale.bind(lr_scale)
+
+    # -- where the run is ---------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed."""
+        return self.ctx.progress.step
+
+    @property
+    def total_steps(self) -> int | None:
+        """The steps the run trains in all, when known."""
+        return self.ctx.progress.total_steps
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes metrics and checkpoints."""
+        return self.ctx.is_chief
+
+    @property
+    def done(self) -> bool:
+        """Whether the run should stop now."""
+        return self.ctx.progress.done
+
+    @property
+    def preempted(self) -> bool:
+        """Whether a preemption signal stopped the run (`finish` raises `Preempted`)."""
+        return self._preempted
+
+    @property
+    def adjusts_lr(self) -> bool:
+        """Whether a callback of the plan changes the learning rate (the step needs a scale)."""
+        return self.ctx.lr_scale.enabled
+
+    def steps_until_event(self, limit: int) -> int:
+        """How many steps may be fused before the next validation, checkpoint or end."""
+        return self.ctx.checkpoints.steps_until_event(limit)
+
+    # -- start --------------------------------------------------------------------------
+    def restore(self, template: Any) -> tuple[Any, dict[str, Any] | None]:
+        """Apply the resume policy; return `(state, data_iter_state)`.
+
+        With `Checkpoint(resume="auto")` the latest complete checkpoint is restored into
+        `template` (torn ones are skipped with a warning), its resume key is checked
+        against the plan, and the run takes its state (step, history, callback states);
+        with no checkpoint the template is returned. `resume="must"` without a checkpoint
+        raises.
+        """
+        plan, ckpt = self.plan, self.checkpointer
+        if ckpt is None or plan.checkpoint is None or plan.checkpoint.resume == "never":
+            return template, None
+        restored: Restored | None = ckpt.restore_latest(template)
+        if restored is None:
+            if plan.checkpoint.resume == "must":
+                raise CheckpointError(
+                    f"`Checkpoint.resume='must'` but no complete checkpoint exists in "
+                    f"{plan.checkpoint.location}. Use resume='auto' to start fresh."
+                )
+            return template, None
+        check_resume_key(plan, restored.meta, restored.path)
+        self.ctx.restore(restored.meta)
+        return restored.state, restored.meta.get("data_iter")
+
+    def data_stream(
+        self,
+        data_state: Mapping[str, Any] | None,
+        *,
+        shard: tuple[int, int] = (0, 1),
+        native: Callable[[Mapping[str, Any] | None], Any] | None = None,
+        track: bool = True,
+    ) -> Feed:
+        """The training batches: core batching of `plan.data`, or `native(data_state)`
+        (the adapter's iterator over a native loader it accepted), as a `Feed`.
+
+        Args:
+            data_state: the saved position (a resume), or None.
+            shard: `(index, count)` of this process's part of every global batch.
+            native: builds the iterator over a native loader.
+            track: the consumer reads ahead of training (see `Feed`).
+        """
+        ctx = self.ctx
+        if is_core_dataset(self.plan.data) or native is None:
+            batches = ctx.train_batches(data_state, shard=shard)
+        else:
+            batches = ctx.adopt_train_iterator(native(data_state))
+        self.feed = Feed(batches, track=track)
+        self._consumed = 0
+        return self.feed
+
+    def start(
+        self,
+        template: Any,
+        *,
+        shard: tuple[int, int] = (0, 1),
+        native: Callable[[Mapping[str, Any] | None], Any] | None = None,
+        track: bool = True,
+    ) -> tuple[Any, Feed]:
+        """Restore or start, then open the data stream; return `(state, feed)`."""
+        state, data_state = self.restore(template)
+        return state, self.data_stream(data_state, shard=shard, native=native, track=track)
+
+    def begin(self) -> None:
+        """Install the preemption handlers, start the clocks, dispatch `on_train_start`."""
+        if self._began:
+            return
+        self._began = True
+        self._signals.install()
+        self._t0 = self._last_save_t = time.monotonic()
+        self.ctx.begin()
+
+    # -- the end of each optimizer update -------------------------------------------------
+    def _local_flags(self) -> list[bool]:
+        plan, now = self.plan, time.monotonic()
+        every = None if plan.checkpoint is None else plan.checkpoint.every_n_minutes
+        return [
+            self.ctx.progress.stop_reason is not None,
+            self._signals.received is not None,
+            plan.max_time is not None and now - self._t0 >= plan.max_time,
+            every is not None and now - self._last_save_t >= every * 60.0,
+        ]
+
+    def end_of_update(
+        self,
+        metrics: Mapping[str, Any],
+        count: int = 1,
+        *,
+        micro: int = 1,
+        epoch: int | None = None,
+    ) -> bool:
+        """The sequence after every optimizer update (or group of `count` fused ones).
+
+        Record the steps (callbacks see each one), surface a failed background save,
+        agree across processes on stop / preemption / time budget / time cadence,
+        validate if due, checkpoint if due or forced, and return whether the run is done.
+
+        Args:
+            metrics: the steps' metrics (device values; shape `(count,)` when fused).
+            count: how many optimizer steps the call covers (each consumed
+                `plan.accumulate_grad_batches` batches).
+            micro: values per step in `metrics` (accumulated batches reported one by
+                one; 1 when the backend reports one value per step).
+            epoch: the framework's epoch, for a native loader of unknown length.
+        """
+        ctx = self.ctx
+        progress = ctx.progress
+        self._consumed += count * self.plan.accumulate_grad_batches
+        if epoch is not None and progress.steps_per_epoch is None:
+            progress.epoch = int(epoch)
+        if count == 1 and micro == 1:
+            ctx.metrics.record_step(metrics)
+        else:
+            ctx.metrics.record_steps(metrics, count, micro=micro)
+        poll = getattr(self.checkpointer, "poll", None)
+        if callable(poll):
+            poll()  # raises the error of a failed background save, never blocks
+        flags = self._local_flags()
+        if self._agree is not None:
+            flags = [bool(f) for f in self._agree(flags)]
+        if flags[_STOP] and progress.stop_reason is None:
+            progress.request_stop("a stop was requested on another process")
+        forced = preempting = False
+        if flags[_PREEMPT] and not self._preempted:
+            self._preempted, self._preempted_by = True, self._signals.received
+            progress.request_stop("preempted")
+            forced = preempting = True
+        elif flags[_OVER_TIME] and progress.stop_reason is None:
+            progress.request_stop("max_time")
+            forced = True
+        if ctx.validation.due(at_end=not preempting):
+            self.validate()
+        if self.checkpointer is not None and (ctx.checkpoints.due() or forced or flags[_MINUTES]):
+            self.save()
+        return progress.done
+
+    # -- validation and checkpoints -----------------------------------------------------
+    def validate(self) -> None:
+        """Validate with the current weights: the adapter's own validation, or its batch
+        evaluator over core batches (or the native loader's) inside its scope."""
+        if self._validate is not None:
+            self._validate()
+            return
+        if self._eval_batch is None:
+            raise RuntimeError(
+                "The adapter bound no `eval_batch` (or `validate`), so the run cannot "
+                "validate. An adapter bug: RunLifecycle.bind(eval_batch=...)."
+            )
+        validation = self.plan.validation
+        batches = None
+        if not is_core_dataset(validation):
+            if self._eval_batches is None:
+                raise RuntimeError(
+                    "The adapter bound no `eval_batches` for its native validation loader "
+                    f"({type(validation).__name__}). An adapter bug."
+                )
+            batches = self._eval_batches(validation)
+        with self._eval_scope():
+            self.ctx.validation.run(self._eval_batch, batches=batches)
+
+    def record_validation(self, metrics: Mapping[str, float]) -> dict[str, float]:
+        """Record validation metrics the framework computed itself (names get `val_`)."""
+        return self.ctx.validation.record(metrics)
+
+    def _data_position(self) -> Mapping[str, Any] | None:
+        if self._data_state is not None:
+            return self._data_state()
+        if self.feed is None:
+            return None
+        return self.feed.state_after(self._consumed)
+
+    def save(self) -> str:
+        """Checkpoint the current step now (a background write may still be in flight).
+
+        Every process calls it at the same step in multi-process runs: the state callable
+        runs everywhere; the chief (or every process, for a collective engine) writes.
+        """
+        ckpt, ctx = self.checkpointer, self.ctx
+        if ckpt is None or self.plan.checkpoint is None:
+            raise CheckpointError("This run has no `checkpoint=Checkpoint(...)` to save to.")
+        if self._state is None:
+            raise RuntimeError(
+                "The adapter bound no `state` to checkpoint. An adapter bug: "
+                "RunLifecycle.bind(state=...)."
+            )
+        state = self._state()
+        step = ctx.progress.step
+        if ctx.is_chief or getattr(ckpt, "collective", False):
+            schedule = ctx.checkpoints
+            path = ckpt.save(step, state, schedule.meta(self._data_position()), schedule.metrics())
+        else:
+            path = self.plan.checkpoint.step_location(step)
+        ctx.checkpoints.last = path
+        ctx.callbacks.dispatch("on_checkpoint", path)
+        self._saved_step = step
+        self._last_save_t = time.monotonic()
+        if self._durable:
+            ckpt.wait()  # raises a failed background save's error
+        return path
+
+    def flush_metrics(self) -> None:
+        """Fetch the pending step metrics now (and apply the non-finite policy)."""
+        self.ctx.metrics.flush()
+
+    # -- end ----------------------------------------------------------------------------
+    def _raise_preempted(self) -> None:
+        ckpt = self.checkpointer
+        path = None
+        step = self.ctx.progress.step
+        if self.plan.checkpoint is not None and self._saved_step == step:
+            path = self.plan.checkpoint.step_location(step)
+        self.ctx.metrics.close_writers()
+        if ckpt is not None:
+            ckpt.close()
+        raise Preempted(step, path, self._preempted_by)
+
+    def settle(self) -> None:
+        """Wait until every save is durable; after a preemption restore the handlers and
+        raise `Preempted` (for drivers without an end, like `OnlineTrainer`)."""
+        if self.checkpointer is not None:
+            self.checkpointer.wait()  # raises a failed background save's error
+        if self._preempted:
+            self._signals.restore()
+            self._raise_preempted()
+
+    def finish(
+        self, model: Any, *, extra: Mapping[str, Any] | None = None, raw_model: Any = None
+    ) -> TrainingArtifact:
+        """Wait for durable saves, restore the handlers; raise `Preempted` or return the artifact."""
+        ckpt = self.checkpointer
+        if not self._began:
+            self.begin()
+        self.ctx.metrics.flush()
+        if ckpt is not None:
+            ckpt.wait()  # raises a failed background save's error
+        self._signals.restore()
+        if self._preempted:
+            self._raise_preempted()
+        artifact = self.ctx.finish(model, extra=extra, raw_model=raw_model)
+        if ckpt is not None:
+            ckpt.close()
+        return artifact
+
+    def close(self) -> None:
+        """Wait for pending saves and restore the handlers (drivers without an end)."""
+        self._signals.restore()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
+
+    def abort(self) -> None:
+        """After a failure: flush/close the writers, let pending saves finish, restore the
+        handlers. Never raises, so the original error propagates."""
+        try:
+            self._signals.restore()
+        except Exception:
+            pass
+        self.ctx.abort()
+        ckpt = self.checkpointer
+        if ckpt is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    ckpt.close()
+                except Exception:
+                    pass

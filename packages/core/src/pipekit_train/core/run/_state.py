@@ -1,0 +1,86 @@
+"""`RunState`, the read-only view of a run that callbacks receive."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._context import RunContext
+
+__all__ = ["RunState"]
+
+
+class RunState:
+    """The read-only view of a run that callbacks receive."""
+
+    def __init__(self, ctx: RunContext):
+        self._ctx = ctx
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed."""
+        return self._ctx.progress.step
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch (0-based)."""
+        return self._ctx.progress.epoch
+
+    @property
+    def max_steps(self) -> int | None:
+        """Total steps of the run, when known."""
+        return self._ctx.progress.total_steps
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The latest metrics as host floats (fetches pending device values)."""
+        return self._ctx.metrics.latest_metrics()
+
+    @property
+    def learning_rate(self) -> float | None:
+        """The current learning rate, if the backend reports one."""
+        return self._ctx.learning_rate()
+
+    @property
+    def lr_scale(self) -> float:
+        """The learning-rate scale: the backend trains at `schedule(step) * lr_scale`."""
+        return self._ctx.lr_scale.value
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Set the learning-rate scale from the next step on (it must be finite and > 0)."""
+        self._ctx.lr_scale.set(scale)
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether a callback asked to stop."""
+        return self._ctx.progress.stop_reason is not None
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why a callback asked to stop."""
+        return self._ctx.progress.stop_reason
+
+    @property
+    def is_tty(self) -> bool:
+        """Whether stderr is a terminal (progress bars default to on there)."""
+        return bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+    @property
+    def backend(self) -> str:
+        """The backend name."""
+        return self._ctx.backend
+
+    @property
+    def plan(self) -> dict[str, Any]:
+        """The JSON plan."""
+        return self._ctx.plan_json
+
+    def log(self, metrics: Mapping[str, float]) -> None:
+        """Send extra metrics to the writers at the current step."""
+        self._ctx.metrics.log(metrics)
+
+    def request_stop(self, reason: str) -> None:
+        """Stop training after the current step."""
+        self._ctx.progress.request_stop(reason)

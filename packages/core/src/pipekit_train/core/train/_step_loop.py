@@ -1,0 +1,96 @@
+"""The step loop: the whole training loop for backends that expose a train step.
+
+Step-based adapters (`StepAdapter`: the numpy reference adapter, Equinox, `Torch()`)
+implement a `StepBackend` and get batching, fused multi-step execution, validation,
+checkpoint/resume, preemption, time budgets, callbacks, writers and the artifact from
+here: `run_step_loop` only feeds batches to the backend; `RunLifecycle` owns everything
+around the steps.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from pipekit_train.core.contract._adapter import Adapter, Capabilities, StepBackend
+from pipekit_train.core.run._artifact import TrainingArtifact
+from pipekit_train.core.run._lifecycle import RunLifecycle
+from pipekit_train.core.spec._plan import Plan
+
+__all__ = ["StepAdapter", "run_step_loop", "stack_batches"]
+
+
+def stack_batches(batches: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Stack K batches into one dict of arrays with a leading axis of size K."""
+    return {key: np.stack([b[key] for b in batches]) for key in batches[0]}
+
+
+def run_step_loop(plan: Plan, backend: StepBackend[Any]) -> TrainingArtifact:
+    """Run a whole training loop on a `StepBackend` and return the artifact.
+
+    Raises:
+        Preempted: a preemption signal arrived; the step it reached is checkpointed.
+    """
+    holder: dict[str, Any] = {}
+    with RunLifecycle(
+        plan,
+        checkpointer=backend.checkpointer() if plan.checkpoint is not None else None,
+        fetch=backend.fetch,
+        learning_rate=lambda: backend.learning_rate(holder["state"]),
+        is_chief=bool(backend.is_chief),
+    ) as run:
+        state, batches = run.start(
+            backend.init_state(),
+            shard=backend.data_shard,
+            native=lambda data_state: backend.native_batches(plan.data, data_state),
+            track=False,  # every batch pulled is trained on before the next is pulled
+        )
+        holder["state"] = state
+
+        def rescale(scale: float) -> None:
+            holder["state"] = backend.with_lr_scale(holder["state"], scale)
+
+        run.bind(
+            state=lambda: holder["state"],
+            eval_batch=lambda batch: backend.eval_batch(holder["state"], batch),
+            eval_batches=backend.native_eval_batches,
+            lr_scale=rescale,
+            agree=getattr(backend, "agree", None),
+        )
+        run.begin()
+        k_max = max(1, int(backend.steps_per_execution))
+        micro = plan.accumulate_grad_batches
+        while not run.done:
+            state = holder["state"]
+            k = run.steps_until_event(k_max) if k_max > 1 else 1
+            if k == 1 and micro == 1:
+                state, metrics = backend.train_step(state, backend.put(next(batches)))
+            else:
+                # k updates of `micro` accumulated batches each, in one call
+                group = stack_batches([next(batches) for _ in range(k * micro)])
+                state, metrics = backend.train_steps(state, backend.put(group))
+            holder["state"] = state
+            run.end_of_update(metrics, k, micro=micro)
+        return run.finish(
+            backend.model_op(holder["state"]), raw_model=backend.raw_model_op(holder["state"])
+        )
+
+
+class StepAdapter(Adapter):
+    """An adapter whose whole loop is core's `run_step_loop` over its `StepBackend`.
+
+    Subclasses implement `step_backend(plan)` (and `get_config`); `run` is provided.
+    """
+
+    capabilities: ClassVar[Capabilities] = Capabilities(online=True)
+
+    @abc.abstractmethod
+    def step_backend(self, plan: Plan) -> StepBackend[Any]:
+        """The `StepBackend` of one run."""
+
+    def run(self, plan: Plan) -> TrainingArtifact:
+        """Train with core's step loop and return the artifact."""
+        return run_step_loop(plan, self.step_backend(plan))

@@ -1,0 +1,188 @@
+"""The house: core in layers without import circles, adapters that mirror each other.
+
+Read from the source (nothing is imported): every `import` counts, inside functions too,
+except those under `if TYPE_CHECKING:`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from pipekit_train.core.testing._imports_graph import ImportGraph, import_graph
+
+ROOT = Path(__file__).resolve().parents[3]
+PACKAGES = ("core", "equinox", "lightning", "keras", "sweep")
+ADAPTERS = ("equinox", "lightning", "keras")
+
+# The rooms of core, lowest first. A module may import from its own rank or below, never
+# from above: leaves → spec → contract/model → run → drivers → public modules.
+RANKS: dict[str, int] = {
+    "_errors": 0,
+    "_imports": 0,
+    "_checks": 0,
+    "_json": 0,
+    "checkpoint": 1,
+    "data": 1,
+    "losses": 1,
+    "metrics": 1,
+    "callbacks": 1,
+    "writers": 1,
+    "spec": 2,
+    "contract": 3,
+    "model": 3,
+    "rollout": 3,
+    "run": 4,
+    "train": 5,
+    "": 6,  # pipekit_train.core itself
+    "adapter": 6,
+    "utils": 6,
+    "registry": 6,
+    "cli": 7,
+    "testing": 7,
+}
+
+
+def _graph(name: str) -> ImportGraph:
+    return import_graph(ROOT / "packages" / name / "src" / "pipekit_train" / name, f"pipekit_train.{name}")
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")[2:]
+    return parts[0] if parts else ""
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_no_import_circles(name: str) -> None:
+    assert _graph(name).cycles() == []
+
+
+def test_the_walk_sees_a_circle() -> None:
+    graph = ImportGraph({"p.a": {"p.b": 1}, "p.b": {"p.c": 1}, "p.c": {"p.a": 3}, "p.d": {}})
+    assert graph.cycles() == [["p.a", "p.b", "p.c"]]
+
+
+def test_the_walk_skips_type_checking_and_reads_function_bodies(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import X\n"
+        "def f():\n    from .c import Y\n"
+    )
+    (pkg / "b.py").write_text("from .a import f\n")
+    (pkg / "c.py").write_text("")
+    graph = import_graph(pkg, "pkg")
+    assert graph.edges["pkg.a"] == {"pkg.c": 5}
+    assert graph.cycles() == []
+
+
+def test_core_imports_run_down_the_layers() -> None:
+    graph = _graph("core")
+    assert {_room(m) for m in graph.modules} <= set(RANKS), "a new room needs a rank here"
+    upward = [
+        f"{module}:{line} imports {target}"
+        for module, targets in graph.edges.items()
+        for target, line in targets.items()
+        if RANKS[_room(target)] > RANKS[_room(module)]
+    ]
+    assert upward == []
+
+
+def test_core_root_holds_only_public_modules_and_leaves() -> None:
+    root = ROOT / "packages/core/src/pipekit_train/core"
+    files = sorted(p.name for p in root.glob("*.py"))
+    assert files == [
+        "__init__.py",
+        "_checks.py",
+        "_errors.py",
+        "_imports.py",
+        "_json.py",
+        "adapter.py",
+        "utils.py",
+    ]
+
+
+# -- adapters ------------------------------------------------------------------------------
+
+# One file set: the same name means the same role in every adapter package.
+SHARED_FILES = (
+    "__init__.py",
+    "_adapter.py",  # the Adapter subclass
+    "_model.py",  # the model operator
+    "_step_backend.py",  # the StepBackend (the step loop's, or OnlineTrainer's)
+    "_state.py",  # the train state a checkpoint holds
+    "_checkpoint.py",  # the checkpoint engine
+    "_weights.py",  # weights as bytes
+    "_precision.py",  # core's precision names → the framework's
+    "_optim.py",  # the canonical optimizer spec → the framework's optimizer
+    "_ema.py",  # the moving average of the weights
+    "_data.py",  # batches onto the device, native loaders
+    "_grad_norm.py",  # the grad_norm metric
+    "_fetch.py",  # device values to the host
+    "_entry.py",  # the pipekit_train.backends entry point
+    "testing.py",  # factories for tests and examples
+)
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_adapter_packages_share_one_file_set(name: str) -> None:
+    src = ROOT / "packages" / name / "src" / "pipekit_train" / name
+    missing = [f for f in SHARED_FILES if not (src / f).exists()]
+    assert missing == []
+
+
+def _adapter_sources() -> list[Path]:
+    return [
+        *(p for name in ADAPTERS for p in (ROOT / "packages" / name / "src").rglob("*.py")),
+        ROOT / "examples" / "plain_torch_adapter.py",
+        ROOT / "packages/core/src/pipekit_train/core/testing/_numpy_adapter.py",
+    ]
+
+
+def _attribute_reads(path: Path, owners: tuple[str, ...]) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute):
+            value = node.value
+            owner = value.id if isinstance(value, ast.Name) else getattr(value, "attr", None)
+            if owner in owners:
+                found.add(node.attr)
+    return found
+
+
+def _calls(path: Path, names: tuple[str, ...]) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in names:
+                out.append(f"{path.name}:{node.lineno} {name}")
+    return out
+
+
+def test_adapters_leave_the_run_to_the_lifecycle() -> None:
+    sources = _adapter_sources()
+    assert len(sources) > 20
+    # no adapter reaches into the run's context, composes checkpoint metadata or saves
+    # a checkpoint itself: the lifecycle does, with the state the adapter binds
+    contexts = {p.name: _attribute_reads(p, ("ctx", "_ctx", "context")) for p in sources}
+    assert {k: v for k, v in contexts.items() if v} == {}
+    glue = [c for p in sources for c in _calls(p, ("checkpoint_meta", "record_checkpoint"))]
+    assert glue == []
+    saves = [
+        f"{p.name}: {line}"
+        for p in sources
+        for line in p.read_text().splitlines()
+        if "ckpt.save(" in line or "checkpointer.save(" in line
+    ]
+    assert saves == []
+
+
+def test_the_scan_sees_a_context_read(tmp_path: Path) -> None:
+    path = tmp_path / "x.py"
+    path.write_text("def f(run):\n    run.ctx.epoch = 3\n    ctx.step\n")
+    assert _attribute_reads(path, ("ctx",)) == {"epoch", "step"}
