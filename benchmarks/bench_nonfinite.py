@@ -147,11 +147,11 @@ def bench_case(
 
 
 def core_cost(repeats: int, say: Callable[[str], None]) -> dict[str, float]:
-    """Microseconds per `RunContext.record_step` (flushes included), best of `repeats`."""
+    """Microseconds per recorded step of core's metric log (flushes included), best of `repeats`."""
     import numpy as np
 
     from pipekit_train.core import TrainingLoop
-    from pipekit_train.core.adapter import RunContext
+    from pipekit_train.core.run._context import RunContext  # core's own share, no backend
     from pipekit_train.core.data import ArrayDataset
     from pipekit_train.core.testing import NumpyAdapter, NumpyLinearOp
 
@@ -173,9 +173,10 @@ def core_cost(repeats: int, say: Callable[[str], None]) -> dict[str, float]:
             ).plan
             ctx = RunContext(plan)
             t0 = time.perf_counter()
+            log = ctx.metrics
             for loss in losses:
-                ctx._record_step({"loss": loss})
-            ctx.flush_metrics()
+                log.record_step({"loss": loss})
+            log.flush()
             micros = (time.perf_counter() - t0) / CORE_STEPS * 1e6
             best[policy] = min(best[policy], micros)
             say(f"  {'core':14s} {policy:6s} run {repeat + 1}: {micros:9.3f} us/step")
@@ -184,7 +185,7 @@ def core_cost(repeats: int, say: Callable[[str], None]) -> dict[str, float]:
 
 def core_rows(best: dict[str, float], repeats: int) -> list[dict]:
     metric = (
-        f"us per RunContext.record_step, {CORE_STEPS} steps flushed every 50, best of "
+        f"us per MetricLog.record_step, {CORE_STEPS} steps flushed every 50, best of "
         f"{repeats} (ratio: x on_nonfinite='ignore')"
     )
     rows = []

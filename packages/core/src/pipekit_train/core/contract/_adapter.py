@@ -93,7 +93,6 @@ class Capabilities:
     lr_scale: bool = False
     ema: bool = False
 
-
     @classmethod
     def full(cls, **overrides: Any) -> Capabilities:
         """Every capability, with every canonical precision (`overrides` turn some off)."""
@@ -216,9 +215,15 @@ class StepBackend(abc.ABC, Generic[StateT]):
             it trains on part `index` of `count` of every global batch of
             `plan.batch_size` (see `make_batches`).
         is_chief: whether this process writes metrics and checkpoint metadata.
+        prefetch: how many groups of batches a background thread prepares and puts on the
+            device ahead of the step (0: none, the batches are taken as the step needs
+            them). Worth it where the step runs asynchronously on an accelerator: the
+            host-to-device copy and the data pipeline overlap the device's work. The
+            batches, their order and the saved data position are the same either way.
     """
 
     steps_per_execution: int = 1
+    prefetch: int = 0
     data_shard: tuple[int, int] = (0, 1)
     is_chief: bool = True
 

@@ -14,6 +14,7 @@ every batch handed out is the iterator's live state, read only when a checkpoint
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -39,6 +40,7 @@ class Feed(Iterator[Mapping[str, Any]]):
         get_state = getattr(batches, "get_state", None)
         self._get_state = get_state if callable(get_state) else None
         self._states: deque[tuple[int, dict[str, Any] | None]] = deque(maxlen=max(2, keep))
+        self._lock = threading.Lock()  # a prefetching thread appends while a save reads
         if self.track:
             self._states.append((0, self._state()))
 
@@ -55,9 +57,13 @@ class Feed(Iterator[Mapping[str, Any]]):
 
     def __next__(self) -> Mapping[str, Any]:
         batch = next(self.batches)
-        self.produced += 1
         if self.track:
-            self._states.append((self.produced, self._state()))
+            state = self._state()
+            with self._lock:
+                self.produced += 1
+                self._states.append((self.produced, state))
+        else:
+            self.produced += 1
         return batch
 
     def state_after(self, consumed: int) -> dict[str, Any] | None:
@@ -78,7 +84,9 @@ class Feed(Iterator[Mapping[str, Any]]):
                     "Please report this."
                 )
             return self._state()
-        for n, state in reversed(self._states):
+        with self._lock:
+            states = list(self._states)
+        for n, state in reversed(states):
             if n == consumed:
                 return state
         raise RuntimeError(

@@ -39,6 +39,7 @@ def _describe(loss: Any) -> Any:
     describe = getattr(loss, "describe", None)
     return describe() if callable(describe) else repr(loss)
 
+
 _OPTIMIZERS = ("sgd", "adam")
 
 
@@ -66,6 +67,8 @@ class NumpyAdapter(StepAdapter):
     Args:
         gradient_noise: standard deviation of Gaussian noise added to each gradient,
             drawn from the run's RNG (exercises RNG checkpointing).
+        prefetch: groups of batches a background thread prepares ahead of the step
+            (`StepBackend.prefetch`; exercises the step loop's prefetching on the CPU).
     """
 
     name = "numpy"
@@ -73,7 +76,7 @@ class NumpyAdapter(StepAdapter):
         online=True, skip_nonfinite=True, grad_norm=True, lr_scale=True, ema=True
     )
 
-    def __init__(self, gradient_noise: float = 0.0):
+    def __init__(self, gradient_noise: float = 0.0, prefetch: int = 0):
         if (
             isinstance(gradient_noise, bool)
             or not isinstance(gradient_noise, (int, float))
@@ -83,12 +86,17 @@ class NumpyAdapter(StepAdapter):
                 f"`gradient_noise` must be a non-negative number. Received: gradient_noise={gradient_noise!r}."
             )
         self.gradient_noise = float(gradient_noise)
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ConfigError(
+                f"`prefetch` must be a non-negative int. Received: prefetch={prefetch!r}."
+            )
+        self.prefetch = int(prefetch)
 
     def get_config(self) -> dict[str, Any]:
         """JSON options."""
         return {
             "type": "pipekit_train.core.testing:NumpyAdapter",
-            "kwargs": {"gradient_noise": self.gradient_noise},
+            "kwargs": {"gradient_noise": self.gradient_noise, "prefetch": self.prefetch},
         }
 
     def validate(self, plan: Plan) -> None:
@@ -107,10 +115,7 @@ class NumpyAdapter(StepAdapter):
 
     def validate_online(self, plan: Plan) -> None:
         """Checks shared by `TrainingLoop` and `OnlineTrainer`."""
-        if (
-            _describe(plan.loss) != {"name": "mse"}
-            and getattr(plan.loss, "__name__", "") != "mse"
-        ):
+        if _describe(plan.loss) != {"name": "mse"} and getattr(plan.loss, "__name__", "") != "mse":
             raise ConfigError(
                 f"NumpyAdapter computes analytic gradients for 'mse' only. Received: loss={_describe(plan.loss)!r}."
             )
@@ -145,7 +150,9 @@ class NumpyAdapter(StepAdapter):
 
     def step_backend(self, plan: Plan) -> _NumpyBackend:
         """The step backend for `run_step_loop` and `OnlineTrainer`."""
-        return _NumpyBackend(plan, self.gradient_noise)
+        backend = _NumpyBackend(plan, self.gradient_noise)
+        backend.prefetch = self.prefetch
+        return backend
 
 
 class _NumpyBackend(StepBackend[_State]):

@@ -34,7 +34,7 @@ def build_adapter(config: dict[str, Any] | None) -> Any:
     """Rebuild an adapter from `{"type": "module:Class", "kwargs": {...}}` (None → inferred)."""
     if not config:
         return None
-    from pipekit_train.core.adapter import import_string
+    from pipekit_train.core.utils import import_string
 
     return import_string(config["type"], field="adapter")(**config.get("kwargs", {}))
 

@@ -476,7 +476,9 @@ def check_plan(adapter: Adapter, plan: Plan) -> None:
         )
     if adjusts_learning_rate(plan) and not caps.lr_scale:
         names = [
-            type(cb).__name__ for cb in plan.callbacks if getattr(cb, "adjusts_learning_rate", False)
+            type(cb).__name__
+            for cb in plan.callbacks
+            if getattr(cb, "adjusts_learning_rate", False)
         ]
         raise adapter._unsupported(
             "Changing the learning rate from a callback",

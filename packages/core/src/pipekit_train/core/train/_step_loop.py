@@ -10,7 +10,7 @@ around the steps.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -18,6 +18,7 @@ import numpy as np
 from pipekit_train.core.contract._adapter import Adapter, Capabilities, StepBackend
 from pipekit_train.core.run._artifact import TrainingArtifact
 from pipekit_train.core.run._lifecycle import RunLifecycle
+from pipekit_train.core.run._prefetch import Prefetcher
 from pipekit_train.core.spec._plan import Plan
 
 __all__ = ["StepAdapter", "run_step_loop", "stack_batches"]
@@ -42,11 +43,12 @@ def run_step_loop(plan: Plan, backend: StepBackend[Any]) -> TrainingArtifact:
         learning_rate=lambda: backend.learning_rate(holder["state"]),
         is_chief=bool(backend.is_chief),
     ) as run:
+        depth = max(0, int(getattr(backend, "prefetch", 0)))
         state, batches = run.start(
             backend.init_state(),
             shard=backend.data_shard,
             native=lambda data_state: backend.native_batches(plan.data, data_state),
-            track=False,  # every batch pulled is trained on before the next is pulled
+            track=depth > 0,  # a prefetching thread reads ahead of training
         )
         holder["state"] = state
 
@@ -63,20 +65,65 @@ def run_step_loop(plan: Plan, backend: StepBackend[Any]) -> TrainingArtifact:
         run.begin()
         k_max = max(1, int(backend.steps_per_execution))
         micro = plan.accumulate_grad_batches
-        while not run.done:
-            state = holder["state"]
-            k = run.steps_until_event(k_max) if k_max > 1 else 1
-            if k == 1 and micro == 1:
-                state, metrics = backend.train_step(state, backend.put(next(batches)))
-            else:
-                # k updates of `micro` accumulated batches each, in one call
-                group = stack_batches([next(batches) for _ in range(k * micro)])
-                state, metrics = backend.train_steps(state, backend.put(group))
-            holder["state"] = state
-            run.end_of_update(metrics, k, micro=micro)
+        take = _batch_source(backend, batches, k_max, micro, depth)
+        try:
+            while not run.done:
+                state = holder["state"]
+                k = run.steps_until_event(k_max) if k_max > 1 else 1
+                if k == 1 and micro == 1:
+                    state, metrics = backend.train_step(state, take(1))
+                else:
+                    # k updates of `micro` accumulated batches each, in one call
+                    state, metrics = backend.train_steps(state, take(k))
+                holder["state"] = state
+                run.end_of_update(metrics, k, micro=micro)
+        finally:
+            close = getattr(take, "close", None)
+            if close is not None:
+                close()
         return run.finish(
             backend.model_op(holder["state"]), raw_model=backend.raw_model_op(holder["state"])
         )
+
+
+class _Source:
+    """`take(k)`: the device value of the next `k` updates' batches (see `_batch_source`)."""
+
+    def __init__(self, take: Callable[[int], Any], close: Callable[[], None] | None = None):
+        self._take = take
+        self.close = close
+
+    def __call__(self, k: int) -> Any:
+        return self._take(k)
+
+
+def _batch_source(
+    backend: StepBackend[Any], batches: Any, k_max: int, micro: int, depth: int
+) -> _Source:
+    """Where the loop takes its batches: straight from the feed (`depth=0`), or from a
+    thread that prepares them `depth` groups ahead (`StepBackend.prefetch`).
+
+    With one update per call the thread also copies each group to the device (its size is
+    always `micro`); with fused calls, whose size the schedule decides per call, it
+    prepares the host batches and the loop stacks and copies them.
+    """
+
+    def group(k: int, source: Any) -> Any:
+        if k == 1 and micro == 1:
+            return backend.put(next(source))
+        return backend.put(stack_batches([next(source) for _ in range(k * micro)]))
+
+    if depth == 0:
+        return _Source(lambda k: group(k, batches))
+    if k_max == 1:
+
+        def make(host: Sequence[Mapping[str, np.ndarray]]) -> Any:
+            return backend.put(host[0] if micro == 1 else stack_batches(host))
+
+        ahead = Prefetcher(batches, make, size=micro, depth=depth)
+        return _Source(lambda k: next(ahead), ahead.close)
+    hosts = Prefetcher(batches, lambda host: host[0], size=1, depth=depth * k_max * micro)
+    return _Source(lambda k: group(k, hosts), hosts.close)
 
 
 class StepAdapter(Adapter):
