@@ -151,8 +151,8 @@ def core_cost(repeats: int, say: Callable[[str], None]) -> dict[str, float]:
     import numpy as np
 
     from pipekit_train.core import TrainingLoop
-    from pipekit_train.core.run._context import RunContext  # core's own share, no backend
     from pipekit_train.core.data import ArrayDataset
+    from pipekit_train.core.run._context import RunContext  # core's own share, no backend
     from pipekit_train.core.testing import NumpyAdapter, NumpyLinearOp
 
     data = ArrayDataset(x=np.zeros((64, 2), np.float32), y=np.zeros((64, 1), np.float32))

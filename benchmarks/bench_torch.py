@@ -25,7 +25,10 @@ slow seconds alike (`_shared.interleaved_round`; waiting for its turn is not tim
   (`torch.compile`; its compile time is reported in the note and not timed):
   `TrainingLoop(...).run()` on core's batching, with history, the loss kept as a tensor
   and fetched every 50 steps.
-- on CUDA, also `compile="cuda-graphs"` (torch's CUDA-graph mode).
+- on CUDA, also the compile modes at K=1 and K=10: `Torch(compile=True)` (K=1) and
+  `Torch(compile="cuda-graphs")` at K=1 and K=10 (`fused_optimizer=False`: the graphed
+  update refuses the fused optimizer). A loop that raises (a mode that cannot run here)
+  gets a row with no value, `ok: false` and the error in its note; the other loops run on.
 - `Lightning()`: the Lightning adapter (`Trainer.fit`) on the same `TrainingLoop`.
 
 Timed: steps `warmup+1 .. total` (warm-up: the first 20%), by the wall clock (or, with
@@ -43,7 +46,9 @@ Targets (issue 21): `Torch()` ≥ 0.95× the indexed hand loop on both MLPs and 
 hand loop on the small MLP.
 
 Cases: (a) MLP 8→256→256→1 (tanh), batch 256; (b) MLP 2→32→1, batch 32.
-`--quick`: 3 repeats of 1000 steps. `--json PATH` writes one row per loop and case.
+`--quick`: 3 repeats of 1000 steps. `--json PATH` writes one row per loop and case (each
+row also carries `loop`, the loop's key: `k1`, `k10`, `k10f`, `k10c`, `k1c`, `k1g`, `k10g`,
+..., which `scripts/gpu_check.py` reads for its table of compile modes).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import math
 import os
 import time
 import warnings
@@ -160,7 +166,8 @@ def adapter_run(
     batch: int,
     clock: ChunkClock,
     device: str,
-    notes: dict[str, str] | None = None,
+    notes: dict[str, list[float]] | None = None,
+    key: str = "",
 ) -> None:
     adapter = make_adapter()
     TrainingLoop(
@@ -176,9 +183,22 @@ def adapter_run(
         callbacks=[LambdaCallback(on_step_end=lambda s: clock.tick(s.step))],
     ).run()
     report = getattr(adapter, "compile_report", None)
-    if report and notes is not None:
-        notes.setdefault("compile", [])  # type: ignore[arg-type]
-        notes["compile"].append(report.get("compile_seconds"))  # type: ignore[attr-defined]
+    if report and notes is not None and report.get("compile_seconds") is not None:
+        notes.setdefault(key, []).append(report["compile_seconds"])
+
+
+def guarded(fn: Callable[[ChunkClock], None], key: str, failures: dict[str, str]) -> Any:
+    """`fn(clock)`, but an error is kept in `failures[key]` (the loop's rate is NaN)
+    instead of stopping the round: the other loops run on."""
+
+    def run(clock: ChunkClock) -> None:
+        try:
+            fn(clock)
+        except Exception as exc:  # noqa: BLE001 - reported in the loop's row
+            failures.setdefault(key, f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+            clock.elapsed = math.nan
+
+    return run
 
 
 def loops(device: str, *, compile: bool, lightning: bool) -> dict[str, tuple[str, Any]]:
@@ -211,16 +231,21 @@ def loops(device: str, *, compile: bool, lightning: bool) -> dict[str, tuple[str
             ),
         )
     if compile and device != "cpu":
+        # the compile modes at K=1 and K=10 (CUDA only; the graphed update refuses
+        # fused_optimizer=True)
+        out["k1c"] = (
+            "Torch(compile=True)",
+            functools.partial(adapter_run, lambda: Torch(compile=True, device=dev)),
+        )
+        out["k1g"] = (
+            "Torch(compile='cuda-graphs')",
+            functools.partial(adapter_run, lambda: Torch(compile="cuda-graphs", device=dev)),
+        )
         out["k10g"] = (
-            "Torch(steps_per_execution=10, fused_optimizer=True, compile='cuda-graphs')",
+            "Torch(steps_per_execution=10, compile='cuda-graphs')",
             functools.partial(
                 adapter_run,
-                lambda: Torch(
-                    steps_per_execution=10,
-                    fused_optimizer=True,
-                    compile="cuda-graphs",
-                    device=dev,
-                ),
+                lambda: Torch(steps_per_execution=10, compile="cuda-graphs", device=dev),
             ),
         )
     if lightning:
@@ -256,7 +281,7 @@ def run_one(
     if key in ("hand", "loader"):
         fn(data, op, batch, clock, device)
     else:
-        fn(data, op, batch, clock, device, notes if key == "k10c" else None)
+        fn(data, op, batch, clock, device, notes, key)
 
 
 def main() -> None:
@@ -307,12 +332,17 @@ def main() -> None:
         op = make_op(in_size, width, depth)
         runs: dict[str, list[float]] = {key: [] for key in table}
         notes: dict[str, Any] = {}
+        failures: dict[str, str] = {}
         order = list(table)
         for r in range(args.repeats):
             shift = r % len(order)
-            keys = order[shift:] + order[:shift]
+            # a loop that failed is not run again
+            keys = [k for k in order[shift:] + order[:shift] if k not in failures]
             rates = interleaved_round(
-                [functools.partial(run_one, table, key, data, op, batch, args.device, notes)
+                [guarded(functools.partial(run_one, table, key, data, op, batch, args.device,
+                                           notes), key, failures)
+                 if key != "hand" else
+                 functools.partial(run_one, table, key, data, op, batch, args.device, notes)
                  for key in keys],
                 warmup,
                 total,
@@ -323,16 +353,20 @@ def main() -> None:
             )  # fmt: skip
             for key, rate in zip(keys, rates, strict=True):
                 runs[key].append(rate)
-        best = {k: max(v) for k, v in runs.items()}
-        vs_hand = {k: paired_ratio(v, runs["hand"]) for k, v in runs.items()}
-        lit = "lightning" in runs
-        vs_lit = {k: paired_ratio(v, runs["lightning"]) for k, v in runs.items()} if lit else {}
+        ran = {k: v for k, v in runs.items() if k not in failures}
+        best = {k: max(v) for k, v in ran.items()}
+        vs_hand = {k: paired_ratio(v, runs["hand"]) for k, v in ran.items()}
+        lit = "lightning" in ran
+        vs_lit = {k: paired_ratio(v, runs["lightning"]) for k, v in ran.items()} if lit else {}
         print(f"\n{title}")
         print(
             f"  {'loop':<64} {'best steps/s':>12} {'÷ hand':>8} {'÷ Lightning':>12}  range"
             "  (ratios: median over rounds of the same round's rates)"
         )
         for key, (label, _) in table.items():
+            if key in failures:
+                print(f"  {label:<64} failed: {failures[key]}", flush=True)
+                continue
             lit_cell = f"{vs_lit[key]:12.2f}" if lit else f"{'':>12}"
             print(
                 f"  {label:<64} {best[key]:12.0f} {vs_hand[key]:8.2f} {lit_cell}"
@@ -340,9 +374,16 @@ def main() -> None:
                 flush=True,
             )
         small = in_size == 2
-        fused = [k for k in ("k10", "k10f", "k10c", "k10g") if k in table]
+        fused = [k for k in ("k10", "k10f", "k10c", "k10g") if k in ran]
         best_k10 = max(fused, key=lambda k: vs_hand[k]) if fused else None
         for key, (label, _) in table.items():
+            if key in failures:
+                failed = row(
+                    "torch", f"{title}: {label}", "did not complete", None, "steps/s",
+                    ok=False, note=f"failed: {failures[key]}",
+                )  # fmt: skip
+                rows.append({**failed, "loop": key})
+                continue
             target, ok = None, None
             if key == "k1":
                 target = ">= 0.95 (÷ hand, indexed)"
@@ -359,26 +400,24 @@ def main() -> None:
                 note += f"; {vs_lit[key]:.2f}x Lightning()"
                 if key == "k1" and small:
                     note += " (target >= 1.5)"
-            if key == "k10c" and notes.get("compile"):
-                secs = [s for s in notes["compile"] if s is not None]
-                if secs:
-                    note += f"; first compiled step {min(secs):.1f}–{max(secs):.1f} s (not timed)"
-            rows.append(
-                row(
-                    "torch",
-                    f"{title}: {label}",
-                    f"steps/s ({args.clock} clock), best of {args.repeats} "
-                    f"({total - warmup} timed steps; ratio: ÷ the indexed hand loop, "
-                    "median over rounds)",
-                    best[key],
-                    "steps/s",
-                    ratio=vs_hand[key],
-                    target=target,
-                    ok=ok,
-                    note=note,
-                    digits=1,
-                )
+            if notes.get(key):
+                secs = notes[key]
+                note += f"; first compiled step {min(secs):.1f}–{max(secs):.1f} s (not timed)"
+            measured = row(
+                "torch",
+                f"{title}: {label}",
+                f"steps/s ({args.clock} clock), best of {args.repeats} "
+                f"({total - warmup} timed steps; ratio: ÷ the indexed hand loop, "
+                "median over rounds)",
+                best[key],
+                "steps/s",
+                ratio=vs_hand[key],
+                target=target,
+                ok=ok,
+                note=note,
+                digits=1,
             )
+            rows.append({**measured, "loop": key})
     if args.json:
         write_rows(args.json, rows)
 

@@ -34,10 +34,22 @@ in a fresh interpreter each, on the same MLP 8->256->256->1 regression (batch 25
   not deterministic there) and the resumed run is as close as the repeat.
 
 Then the side-by-side benchmarks, on the GPU: `benchmarks/bench_equinox.py --quick
---skip-rss`, `bench_lightning.py --quick --accelerator gpu` and `bench_keras.py --quick`
-(jax): the adapter's steps/s against the hand-written loops (`ratio`). The output is
-Markdown (a machine line and two tables); `--output benchmarks/gpu-check.md` keeps it
-where `benchmarks/run_all.py` puts it on `docs/performance.md` ("On a GPU").
+--skip-rss`, `bench_lightning.py --quick --accelerator gpu`, `bench_torch.py --quick
+--device cuda` and `bench_keras.py --quick` (jax): the adapter's steps/s against the
+hand-written loops (`ratio`); from bench_torch's rows, a table of `Torch()`'s compile
+modes (eager, `compile=True`, `"cuda-graphs"`, at K=1 and K=10). Last (`--skip-compute`
+leaves it out), `bench_compute.py --device cuda`: the compute-bound MLP (64 → 4096 ×3 →
+64, batch 4096, 0.84 TFLOP per step) per backend in float32 and bf16 against its hand
+loop (Keras: `model.fit`), K=10 against K=1, and TFLOP/s with the share of the bf16 peak
+(a "Compute-bound" table). The output is Markdown (a machine line and the tables);
+`--output benchmarks/gpu-check.md` keeps it where `benchmarks/run_all.py` puts it on
+`docs/performance.md` ("On a GPU").
+
+On a GPU node without a package registry whose python3 already holds torch and jax with
+CUDA: `scripts/gpu_bundle.sh` (on a connected machine) builds the project's wheels and
+downloads the few missing dependencies into `.gpu/`, and `scripts/gpu_run.sh OUTDIR`
+(on the node) installs them beside the node's packages and runs this script with that
+python (CONTRIBUTING.md, "Running the GPU check on an offline node").
 
 Exit status: 0 all checks pass, 1 a check failed (the tables say which), 2 no CUDA GPU
 (or a framework that cannot see it).
@@ -365,23 +377,32 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- the benchmarks ----------------------------------------------------------------------------
-def bench_commands(device: str) -> list[tuple[str, list[str], dict[str, str]]]:
+def bench_commands(
+    device: str, *, compute: bool = True
+) -> list[tuple[str, list[str], dict[str, str]]]:
     """The benchmark scripts to run on `device`, with their flags and environment."""
     jax_env = {"JAX_PLATFORMS": "cpu"} if device == "cpu" else {}  # else jax's default: the GPU
     accelerator = "cpu" if device == "cpu" else "gpu"
-    return [
+    commands = [
         ("bench_equinox", ["--quick", "--skip-rss"], jax_env),
         ("bench_lightning", ["--quick", "--accelerator", accelerator], {}),
-        # Torch(): K=1, K=10, fused optimizer, compile (and its CUDA-graph mode on CUDA)
+        # Torch(): K=1, K=10, fused optimizer, compile=True; on CUDA also compile=True at
+        # K=1 and compile="cuda-graphs" at K=1 and K=10
         ("bench_torch", ["--quick", "--device", "cpu" if device == "cpu" else "cuda"], {}),
         ("bench_keras", ["--quick", "--backend", "jax"], jax_env),
     ]
+    if compute:
+        # the compute-bound MLP (full sizes on the GPU; each backend in its own child,
+        # which sets its own environment)
+        flags = ["--device", "cpu", "--quick"] if device == "cpu" else ["--device", "cuda"]
+        commands.append(("bench_compute", flags, {}))
+    return commands
 
 
 def run_benchmarks(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Run the benchmark scripts (run_all's `--json` convention); their rows."""
     rows: list[dict[str, Any]] = []
-    for name, flags, extra in bench_commands(args.device):
+    for name, flags, extra in bench_commands(args.device, compute=not args.skip_compute):
         fd, path = tempfile.mkstemp(suffix=".json")
         os.close(fd)
         cmd = [sys.executable, str(BENCHMARKS / f"{name}.py"), *flags, "--json", path]
@@ -482,6 +503,100 @@ def backend_table(results: list[dict[str, Any]], args: argparse.Namespace) -> li
     return lines
 
 
+def _rate(r: dict[str, Any] | None, *, tflops: bool = False) -> str:
+    if r is None:
+        return "–"
+    if r.get("value") is None:
+        return "failed"
+    text = f"{r['value']:,.1f}"
+    if tflops and r.get("tflops") is not None:
+        text += f" ({_fmt(r['tflops'])})"
+    return text
+
+
+def compute_table(rows: list[dict[str, Any]]) -> list[str]:
+    """`bench_compute.py`'s rows, one line per backend and precision."""
+    lines = [
+        "| backend | precision | reference: steps/s (TFLOP/s) | library K=1 | K=1 ÷ reference | "
+        "library K=10 | K=10 ÷ K=1 | bf16: TFLOP/s, share of peak | OK |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: |",
+    ]
+    groups: dict[tuple[Any, Any], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r.get("backend"), r.get("precision")), {})[str(r.get("loop"))] = r
+    for (backend, precision), loops in groups.items():
+        if precision is None:  # the backend's child failed
+            r = next(iter(loops.values()))
+            note = str(r.get("note") or "").replace("|", "\\|")
+            lines.append(f"| {backend} | failed: {note} | | | | | | | ❌ |")
+            continue
+        hand, k1, k10, peak = (loops.get(k) for k in ("hand", "k1", "k10", "peak"))
+        reference = str((hand or {}).get("case", "")).rsplit(": ", 1)[-1]
+        reference = reference.removesuffix(" (reference)")
+        share = "–"
+        if peak is not None and peak.get("value") is not None:
+            share = f"{_fmt(peak['value'])}, {peak['ratio']:.1%}"
+            if peak.get("target"):
+                share += f" (target {peak['target']})"
+        oks = [r.get("ok") for r in (k1, k10, peak) if r is not None and r.get("ok") is not None]
+        lines.append(
+            f"| {backend} | {precision} | {reference}: {_rate(hand, tflops=True)} | "
+            f"{_rate(k1, tflops=True)} | {_fmt((k1 or {}).get('ratio'))} | "
+            f"{_rate(k10, tflops=True)} | {_fmt((k10 or {}).get('ratio'))} | {share} | "
+            f"{_mark(all(oks)) if oks else ''} |"
+        )
+    return lines
+
+
+#: the `Torch()` loops of `bench_torch.py` by compile mode and K (its rows' `loop` keys)
+COMPILE_MODES = (
+    ("k1", "eager, K=1"),
+    ("k1c", "compile=True, K=1"),
+    ("k1g", '"cuda-graphs", K=1'),
+    ("k10", "eager, K=10"),
+    ("k10c", "compile=True, K=10 (fused optimizer)"),
+    ("k10g", '"cuda-graphs", K=10'),
+)
+
+
+def compile_table(rows: list[dict[str, Any]]) -> list[str]:
+    """`Torch()`'s compile modes from `bench_torch.py`'s rows: steps/s (÷ eager K=1)."""
+    cases: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("benchmark") == "torch" and r.get("loop"):
+            title = str(r.get("case", "")).split(": ", 1)[0]
+            cases.setdefault(title, {})[str(r["loop"])] = r
+    if not cases:
+        return []
+    lines = [
+        "| case | " + " | ".join(label for _, label in COMPILE_MODES) + " |",
+        "| --- |" + " ---: |" * len(COMPILE_MODES),
+    ]
+    failures = []
+    for title, loops in cases.items():
+        eager = (loops.get("k1") or {}).get("value")
+        cells = []
+        for key, label in COMPILE_MODES:
+            r = loops.get(key)
+            if r is None:
+                cells.append("–")
+            elif r.get("value") is None:
+                cells.append("failed ❌")
+                failures.append(f"{title}, {label}: {r.get('note') or 'no value'}")
+            else:
+                times = f" ({r['value'] / eager:.2f}×)" if eager else ""
+                cells.append(f"{r['value']:,.0f}{times}")
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(
+        "steps/s (÷ eager `Torch()` K=1 in the same run); – : not run (the CUDA-only modes "
+        "on the CPU, or `--no-compile`)."
+    )
+    for failure in failures:
+        lines.append(f"- {failure}")
+    return lines
+
+
 def bench_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| benchmark | case | steps/s | ratio | target | OK | note |",
@@ -517,16 +632,42 @@ def report(
         "",
     ]
     if bench is not None:
+        overhead = [r for r in bench if r.get("benchmark") != "compute"]
+        compute = [r for r in bench if r.get("benchmark") == "compute"]
         lines += [
             f"### Benchmarks on the {title}",
             "",
             "`benchmarks/bench_equinox.py --quick --skip-rss`, `bench_lightning.py --quick "
-            f"--accelerator {'gpu' if args.device == 'cuda' else 'cpu'}`, `bench_keras.py --quick` "
-            "(ratio: the case's steps/s ÷ its reference loop, see each script).",
+            f"--accelerator {'gpu' if args.device == 'cuda' else 'cpu'}`, `bench_torch.py "
+            f"--quick --device {args.device}`, `bench_keras.py --quick` (ratio: the case's "
+            "steps/s ÷ its reference loop, see each script).",
             "",
-            *bench_table(bench),
+            *bench_table(overhead),
             "",
         ]
+        modes = compile_table(overhead)
+        if modes:
+            lines += ["#### `Torch()` compile modes", "", *modes, ""]
+        if compute:
+            sizes = (
+                "the CPU sizes (`--device cpu --quick`: MLP 64→128×3→64, batch 256; "
+                "targets not judged)"
+                if args.device == "cpu"
+                else "MLP 64→4096×3→64 (ReLU), batch 4096, 34.1M parameters, 0.84 TFLOP per "
+                "step (6 × parameters × batch)"
+            )
+            lines += [
+                "#### Compute-bound",
+                "",
+                f"`benchmarks/bench_compute.py`: {sizes}; Adam, mse; steady state (steps 11–110 "
+                "on the GPU), synchronised. The reference is the hand loop with its batches on "
+                "the device (Keras: `model.fit`); the library feeds from host arrays. Targets "
+                "(issue 38): K=1 ≥ 0.95× the reference, K=10 ≥ 0.95× K=1, bf16 ≥ 60% (Equinox, "
+                "Keras-jax) or 50% (`Torch()`) of the peak.",
+                "",
+                *compute_table(compute),
+                "",
+            ]
     return "\n".join(lines)
 
 
@@ -539,6 +680,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small sizes: 20 steps, width 32")
     p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(DEFAULT_BACKENDS))
     p.add_argument("--skip-bench", action="store_true", help="only the backend checks")
+    p.add_argument(
+        "--skip-compute",
+        action="store_true",
+        help="skip benchmarks/bench_compute.py (the compute-bound MLP)",
+    )
     p.add_argument("--steps", type=int, default=None, help="steps per run (default 200)")
     p.add_argument(
         "--stop-at", type=int, default=None, help="where the resumed run stops (steps/2)"

@@ -2,12 +2,16 @@
 
 On a machine without a CUDA GPU (every test machine), `--device cpu --quick` runs the
 same placement, bf16 and resume checks the GPU run makes, with small sizes, on one
-backend (Equinox: the fastest to start).
+backend (Equinox: the fastest to start). Also: `benchmarks/bench_compute.py` (the
+compute-bound rows) at its CPU sizes, and the offline-node scripts `scripts/gpu_bundle.sh`
+and `scripts/gpu_run.sh` in their `--help` and `--dry-run` modes (no network, no GPU).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -80,3 +84,103 @@ def test_cpu_quick_run_checks_placement_bf16_and_resume(tmp_path: Path) -> None:
     text = md.read_text()
     assert text in proc.stdout
     assert "| equinox | jax " in text and "bit-exact ✅" in text
+
+
+# -- benchmarks/bench_compute.py and the offline bundle ---------------------------------------
+BENCH_COMPUTE = ROOT / "benchmarks" / "bench_compute.py"
+BUNDLE = ROOT / "scripts" / "gpu_bundle.sh"
+RUN = ROOT / "scripts" / "gpu_run.sh"
+
+
+@pytest.mark.slow
+def test_bench_compute_cpu_quick_writes_rows_for_each_backend_and_loop(tmp_path: Path) -> None:
+    out = tmp_path / "compute.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH_COMPUTE), "--device", "cpu", "--quick",
+         "--backends", "equinox", "torch", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, **PYCACHE},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    cases = {(r["backend"], r["precision"], r["loop"]) for r in rows}
+    assert cases == {
+        (backend, precision, loop)
+        for backend in ("equinox", "torch")
+        for precision in ("float32", "bfloat16-mixed")
+        for loop in ("hand", "k1", "k10")
+    }  # no share-of-peak rows on the CPU
+    for r in rows:
+        assert r["benchmark"] == "compute" and r["unit"] == "steps/s"
+        assert math.isfinite(r["value"]) and r["value"] > 0
+        assert r["target"] is None and r["ok"] is None  # GPU targets: not judged on the CPU
+        assert r["tflops"] > 0 and r["peak_share"] is None
+        if r["loop"] != "hand":
+            assert math.isfinite(r["ratio"]) and r["ratio"] > 0
+    # 49,600 parameters (64→128×3→64), 6 × params × 256 rows per step
+    assert "49,600 parameters" in proc.stdout and "not judged on the CPU" in proc.stdout
+
+
+def test_bench_compute_refuses_boundaries_that_split_a_fused_call() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH_COMPUTE), "--device", "cpu", "--steps", "25"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "--warmup and --steps must be multiples of 10" in proc.stderr
+    assert "Received: --warmup 10, --steps 25." in proc.stderr
+
+
+def test_gpu_check_runs_bench_compute_after_the_other_benchmarks() -> None:
+    spec = importlib.util.spec_from_file_location("pipekit_gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    names = [name for name, _, _ in gpu_check.bench_commands("cpu")]
+    assert names[-1] == "bench_compute" and "bench_torch" in names
+    flags = {name: flags for name, flags, _ in gpu_check.bench_commands("cuda")}
+    assert flags["bench_compute"] == ["--device", "cuda"]  # the full, compute-bound sizes
+    assert "bench_compute" not in [n for n, _, _ in gpu_check.bench_commands("cpu", compute=False)]
+
+
+def _bash(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHON": sys.executable},
+    )  # fmt: skip
+
+
+def test_gpu_bundle_help_and_dry_run_describe_the_steps_without_network(tmp_path: Path) -> None:
+    proc = _bash(str(BUNDLE), "--help")
+    assert proc.returncode == 0, proc.stderr
+    for text in ("scripts/build_wheels.sh", "uv.lock", "pip download", "--python-version",
+                 "--platform", "--dry-run", "scripts/gpu_run.sh"):  # fmt: skip
+        assert text in proc.stdout
+    out = tmp_path / "bundle"
+    proc = _bash(str(BUNDLE), "--dry-run", "--out", str(out), "--python-version", "3.12")
+    assert proc.returncode == 0, proc.stderr
+    assert not out.exists()  # nothing built, nothing downloaded
+    assert "step 1: scripts/build_wheels.sh" in proc.stdout
+    assert "--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64" in (
+        proc.stdout
+    )
+    # the node's frameworks (and what they pull in) are not bundled; what the project adds is,
+    # at uv.lock's versions for that Python
+    wanted = proc.stdout.split("step 2:", 1)[1].splitlines()[1].split()
+    names = {w.split("==")[0] for w in wanted}
+    assert {"keras", "grain", "zarr", "jmp"} <= names
+    assert not names & {"torch", "jax", "jaxlib", "equinox", "optax", "lightning", "numpy"}
+    assert all("==" in w for w in wanted)
+    proc = _bash(str(BUNDLE), "--python-version", "twelve")
+    assert proc.returncode == 2 and "Received: twelve." in proc.stderr
+
+
+def test_gpu_run_dry_run_names_the_install_and_the_check(tmp_path: Path) -> None:
+    proc = _bash(str(RUN), "--help")
+    assert proc.returncode == 0 and "--no-index --no-deps" in proc.stdout
+    proc = _bash(str(RUN), "--dry-run", "--bundle", str(tmp_path / "none"), str(tmp_path / "o"),
+                 "--skip-compute")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "scripts/gpu_check.py --backends equinox lightning keras-jax keras-torch" in proc.stdout
+    assert f"--json {tmp_path / 'o'}/gpu-check.json --skip-compute" in proc.stdout
+    proc = _bash(str(RUN), "--bundle", str(tmp_path / "none"), str(tmp_path / "o"))
+    assert proc.returncode == 2 and "scripts/gpu_bundle.sh" in proc.stderr
