@@ -126,7 +126,7 @@ def test_every_step_is_sealed_off_the_training_thread(
         threads.append(threading.current_thread().name)
         seal(folder, step)
 
-    from pipekit_train.core import _store  # the store seals the step the engine wrote
+    from pipekit_train.core.checkpoint import _store  # the store seals the step the engine wrote
 
     monkeypatch.setattr(_store, "seal_folder", spy)
     build(8, Checkpoint(tmp_path, every_n_steps=4, max_to_keep=None)).run()

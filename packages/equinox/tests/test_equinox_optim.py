@@ -167,10 +167,10 @@ def test_learning_rate_reported_from_the_schedule(make_loop) -> None:
 
 def test_learning_rate_sweep_shares_one_compiled_step(make_loop, monkeypatch) -> None:
     """Runs that differ only in a constant lr reuse the compiled step, with their own lr."""
-    from pipekit_train.equinox import _compiled as _step
+    from pipekit_train.equinox import _compiled
 
     built: list[object] = []
-    original = _step.StepFunctions.__init__
+    original = _compiled.StepFunctions.__init__
 
     def counting_init(self, *args, **kwargs):
         built.append(self)
@@ -184,13 +184,13 @@ def test_learning_rate_sweep_shares_one_compiled_step(make_loop, monkeypatch) ->
             .model.serialize_weights()
         )
 
-    monkeypatch.setattr(_step.StepFunctions, "__init__", counting_init)
-    monkeypatch.setattr(_step, "_CACHE", type(_step._CACHE)())
+    monkeypatch.setattr(_compiled.StepFunctions, "__init__", counting_init)
+    monkeypatch.setattr(_compiled, "_CACHE", type(_compiled._CACHE)())
     first = weights(0.013)
     second = weights(0.031)
     assert len(built) == 1  # the second run compiled nothing new
     assert first != second
-    monkeypatch.setattr(_step, "_CACHE", type(_step._CACHE)())
+    monkeypatch.setattr(_compiled, "_CACHE", type(_compiled._CACHE)())
     assert weights(0.031) == second  # a fresh compilation gives the same weights
     assert len(built) == 2
     # any other optimizer argument still changes the compiled step

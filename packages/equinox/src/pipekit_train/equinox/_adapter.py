@@ -2,7 +2,7 @@
 
 Everything but the step lives in core (`run_step_loop`: batching, fused groups,
 validation, checkpoint schedule and retention, callbacks, writers, artifact); this
-module checks the plan and builds the `EquinoxBackend` (`_step.py`) that core drives.
+module checks the plan and builds the `EquinoxBackend` (`_step_backend.py`) that core drives.
 """
 
 from __future__ import annotations
@@ -16,12 +16,7 @@ import numpy as np
 
 import equinox as eqx
 from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import PRECISIONS as SPEC_PRECISIONS
-from pipekit_train.core.adapter import (
-    Capabilities,
-    Plan,
-    StepAdapter,
-)
+from pipekit_train.core.adapter import Capabilities, Plan, StepAdapter
 
 from ._model import EquinoxModelOp, apply_model
 from ._optim import build_optimizer
@@ -29,7 +24,7 @@ from ._precision import DynamicLossScale, Policy, resolve_policy
 from ._sharding import ShardingSpec
 
 if TYPE_CHECKING:
-    from ._step import EquinoxBackend
+    from ._step_backend import EquinoxBackend
 
 __all__ = ["Equinox"]
 
@@ -58,18 +53,7 @@ class Equinox(StepAdapter):
 
     name = "equinox"
     native_loaders = "a grain MapDataset, IterDataset or DataLoader"
-    capabilities = Capabilities(
-        native_data=True,
-        online=True,
-        fused_steps=True,
-        sharding=True,
-        accumulation=True,
-        precisions=SPEC_PRECISIONS,
-        skip_nonfinite=True,
-        grad_norm=True,
-        lr_scale=True,
-        ema=True,
-    )
+    capabilities = Capabilities.full()
 
     def __init__(
         self,
@@ -177,7 +161,6 @@ class Equinox(StepAdapter):
                 f"A multi-process run ({jax.process_count()} processes) needs `sharding=ShardingSpec(mesh)`. "
                 "Received: sharding=None."
             )
-        super().validate(plan)
 
     def check_native_data(self, field: str, data: Any, plan: Plan) -> None:
         """A grain loader: single-process only, batches with `x` and `y`."""
@@ -228,6 +211,6 @@ class Equinox(StepAdapter):
     # -- running -----------------------------------------------------------------------
     def step_backend(self, plan: Plan) -> EquinoxBackend:
         """The `StepBackend` for `run_step_loop` and `OnlineTrainer`."""
-        from ._step import EquinoxBackend
+        from ._step_backend import EquinoxBackend
 
         return EquinoxBackend(plan, self)

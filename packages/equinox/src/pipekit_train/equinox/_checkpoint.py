@@ -54,7 +54,7 @@ import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import numpy as np
@@ -110,7 +110,14 @@ class OrbaxCheckpointer:
     Raises:
         ConfigError: a location that only one process may write (a URI) in a
             multi-process run, or without `live_tree`.
+
+    Attributes:
+        collective: True: Orbax's save is a collective operation, so core's
+            `RunLifecycle` calls `save` on every process of a multi-process run (each
+            writes its own shards; the primary writes the metadata and seals the step).
     """
+
+    collective: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -26,9 +26,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
 import equinox as eqx
-from pipekit_train.core.adapter import GRAD_NORM, global_grad_norm
 
 from ._ema import ema_model
+from ._grad_norm import GRAD_NORM, step_grad_norm
 from ._model import apply_model
 from ._precision import Policy, all_finite
 from ._state import TrainState
@@ -178,7 +178,7 @@ class StepFunctions:
         model = eqx.apply_updates(state.model, updates)
         metrics: Metrics = {"loss": jnp.asarray(loss, jnp.float32)}
         if self.grad_norm:
-            metrics[GRAD_NORM] = self._grad_norm(grads, state.opt_state)
+            metrics[GRAD_NORM] = step_grad_norm(grads, state.opt_state, accumulate=self.accumulate)
         if scale is not None:
             finite = all_finite(grads)
             model = _select(finite, model, state.model)
@@ -199,16 +199,6 @@ class StepFunctions:
             metrics["loss_scale"] = scale.scale
         new = TrainState(model, opt_state, state.step + 1, key, mstate, scale)
         return new, metrics
-
-    def _grad_norm(self, grads: Any, opt_state: Any) -> Array:
-        """The global norm of the gradient the update uses (before clipping)."""
-        if self.accumulate > 1 and hasattr(opt_state, "acc_grads"):
-            # optax.MultiSteps's running mean, as its update computes it
-            n = opt_state.mini_step
-            grads = jax.tree.map(
-                lambda g, acc: acc + (g - acc) / (n + 1), grads, opt_state.acc_grads
-            )
-        return jnp.asarray(global_grad_norm(jax.tree.leaves(grads)), jnp.float32)
 
     def _flat_step(self, leaves: list[Any], batch: Batch) -> tuple[list[Any], Metrics]:
         state, metrics = self.one_step(self.unflatten(leaves), batch)

@@ -9,20 +9,17 @@ with `batched=True`.
 from __future__ import annotations
 
 import inspect
-import io
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
 import equinox as eqx
 from pipekit_train.core import ConfigError, ModelOpBase
 
-if TYPE_CHECKING:
-    from ._adapter import Equinox
+from ._weights import tree_from_bytes, tree_to_bytes
 
 __all__ = ["EquinoxModelOp", "apply_model", "has_stochastic_layers", "takes_key"]
 
@@ -90,17 +87,6 @@ def _sharded_like(keys: Array, x: Array) -> Array:
         return keys
     target = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(spec[0]))
     return jax.sharding.reshard(keys, target)
-
-
-def _host_array(x: Any) -> Any:
-    """A plain single-device copy of a (possibly sharded, multi-process) array."""
-    if not isinstance(x, jax.Array):
-        return x
-    if not x.is_fully_addressable and not x.is_fully_replicated:
-        from jax.experimental import multihost_utils
-
-        return jnp.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return jnp.asarray(np.asarray(jax.device_get(x)))
 
 
 class EquinoxModelOp(ModelOpBase):
@@ -198,12 +184,6 @@ class EquinoxModelOp(ModelOpBase):
         new._infer = None
         return new
 
-    def default_adapter(self) -> Equinox:
-        """`Equinox()`, the adapter `TrainingLoop` uses for this operator by default."""
-        from ._adapter import Equinox
-
-        return Equinox()
-
     # -- inference ---------------------------------------------------------------------
     def _tree(self) -> PyTree:
         return self.model if self.model_state is None else (self.model, self.model_state)
@@ -233,34 +213,10 @@ class EquinoxModelOp(ModelOpBase):
     # -- weights -----------------------------------------------------------------------
     def serialize_weights(self) -> bytes:
         """The weights (and layer state) via `eqx.tree_serialise_leaves`: same weights, same bytes."""
-        buf = io.BytesIO()
-        eqx.tree_serialise_leaves(buf, jax.tree.map(_host_array, self._tree()))
-        return buf.getvalue()
+        return tree_to_bytes(self._tree())
 
     def _load_weights(self, blob: bytes) -> None:
-        like = self._tree()
-        buf = io.BytesIO(bytes(blob))
-        try:
-            tree = eqx.tree_deserialise_leaves(buf, like)
-        except Exception as exc:  # np.load raises several kinds on bad bytes
-            raise ConfigError(
-                f"The weight bytes do not fit this model ({exc}). Received: {len(blob)} bytes for "
-                f"factory={self.factory!r}. Load weights saved from the same factory and kwargs."
-            ) from exc
-        if buf.read(1):
-            raise ConfigError(
-                f"The weight bytes hold more leaves than this model. Received: {len(blob)} bytes for "
-                f"factory={self.factory!r}. Load weights saved from the same factory and kwargs."
-            )
-        for new, old in zip(jax.tree.leaves(tree), jax.tree.leaves(like), strict=True):
-            if eqx.is_array(old) and (
-                jnp.shape(new) != jnp.shape(old) or jnp.result_type(new) != jnp.result_type(old)
-            ):
-                raise ConfigError(
-                    "The weight bytes do not fit this model. Received: an array of shape "
-                    f"{jnp.shape(new)} {jnp.result_type(new)} where the model has {jnp.shape(old)} "
-                    f"{jnp.result_type(old)}. Load weights saved from the same factory and kwargs."
-                )
+        tree = tree_from_bytes(blob, self._tree(), factory=self.factory)
         if self.model_state is None:
             self.model = tree
         else:

@@ -22,10 +22,11 @@ from ._checkpoint import OrbaxCheckpointer, abstract_of
 from ._compiled import flatten_state, step_functions
 from ._ema import ema_model, find_ema
 from ._fetch import fetch_to_host
-from ._model import EquinoxModelOp, _host_array, has_stochastic_layers, takes_key
+from ._model import EquinoxModelOp, has_stochastic_layers, takes_key
 from ._optim import build_optimizer
 from ._sharding import Placement, ShardingSpec
 from ._state import FlatState, TrainState
+from ._weights import host_array
 
 if TYPE_CHECKING:
     from ._adapter import Equinox
@@ -258,8 +259,8 @@ class EquinoxBackend(StepBackend[FlatState]):
         return None if find_ema(ts.opt_state) is None else self._host_op(ts.model, ts.model_state)
 
     def _host_op(self, model: Any, model_state: Any) -> EquinoxModelOp:
-        model = jax.tree.map(_host_array, model)
-        mstate = None if model_state is None else jax.tree.map(_host_array, model_state)
+        model = jax.tree.map(host_array, model)
+        mstate = None if model_state is None else jax.tree.map(host_array, model_state)
         return self.op.with_model(model, mstate)
 
     # -- checkpoints -------------------------------------------------------------------
