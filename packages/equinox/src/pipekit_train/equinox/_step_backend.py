@@ -85,6 +85,9 @@ class EquinoxBackend(StepBackend[FlatState]):
         multi = self.placement.multiprocess
         self.data_shard = (jax.process_index(), jax.process_count()) if multi else (0, 1)
         self.is_chief = jax.process_index() == 0
+        # on an accelerator a thread puts the next batches on the device while the step
+        # runs (core's step loop); on the CPU there is nothing to overlap
+        self.prefetch = 2 if jax.default_backend() != "cpu" else 0
         self._template = self._host_state()
         self._names = _leaf_names(self._template)
         self._step_index = self._names.index("step")
