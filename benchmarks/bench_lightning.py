@@ -210,11 +210,11 @@ def run_raw(
 # -- profile ---------------------------------------------------------------------------------
 def time_layer(data: ArrayDataset, op: LightningModelOp, batch: int, steps: int) -> None:
     """Wall time inside the adapter's own per-step code, measured with perf_counter."""
-    from pipekit_train.lightning import _data, _loop
+    from pipekit_train.lightning import _bridge, _data
 
     spent = {"bridge": 0.0, "feed": 0.0}
-    hook = _loop.LightningHooks.on_train_batch_end
-    generate = _data.BatchFeed._generate
+    hook = _bridge.LightningHooks.on_train_batch_end
+    generate = _data.TensorBatches._generate
 
     def timed_hook(self: Any, *args: Any) -> None:
         t = time.perf_counter()
@@ -229,15 +229,15 @@ def time_layer(data: ArrayDataset, op: LightningModelOp, batch: int, steps: int)
             spent["feed"] += time.perf_counter() - t
             yield item
 
-    _loop.LightningHooks.on_train_batch_end = timed_hook  # type: ignore[method-assign]
-    _data.BatchFeed._generate = timed_generate  # type: ignore[method-assign]
+    _bridge.LightningHooks.on_train_batch_end = timed_hook  # type: ignore[method-assign,assignment]
+    _data.TensorBatches._generate = timed_generate  # type: ignore[method-assign]
     try:
         t0 = time.perf_counter()
         run_adapter(data, op, batch, steps // 5, steps)
         wall = time.perf_counter() - t0
     finally:
-        _loop.LightningHooks.on_train_batch_end = hook  # type: ignore[method-assign]
-        _data.BatchFeed._generate = generate  # type: ignore[method-assign]
+        _bridge.LightningHooks.on_train_batch_end = hook  # type: ignore[method-assign]
+        _data.TensorBatches._generate = generate  # type: ignore[method-assign]
     print(
         f"\nthe adapter's own per-step code, MLP 2→32→1 b{batch}, {steps} steps (perf_counter, whole run)"
     )
@@ -262,8 +262,8 @@ def profile_adapter(data: ArrayDataset, op: LightningModelOp, batch: int, steps:
     raw = stats.stats  # type: ignore[attr-defined]
     total = sum(v[3] for k, v in raw.items() if k[2] == "run_adapter")
     groups = {
-        "hooks.on_train_batch_end (RunContext: record, schedules)": (
-            "_loop.py",
+        "hooks.on_train_batch_end (RunLifecycle: record, schedules)": (
+            "_bridge.py",
             "on_train_batch_end",
         ),
         "feed: core make_batches next() + from_numpy + get_state": ("_data.py", "_generate"),

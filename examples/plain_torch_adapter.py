@@ -66,8 +66,7 @@ class PlainTorch(StepAdapter):
         return {"type": "plain_torch_adapter:PlainTorch", "kwargs": {}}
 
     def validate(self, plan: Plan) -> None:
-        """Capabilities first (core's checks), then what this backend needs."""
-        super().validate(plan)
+        """What this backend needs (core checks the capabilities afterwards)."""
         self.validate_online(plan)
 
     def validate_online(self, plan: Plan) -> None:

@@ -6,7 +6,6 @@ Importing this module does not import lightning (≈14 s cold); `run()` does.
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import logging
 import random
@@ -19,25 +18,28 @@ import numpy as np
 import torch
 
 from pipekit_train.core import ConfigError, TrainingArtifact
-from pipekit_train.core.adapter import PRECISIONS as SPEC_PRECISIONS
 from pipekit_train.core.adapter import (
     Adapter,
     Capabilities,
     Plan,
     Precision,
+    RunLifecycle,
     adjusts_learning_rate,
     is_core_dataset,
 )
 
-from ._data import BatchFeed, is_datamodule, is_native_loader
+from ._checkpoint import checkpointer
+from ._data import is_datamodule, is_native_loader
 from ._ema import averaged_copy
+from ._fetch import fetch
 from ._losses import torch_loss
-from ._model import LightningModelOp, as_input, module_dtype
+from ._model import LightningModelOp, is_lightning_module, module_dtype
 from ._nvml import without_nvml_check
 from ._optim import build_optimizer, check_optimizer_config, gradient_clip
 from ._precision import trainer_precision
+from ._probe import expected_input_shape, output_shape
 
-__all__ = ["Lightning"]
+__all__ = ["TRAINER_KWARGS", "Lightning"]
 
 
 # Lines Lightning logs at INFO on every run that say nothing about this run: the product
@@ -82,7 +84,7 @@ def _without_advert() -> Iterator[None]:
 
 
 # `lightning.Trainer` keyword arguments, minus the ones TrainingLoop owns.
-_TRAINER_KWARGS = frozenset(
+TRAINER_KWARGS = frozenset(
     {
         "accelerator",
         "strategy",
@@ -129,18 +131,6 @@ _OWNED = {
     "overfit_batches": "a small ArrayDataset",
     "accumulate_grad_batches": "TrainingLoop(accumulate_grad_batches=k) (the same meaning on every backend)",
 }
-
-
-def _class_named(obj: Any, name: str) -> bool:
-    return any(
-        cls.__name__ == name and cls.__module__.split(".")[0] in ("lightning", "pytorch_lightning")
-        for cls in type(obj).__mro__
-    )
-
-
-def is_lightning_module(obj: Any) -> bool:
-    """Whether `obj` is a `LightningModule` (checked without importing lightning)."""
-    return _class_named(obj, "LightningModule")
 
 
 def _overrides(module: Any, name: str) -> bool:
@@ -209,16 +199,7 @@ class Lightning(Adapter):
 
     name = "lightning"
     native_loaders = "a torch DataLoader or a LightningDataModule"
-    capabilities = Capabilities(
-        native_data=True,
-        online=True,
-        accumulation=True,
-        precisions=SPEC_PRECISIONS,
-        skip_nonfinite=True,
-        grad_norm=True,
-        lr_scale=True,
-        ema=True,
-    )
+    capabilities = Capabilities.full(fused_steps=False, sharding=False)
 
     def __init__(self, **trainer_kwargs: Any):
         for key, value in trainer_kwargs.items():
@@ -227,10 +208,10 @@ class Lightning(Adapter):
                     f"`{key}` is not a Lightning() argument: the run length belongs to the "
                     f"TrainingLoop. Received: {key}={value!r}. Use {_OWNED[key]} instead."
                 )
-            if key not in _TRAINER_KWARGS:
+            if key not in TRAINER_KWARGS:
                 raise ConfigError(
                     f"`{key}` is not a lightning.Trainer argument. Received: {key}={value!r}. "
-                    f"Use some of {sorted(_TRAINER_KWARGS)}."
+                    f"Use some of {sorted(TRAINER_KWARGS)}."
                 )
         strategy = trainer_kwargs.get("strategy")
         if isinstance(strategy, str) and any(w in strategy for w in ("spawn", "fork", "notebook")):
@@ -315,7 +296,6 @@ class Lightning(Adapter):
                 f"Received: validation={type(plan.validation).__name__}. Drop `validation=`, or pass "
                 "a DataLoader as `data=` instead."
             )
-        super().validate(plan)
 
     def validate_online(self, plan: Plan) -> None:
         """Checks for `OnlineTrainer` (plain-torch steps)."""
@@ -329,7 +309,7 @@ class Lightning(Adapter):
 
     def step_backend(self, plan: Plan) -> Any:
         """The plain-torch step backend (`OnlineTrainer`)."""
-        from ._step import TorchStepBackend
+        from ._step_backend import TorchStepBackend
 
         return TorchStepBackend(plan)
 
@@ -345,31 +325,11 @@ class Lightning(Adapter):
         with uninitialised lazy layers (the probe would initialise them) or another
         `forward` signature gives None.
         """
-        net = _probe_target(model)
-        if net is None:
-            return None
-        param_dtype, device = module_dtype(net)
-        x = as_input(np.zeros((1, *input_shape[1:]), dtype), param_dtype, device)
-        was_training = net.training
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            net.eval()
-            try:
-                with torch.no_grad():
-                    out = net(x)
-            finally:
-                net.train(was_training)
-        if not isinstance(out, torch.Tensor) or out.ndim == 0:
-            return None
-        return (input_shape[0], *(int(d) for d in out.shape[1:]))
+        return output_shape(model, input_shape, dtype)
 
     def expected_input_shape(self, model: Any) -> tuple[int, ...] | None:
         """`(in_features,)` of a `torch.nn.Sequential` that starts with a `Linear` layer."""
-        net = _probe_target(model)
-        if isinstance(net, torch.nn.Sequential) and len(net) > 0:
-            first = net[0]
-            if isinstance(first, torch.nn.Linear):
-                return (int(first.in_features),)
-        return None
+        return expected_input_shape(model)
 
     # -- running -----------------------------------------------------------------------------
     def _trainer_kwargs(self, plan: Plan, native: bool, callbacks: list[Any]) -> dict[str, Any]:
@@ -396,10 +356,14 @@ class Lightning(Adapter):
         return kwargs
 
     def run(self, plan: Plan) -> TrainingArtifact:
-        """Train with `Trainer.fit`, resuming from the latest complete checkpoint."""
+        """Train with `Trainer.fit`, resuming from the latest complete checkpoint.
+
+        The run's `RunLifecycle` is built around the fit (leaving it by an exception
+        aborts the run); the bridge (`LightningHooks`) drives it from Lightning's hooks.
+        """
         import lightning as L
 
-        from ._loop import LightningHooks
+        from ._bridge import LightningHooks
         from ._module import PlanModule
 
         model = plan.model
@@ -433,8 +397,7 @@ class Lightning(Adapter):
                 module.configure_optimizers = configure_optimizers
                 patched = True
         dtype, _ = module_dtype(net)
-        feed = None if native else BatchFeed(dtype=dtype, keep=16 * plan.accumulate_grad_batches)
-        bridge = LightningHooks(plan, save_module=net, eval_module=net, loss=loss, feed=feed)
+        bridge = LightningHooks(plan, save_module=net, eval_module=net, loss=loss, dtype=dtype)
         if is_lightning_module(net):
             callbacks = [bridge]  # your module's hooks stay yours: the bridge is a Callback
         else:
@@ -450,54 +413,58 @@ class Lightning(Adapter):
                 f"this process. Received: strategy={trainer.strategy!r}. Use strategy='ddp'."
             )
         _stand_aside(trainer)
-        world = int(trainer.world_size)
+        rank, world = int(trainer.global_rank), int(trainer.world_size)
         if not native and plan.batch_size % world:
             raise ConfigError(
                 "`batch_size` (the global batch) must split evenly over the "
                 f"{world} processes. Received: batch_size={plan.batch_size}. Use a multiple "
                 f"of {world}."
             )
-        try:
-            with _rng_guard(), without_nvml_check(), _without_advert(), warnings.catch_warnings():
-                # Lightning 2.6's pytree helper uses an API torch 2.15 deprecates (once per fit)
-                warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
-                if plan.validation is not None:  # validated by the bridge, not Lightning's loop
-                    warnings.filterwarnings(
-                        "ignore",
-                        message=r"You defined a `validation_step` but have no `val_dataloader`",
-                    )
-                if is_datamodule(plan.data):
-                    trainer.fit(module, datamodule=plan.data)
-                elif native:
-                    trainer.fit(module, train_dataloaders=plan.data)
-                else:
-                    trainer.fit(module, train_dataloaders=feed)
-            run = bridge.run
-            if run is None:  # pragma: no cover - refused above
-                raise RuntimeError("the training did not run in this process")
-            net.train(False)
-            # with optimizer_config["ema"]: the artifact's model holds the average
-            averaged = averaged_copy(net, bridge.state.optimizers)
+        with RunLifecycle(
+            plan,
+            checkpointer=checkpointer(plan.checkpoint) if plan.checkpoint is not None else None,
+            fetch=fetch,
+            learning_rate=bridge.learning_rate,
+            is_chief=rank == 0,
+        ) as run:
+            try:
+                with (
+                    _rng_guard(),
+                    without_nvml_check(),
+                    _without_advert(),
+                    warnings.catch_warnings(),
+                ):
+                    # Lightning 2.6's pytree helper uses an API torch 2.15 deprecates (once per fit)
+                    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+                    if plan.validation is not None:  # validated by the run, not Lightning's loop
+                        warnings.filterwarnings(
+                            "ignore",
+                            message=r"You defined a `validation_step` but have no `val_dataloader`",
+                        )
+                    batches = bridge.start(run, trainer)
+                    if is_datamodule(plan.data):
+                        trainer.fit(module, datamodule=plan.data)
+                    else:
+                        trainer.fit(module, train_dataloaders=plan.data if native else batches)
+                net.train(False)
+                # with optimizer_config["ema"]: the artifact's model holds the average
+                averaged = averaged_copy(net, bridge.state.optimizers)
 
-            def op_of(module: Any) -> LightningModelOp:
-                if isinstance(model, LightningModelOp):
-                    return model.with_model(module)
-                return LightningModelOp.wrap(module, seed=plan.seed)
+                def op_of(module: Any) -> LightningModelOp:
+                    if isinstance(model, LightningModelOp):
+                        return model.with_model(module)
+                    return LightningModelOp.wrap(module, seed=plan.seed)
 
-            raw = op_of(net)
-            return run.finish(
-                raw if averaged is None else op_of(averaged),
-                raw_model=None if averaged is None else raw,
-                extra={"global_rank": bridge.rank, "world_size": bridge.world},
-            )
-        except BaseException:
-            if bridge.run is not None:
-                bridge.run.abort()
-            raise
-        finally:
-            bridge.cleanup()
-            if patched:
-                del module.configure_optimizers
+                raw = op_of(net)
+                return run.finish(
+                    raw if averaged is None else op_of(averaged),
+                    raw_model=None if averaged is None else raw,
+                    extra={"global_rank": rank, "world_size": world},
+                )
+            finally:
+                bridge.cleanup()
+                if patched:
+                    del module.configure_optimizers
 
 
 def _stand_aside(trainer: Any) -> None:
@@ -509,32 +476,6 @@ def _stand_aside(trainer: Any) -> None:
     connector = getattr(trainer, "_signal_connector", None)
     if connector is not None and callable(getattr(connector, "register_signal_handlers", None)):
         connector.register_signal_handlers = lambda: None
-
-
-def _probe_target(model: Any) -> torch.nn.Module | None:
-    """The network a shape probe may call as `net(x)`, or None when in doubt."""
-    net = model.model if isinstance(model, LightningModelOp) else model
-    if not isinstance(net, torch.nn.Module) or is_lightning_module(net):
-        return None
-    if any(
-        isinstance(m, torch.nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params()
-        for m in net.modules()
-    ):
-        return None
-    try:
-        params = list(inspect.signature(net.forward).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    required = [p for p in params if p.default is inspect.Parameter.empty]
-    if (
-        not params
-        or params[0].kind not in positional
-        or any(p.kind is inspect.Parameter.KEYWORD_ONLY for p in required)
-        or len([p for p in required if p.kind in positional]) > 1
-    ):
-        return None
-    return net
 
 
 def _as_lightning_optimizers(built: tuple[Any, Any]) -> Any:

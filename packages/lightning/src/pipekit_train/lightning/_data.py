@@ -1,26 +1,42 @@
-"""Data for Lightning: core batches as tensors, and recognising native loaders.
+"""Data for the torch backends: core batches as tensors, native loaders as numpy batches.
 
-`BatchFeed` is the iterable handed to `Trainer.fit` when the data is a core dataset. It
-pulls numpy batches from core's batching engine (`RunContext.train_batches`: the same
-order as every other backend for the same seed), converts them with `torch.from_numpy`
-(zero-copy; floating arrays take the model's dtype) and yields them already batched, so
-Lightning never collates per sample. Lightning prefetches one batch ahead, so the feed
-records the iterator state after each batch it hands out; the checkpoint stores the
-state after the last batch *trained on*, not after the prefetched one.
+- `TensorBatches` is the iterable handed to `Trainer.fit` when the data is a core
+  dataset: it pulls numpy batches from the run's `Feed` (core's batching engine: the
+  same order as every other backend for the same seed; the feed remembers the data
+  position after each batch, since Lightning reads one ahead), converts them with
+  `torch.from_numpy` (zero-copy; floating arrays take the model's dtype) and yields
+  them already batched, so Lightning never collates per sample.
+- `unpack`, `as_batch`, `loader_batches`, `loader_pass`: a torch `DataLoader`'s batch
+  (a dict with `"x"`/`"y"` or an `(x, y)` pair) as core's numpy batch dict, without
+  copying on the CPU (`Tensor.numpy()` shares memory): `Torch()`'s native training
+  batches and both backends' native validation batches. A plain `DataLoader` has no
+  position to save, so a resume restarts it from its first batch.
+- `is_datamodule`, `is_native_loader`: recognising native loaders without importing
+  lightning.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+import numpy as np
 import torch
+
+from ._fetch import to_host
 
 if TYPE_CHECKING:
     from lightning import LightningDataModule
 
-__all__ = ["BatchFeed", "is_datamodule", "is_native_loader"]
+__all__ = [
+    "TensorBatches",
+    "as_batch",
+    "is_datamodule",
+    "is_native_loader",
+    "loader_batches",
+    "loader_pass",
+    "unpack",
+]
 
 
 def is_datamodule(data: object) -> TypeGuard[LightningDataModule]:
@@ -37,37 +53,17 @@ def is_native_loader(data: Any) -> bool:
     return isinstance(data, torch.utils.data.DataLoader) or is_datamodule(data)
 
 
-class BatchFeed:
-    """An iterable of tensor batches over a core `BatchIterator` (see the module docs).
+class TensorBatches:
+    """An iterable of tensor batches over the run's numpy batches (see the module docs).
 
     Args:
+        batches: the run's `Feed` (an endless iterator of numpy batch dicts).
         dtype: floating arrays are cast to this dtype (the model's).
-        keep: how many recent iterator states to keep (at least the batches of one
-            optimizer step plus Lightning's prefetch).
     """
 
-    def __init__(self, dtype: torch.dtype = torch.float32, keep: int = 16):
+    def __init__(self, batches: Iterator[Mapping[str, Any]], dtype: torch.dtype = torch.float32):
+        self.batches = batches
         self.dtype = dtype
-        self._it: Any = None
-        self._yielded = 0
-        self._states: deque[tuple[int, dict[str, Any]]] = deque(maxlen=max(16, keep))
-        self._start_state: dict[str, Any] | None = None
-
-    def start(self, iterator: Any) -> None:
-        """Attach the core batch iterator (already positioned for a resume)."""
-        self._it = iterator
-        self._yielded = 0
-        self._states.clear()
-        self._start_state = iterator.get_state()
-
-    def state_after(self, consumed: int) -> dict[str, Any] | None:
-        """The iterator state after `consumed` batches of this run were trained on."""
-        if consumed == 0:
-            return self._start_state
-        for n, state in reversed(self._states):
-            if n == consumed:
-                return state
-        return None
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         return self._generate()
@@ -83,11 +79,53 @@ class BatchFeed:
         return out
 
     def _generate(self) -> Iterator[dict[str, torch.Tensor]]:
-        if self._it is None:
-            raise RuntimeError("BatchFeed.start() was not called before iteration")
-        it, states = self._it, self._states
+        it = self.batches
         while True:
-            batch = self._convert(next(it))
-            self._yielded += 1
-            states.append((self._yielded, it.get_state()))
-            yield batch
+            yield self._convert(next(it))
+
+
+# -- native loaders -------------------------------------------------------------------------
+def unpack(batch: Any) -> tuple[Any, Any]:
+    """`(x, y)` of a batch: a dict with `"x"`/`"y"` (core) or a pair (torch loaders)."""
+    if isinstance(batch, Mapping):
+        return batch["x"], batch["y"]
+    if isinstance(batch, Sequence) and len(batch) >= 2:
+        return batch[0], batch[1]
+    raise TypeError(
+        "A training batch must be a dict with 'x' and 'y' or an (x, y) pair. "
+        f"Received: {type(batch).__name__}."
+    )
+
+
+def as_batch(batch: Any) -> dict[str, np.ndarray]:
+    """A loader batch as `{"x": ..., "y": ...}` numpy arrays (see the module docs)."""
+    if isinstance(batch, Mapping):
+        if "x" not in batch or "y" not in batch:
+            raise TypeError(
+                "A DataLoader batch dict needs 'x' and 'y'. "
+                f"Received: keys={sorted(map(str, batch))}."
+            )
+        return {str(k): to_host(v) for k, v in batch.items()}
+    if isinstance(batch, Sequence) and len(batch) >= 2:
+        return {"x": to_host(batch[0]), "y": to_host(batch[1])}
+    raise TypeError(
+        "A DataLoader batch must be a dict with 'x' and 'y' or an (x, y) pair. "
+        f"Received: {type(batch).__name__}."
+    )
+
+
+def loader_batches(loader: Any) -> Iterator[dict[str, np.ndarray]]:
+    """Endless batches: the loader's epochs one after the other."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield as_batch(batch)
+        if empty:
+            raise ValueError("The training DataLoader yielded no batches.")
+
+
+def loader_pass(loader: Any) -> Iterator[dict[str, np.ndarray]]:
+    """One pass over the loader (validation)."""
+    for batch in loader:
+        yield as_batch(batch)

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from pipekit_train.core import ConfigError, ModelOpBase
+from pipekit_train.core.utils import object_path
 
 from ._weights import decode_state_dict, encode_state_dict
 
-if TYPE_CHECKING:
-    from ._adapter import Lightning
-
-__all__ = ["LightningModelOp"]
+__all__ = ["LightningModelOp", "is_lightning_module"]
 
 LAYOUTS = ("channels_first", "channels_last")
 """The layouts a `LightningModelOp` takes its inputs in (see `LightningModelOp`)."""
@@ -57,6 +55,24 @@ def set_layout(module: torch.nn.Module, layout: str) -> None:
     module.register_forward_pre_hook(_to_channels_first)
     module.register_forward_hook(_to_channels_last)
     module._pipekit_channels_last = True  # type: ignore[assignment]  # a marker attribute on a torch module
+
+
+def is_lightning_module(obj: Any) -> bool:
+    """Whether `obj` is a `LightningModule` (checked without importing lightning)."""
+    return any(
+        cls.__name__ == "LightningModule"
+        and cls.__module__.split(".")[0] in ("lightning", "pytorch_lightning")
+        for cls in type(obj).__mro__
+    )
+
+
+def _check_seed(seed: Any) -> int:
+    """`seed` as a non-negative int (as core checks the seed of every operator)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(
+            f"`seed` must be a non-negative int. Received: seed={seed!r}. Use e.g. seed=0."
+        )
+    return int(seed)
 
 
 def _to_numpy(value: Any) -> Any:
@@ -219,9 +235,7 @@ class LightningModelOp(ModelOpBase):
         keyword arguments, so `from_config` can rebuild it when the class is importable
         and takes those arguments.
         """
-        from pipekit_train.core.adapter import check_seed, object_path
-
-        seed = check_seed(seed)
+        seed = _check_seed(seed)
         try:
             factory = object_path(type(module))
         except ConfigError:
@@ -274,9 +288,3 @@ class LightningModelOp(ModelOpBase):
     def copy(self) -> LightningModelOp:
         """A deep copy (independent module) with the same config."""
         return self.with_model(copy.deepcopy(self.model))
-
-    def default_adapter(self) -> Lightning:
-        """`Lightning()` with default Trainer arguments."""
-        from ._adapter import Lightning
-
-        return Lightning()

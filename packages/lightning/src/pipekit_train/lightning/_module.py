@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 import lightning as L
 
-__all__ = ["PlanModule", "unpack"]
+from ._data import unpack
 
-
-def unpack(batch: Any) -> tuple[Any, Any]:
-    """`(x, y)` of a batch: a dict with `"x"`/`"y"` (core) or a pair (torch loaders)."""
-    if isinstance(batch, Mapping):
-        return batch["x"], batch["y"]
-    if isinstance(batch, Sequence) and len(batch) >= 2:
-        return batch[0], batch[1]
-    raise TypeError(
-        "A training batch must be a dict with 'x' and 'y' or an (x, y) pair. "
-        f"Received: {type(batch).__name__}."
-    )
+__all__ = ["PlanModule"]
 
 
 class PlanModule(L.LightningModule):
@@ -31,8 +21,8 @@ class PlanModule(L.LightningModule):
     builds the optimizer (and step-interval scheduler) from the plan. Nothing is logged
     per step: metrics go through core's `RunContext`.
 
-    The run bridge's hooks are called from this module's own hooks (`setup`,
-    `on_train_start`, `on_train_batch_end`) instead of registering the bridge as a
+    The run bridge's hooks are called from this module's own hooks (`on_train_start`,
+    `on_train_batch_end`, `on_before_optimizer_step`) instead of registering the bridge as a
     Lightning `Callback`: Lightning dispatches every per-step hook to every callback
     (≈5 µs per callback and hook, ~7 hooks per step), while module hooks are called
     anyway.
@@ -71,11 +61,6 @@ class PlanModule(L.LightningModule):
         self._update_finite: Any = None  # a device bool: every loss of this update finite
         self.skipped_update = False  # the latest update was dropped (read by the bridge)
         self._restore: Any = None  # (buffers, values before the forward, loss finite)
-
-    def setup(self, stage: str) -> None:
-        """Forward to the bridge (context, resume, data position)."""
-        if self._bridge is not None:
-            self._bridge.setup(self.trainer, self, stage)
 
     def on_train_start(self) -> None:
         """Forward to the bridge (pending state, RNG, `on_train_start` callbacks)."""

@@ -1,7 +1,7 @@
 """Core's `Precision` in Lightning's terms (`Trainer(precision=...)`).
 
-Core resolves the spellings (`resolve_precision`, `canonical_precision`); this module only
-maps the typed value to Lightning's name. Lightning's own names are still accepted as
+Core resolves the spellings and translates them (`translate_precision`); this module only
+gives it Lightning's table. Lightning's own names are still accepted as
 they are (`"bf16-mixed"`, `"16-true"`, ...).
 """
 
@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import Precision, canonical_precision
+from pipekit_train.core.adapter import Precision, translate_precision
 
 __all__ = ["LIGHTNING_PRECISIONS", "NATIVE_PRECISIONS", "trainer_precision"]
 
@@ -46,22 +45,18 @@ NATIVE_PRECISIONS: Final = frozenset(
 def trainer_precision(value: Any) -> tuple[Any, Precision | None]:
     """`(the Trainer's precision, its canonical Precision)` of a `Lightning(precision=...)`.
 
-    A canonical name maps through `LIGHTNING_PRECISIONS`; a Lightning name is kept as it
-    is (its canonical precision is None when it has none, e.g. `"bf16-true"`); another
-    spelling core knows (`"mixed_bfloat16"`, `"fp32"`) maps like its canonical name.
+    Core's `translate_precision` with Lightning's table: a canonical name maps through
+    `LIGHTNING_PRECISIONS`; a Lightning name is kept as it is (its canonical precision is
+    None when it has none, e.g. `"bf16-true"`); another spelling core knows
+    (`"mixed_bfloat16"`, `"fp32"`) maps like its canonical name.
 
     Raises:
         ConfigError: none of these.
     """
-    if isinstance(value, str) and value in set(Precision):
-        return LIGHTNING_PRECISIONS[Precision(value)], Precision(value)
-    if value in NATIVE_PRECISIONS:
-        return value, canonical_precision(value)
-    canonical = canonical_precision(value)
-    if canonical is not None:
-        return LIGHTNING_PRECISIONS[canonical], canonical
-    raise ConfigError(
-        f"`precision` must be one of {[p.value for p in Precision]} (the same on every "
-        f"backend) or a Lightning precision {sorted(map(str, NATIVE_PRECISIONS))}. "
-        f"Received: precision={value!r}. On CPU use 'float32' or 'bfloat16-mixed'."
+    return translate_precision(
+        value,
+        LIGHTNING_PRECISIONS,
+        NATIVE_PRECISIONS,
+        backend="a Lightning precision",
+        hint="On CPU use 'float32' or 'bfloat16-mixed'.",
     )

@@ -2,7 +2,7 @@
 
 The adapter is a `StepAdapter`: core's `run_step_loop` runs the whole loop (batching,
 callbacks, writers, validation and checkpoint schedules, exact resume, the artifact, and
-whatever run-level features core adds) over `TorchStepBackend` (`_step.py`), whose
+whatever run-level features core adds) over `TorchStepBackend` (`_step_backend.py`), whose
 update is the loop a PyTorch user writes by hand.
 """
 
@@ -18,7 +18,6 @@ import torch
 
 from pipekit_train.core import ConfigError, TrainingArtifact
 from pipekit_train.core.adapter import (
-    PRECISIONS,
     Capabilities,
     Plan,
     StepAdapter,
@@ -26,13 +25,14 @@ from pipekit_train.core.adapter import (
     run_step_loop,
 )
 
-from ._adapter import _TRAINER_KWARGS, Lightning, is_lightning_module
+from ._adapter import TRAINER_KWARGS
 from ._compile import CUDA_GRAPHS, compile_options
 from ._data import is_datamodule
-from ._model import LightningModelOp
+from ._model import LightningModelOp, is_lightning_module
 from ._nvml import without_nvml_check
 from ._optim import check_optimizer_config
-from ._step import TorchStepBackend
+from ._probe import expected_input_shape, output_shape
+from ._step_backend import TorchStepBackend
 
 __all__ = ["Torch"]
 
@@ -94,17 +94,7 @@ class Torch(StepAdapter):
 
     name = "torch"
     native_loaders = "a torch DataLoader"
-    capabilities = Capabilities(
-        native_data=True,
-        online=True,
-        fused_steps=True,
-        accumulation=True,
-        precisions=PRECISIONS,
-        skip_nonfinite=True,
-        grad_norm=True,
-        lr_scale=True,
-        ema=True,
-    )
+    capabilities = Capabilities.full(sharding=False)
 
     def __init__(
         self,
@@ -117,7 +107,7 @@ class Torch(StepAdapter):
         **lightning_only: Any,
     ):
         for key, value in lightning_only.items():
-            if key in _TRAINER_KWARGS or key in ("max_steps", "max_epochs"):
+            if key in TRAINER_KWARGS or key in ("max_steps", "max_epochs"):
                 raise ConfigError(
                     f"`{key}` is a Lightning() option: Torch() trains in one process on one "
                     f"device with a plain torch loop. Received: {key}={value!r}. {_POINTER}"
@@ -234,7 +224,6 @@ class Torch(StepAdapter):
                     "Pass its DataLoaders (datamodule.train_dataloader()) or use "
                     "adapter=Lightning().",
                 )
-        super().validate(plan)
         self.validate_online(plan)
 
     def validate_online(self, plan: Plan) -> None:
@@ -265,11 +254,11 @@ class Torch(StepAdapter):
         self, model: Any, input_shape: tuple[int, ...], dtype: Any = np.float32
     ) -> tuple[int, ...] | None:
         """The prediction's shape, from a forward pass of one zero row (as `Lightning`)."""
-        return Lightning.output_shape(self, model, input_shape, dtype)  # type: ignore[arg-type]  # the probe reads only the model, not the adapter
+        return output_shape(model, input_shape, dtype)
 
     def expected_input_shape(self, model: Any) -> tuple[int, ...] | None:
         """`(in_features,)` of a `torch.nn.Sequential` that starts with a `Linear` layer."""
-        return Lightning.expected_input_shape(self, model)  # type: ignore[arg-type]  # the probe reads only the model, not the adapter
+        return expected_input_shape(model)
 
     # -- running ---------------------------------------------------------------------------
     def step_backend(self, plan: Plan) -> TorchStepBackend:

@@ -1,26 +1,29 @@
 """`LightningHooks`: drives core's `RunLifecycle` from Lightning's hooks (imports lightning).
 
-Lightning owns the loop (`Trainer.fit`); core owns everything around it. The generated
-`PlanModule` calls the bridge from its own hooks; for a user `LightningModule` the
-bridge is registered as a Lightning `Callback` (its hook signatures are the callback
-ones either way). The bridge
+Lightning owns the loop (`Trainer.fit`); core owns everything around it. `Lightning.run`
+builds the `RunLifecycle` around the fit (`with RunLifecycle(...) as run:`) and hands it
+to the bridge before the fit. The generated `PlanModule` calls the bridge from its own
+hooks; for a user `LightningModule` the bridge is registered as a Lightning `Callback`
+(its hook signatures are the callback ones either way). The bridge
 
-- in `setup`: builds the `RunLifecycle` (the chief is global rank 0), applies the resume
-  policy with `RunLifecycle.restore` (model weights now; optimizer, scheduler, RNG
-  and grad-scaler state once Lightning has built them), positions core's batch iterator
-  (this rank's part of every global batch) and sets Lightning's `max_steps` to the
-  steps left;
+- in `start` (before `Trainer.fit`, the rank and world size known from the `Trainer`):
+  applies the resume policy (model weights now; optimizer, scheduler, RNG and
+  grad-scaler state once Lightning has built them), opens the run's batch feed over
+  core's batching (this rank's part of every global batch) or loads a native loader's
+  saved position, binds the lifecycle's callables (the state to save, validation, the
+  learning-rate scale, the cross-process agreement) and sets Lightning's `max_steps` to
+  the steps left;
 - in `on_train_start`: loads the pending optimizer/scheduler state, restores (or seeds)
   every RNG stream, and begins the run (`RunLifecycle.begin`: preemption handlers,
   clocks, `on_train_start`);
-- in `on_train_batch_end`, once per *optimizer* step: `record_step` with the loss still
-  on the device, the validation and checkpoint schedules, and `trainer.should_stop`
-  when the run is done — the same order as core's step driver.
+- in `on_train_batch_end`, once per *optimizer* step: `end_of_update` with the loss
+  still on the device (the lifecycle records it, validates and checkpoints when due),
+  and `trainer.should_stop` when the run is done.
 
 A checkpoint is core's atomic `DirectoryCheckpointer` step folder: model, optimizer and
-scheduler state (safetensors + JSON), every process's RNG states, the data iterator
-state after the last batch trained on, and the run state; nothing is pickled. With a
-native loader that has `state_dict()`/`load_state_dict()` (torchdata's
+scheduler state (safetensors + JSON), every process's RNG states, the data position
+after the last batch trained on (the lifecycle's feed), and the run state; nothing is
+pickled. With a native loader that has `state_dict()`/`load_state_dict()` (torchdata's
 `StatefulDataLoader`) the loader's position is the data state (`_stateful`): restored
 into the loader before Lightning iterates it, so a resumed run continues at the next
 batch; a plain `DataLoader` restarts its epoch (warned at resume).
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -38,28 +41,15 @@ import numpy as np
 import torch
 
 import lightning as L
-from pipekit_train.core.adapter import (
-    GRAD_NORM,
-    Plan,
-    RunContext,
-    RunLifecycle,
-    is_core_dataset,
-)
+from pipekit_train.core.adapter import GRAD_NORM, Plan, RunLifecycle, is_core_dataset
 
-from ._checkpoint import (
-    TorchState,
-    capture_rng,
-    checkpointer,
-    derive_seed,
-    fetch,
-    restore_rng,
-    seed_rng,
-)
-from ._data import BatchFeed, is_datamodule
+from ._data import TensorBatches, is_datamodule, loader_pass
 from ._ema import swapped_in
+from ._fetch import to_host
 from ._grad_norm import grad_norm
+from ._lr_scale import apply_lr_scale
 from ._model import as_input, module_dtype
-from ._module import unpack
+from ._state import TorchState, capture_rng, derive_seed, restore_rng, seed_rng
 from ._stateful import (
     KIND,
     decode_loader_state,
@@ -73,7 +63,7 @@ __all__ = ["LightningHooks", "eval_mode"]
 
 
 @contextmanager
-def eval_mode(module: torch.nn.Module) -> Any:
+def eval_mode(module: torch.nn.Module) -> Iterator[None]:
     """Eval mode and no autograd inside; the previous mode is restored."""
     was = module.training
     module.eval()
@@ -113,7 +103,7 @@ class LightningHooks(L.Callback):
             for generated modules, the user's `LightningModule` otherwise).
         eval_module: the module validation runs `forward(x)` on.
         loss: the plan's loss, for validation.
-        feed: the core batch feed, or None for native loaders.
+        dtype: floating core batches are cast to this dtype (the model's).
 
     Optimizer steps are detected by `trainer.global_step` advancing, so gradient
     accumulation (Lightning batches without a step) needs no configuration here; the
@@ -128,24 +118,21 @@ class LightningHooks(L.Callback):
         save_module: torch.nn.Module,
         eval_module: torch.nn.Module,
         loss: Callable[[Any, Any], Any],
-        feed: BatchFeed | None,
+        dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
         self.plan = plan
         self.state = TorchState(save_module)
         self.eval_module = eval_module
         self.loss = loss
-        self.feed = feed
+        self.dtype = dtype
+        self.native = not is_core_dataset(plan.data)
         self.run: RunLifecycle | None = None
-        self.ctx: RunContext | None = None
-        self.ckpt: Any = None
         self.began = False
         self.rank, self.world = 0, 1
         self._last_global_step = 0
         self._acc: list[Any] = []
         self._norm: Any = None  # the current update's gradient norm (log_grad_norm)
-        self._consumed = 0
-        self._native_val = plan.validation is not None and not is_core_dataset(plan.validation)
         # a stateful native loader (`_stateful`): the position to restore, the loader it
         # was loaded into, the loader whose position checkpoints save, and an undo for
         # a LightningDataModule's patched `train_dataloader`
@@ -156,49 +143,50 @@ class LightningHooks(L.Callback):
         self._epoch_offset = 0  # the epoch a resumed native loader continues
 
     # -- set-up --------------------------------------------------------------------------
-    def _learning_rate(self) -> float | None:
+    def learning_rate(self) -> float | None:
+        """The first optimizer's first parameter group's rate (None before it exists)."""
         opts = self.state.optimizers
         if not opts:
             return None
         lr = opts[0].param_groups[0].get("lr")
         return None if lr is None else float(lr)
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """Build the run context, restore the latest checkpoint, position the data."""
-        if stage != "fit" or self.ctx is not None:
-            return
-        plan = self.plan
+    def start(self, run: RunLifecycle, trainer: L.Trainer) -> TensorBatches | None:
+        """Before `Trainer.fit`: restore the latest checkpoint, open the data, bind the run.
+
+        Returns:
+            The tensor batches to fit on (core data), or None (a native loader, which
+            Lightning iterates itself).
+        """
+        self.run = run
         self.rank, self.world = int(trainer.global_rank), int(trainer.world_size)
-        ckpt = checkpointer(plan.checkpoint) if plan.checkpoint is not None else None
-        run = RunLifecycle(
-            plan,
-            checkpointer=ckpt,
-            fetch=fetch,
-            learning_rate=self._learning_rate,
-            is_chief=self.rank == 0,
-        )
-        self.run, self.ctx, self.ckpt = run, run.ctx, ckpt
-        ctx = run.ctx
-        _, data_state = run.restore(self.state)
-        if self.feed is not None:
-            # this rank's part of every global batch; the saved state is global
-            self.feed.start(run.data_stream(data_state, shard=(self.rank, self.world)))
-        elif isinstance(data_state, Mapping) and data_state.get("kind") == KIND and self.world == 1:
-            self._resume_position(dict(data_state))
+        batches = None
+        if self.native:
+            _, data_state = run.restore(self.state)
+            if (
+                isinstance(data_state, Mapping)
+                and data_state.get("kind") == KIND
+                and self.world == 1
+            ):
+                self._resume_position(dict(data_state))
+        else:
+            # this rank's part of every global batch; the saved position is global
+            _, feed = run.start(self.state, shard=(self.rank, self.world), track=True)
+            batches = TensorBatches(feed, self.dtype)
+        state = self.state
         run.bind(
-            save=(lambda: self.save(trainer, pl_module)) if ckpt is not None else None,
-            validate=self.validate,
+            state=lambda: self._checkpoint_state(trainer),
+            eval_batch=self._eval_batch,
+            eval_batches=loader_pass,
+            eval_scope=self._eval_scope,
+            data_state=(lambda: self._loader_position(trainer)) if self.native else None,
+            lr_scale=lambda scale: apply_lr_scale(state.optimizers, state.schedulers, scale),
             agree=(lambda flags: _any_process(trainer, flags)) if self.world > 1 else None,
         )
-        if ctx.adjusts_lr:
-            from ._lr_scale import apply_lr_scale
-
-            ctx.bind_lr_scale(
-                lambda scale: apply_lr_scale(self.state.optimizers, self.state.schedulers, scale)
-            )
-        total = ctx.total_steps
+        total = run.total_steps
         if total is not None:
-            trainer.fit_loop.epoch_loop.max_steps = max(total - ctx.step, 0)
+            trainer.fit_loop.epoch_loop.max_steps = max(total - run.step, 0)
+        return batches
 
     def _resume_position(self, position: dict[str, Any]) -> None:
         """Load a saved loader position into the loader before Lightning iterates it.
@@ -243,11 +231,12 @@ class LightningHooks(L.Callback):
 
     def _start_loader(self, trainer: L.Trainer) -> None:
         """A native loader: check its state can be saved, finish a restore, warn if lost."""
-        if self.feed is not None:
+        if not self.native:
             return
         loader = trainer.train_dataloader
         stateful = self.world == 1 and is_stateful_loader(loader) and is_sized(loader)
-        self._stateful_loader = loader if stateful and self.ckpt is not None else None
+        saves = self.plan.checkpoint is not None
+        self._stateful_loader = loader if stateful and saves else None
         if self._stateful_loader is not None:
             # refuse a state that cannot be saved before the first step, not at a checkpoint
             loader_position(loader, self._epoch_offset)
@@ -255,12 +244,14 @@ class LightningHooks(L.Callback):
         if stateful and position is not None and loader is self._loaded_into:
             restore_generators(loader, position.get("generators", {}))
             return
-        step = self.ctx.step if self.ctx is not None else 0
+        step = self.run.step if self.run is not None else 0
         if step:
             warnings.warn(_lost_position(step, loader, stateful, self.world), stacklevel=2)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Apply pending optimizer/scheduler/RNG state, then dispatch `on_train_start`."""
+        """Apply pending optimizer/scheduler/RNG state, then begin the run."""
+        run = self.run
+        assert run is not None  # Lightning.run starts the bridge before the fit
         self._start_loader(trainer)
         state = self.state
         state.optimizers = list(trainer.optimizers)
@@ -280,12 +271,11 @@ class LightningHooks(L.Callback):
             if self.rank < len(state.rng):
                 restore_rng(state.rng[self.rank], device)
             else:
-                seed_rng(derive_seed(self.plan.seed, self.rank, self.ctx.step if self.ctx else 0))
+                seed_rng(derive_seed(self.plan.seed, self.rank, run.step))
         else:
             seed_rng(derive_seed(self.plan.seed, self.rank))
         self._last_global_step = int(trainer.global_step)
-        assert self.run is not None
-        self.run.begin()
+        run.begin()
         self.began = True
 
     # -- per step ------------------------------------------------------------------------
@@ -297,7 +287,8 @@ class LightningHooks(L.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        """Once per optimizer step: record, validate and checkpoint when due, stop when done."""
+        """Once per optimizer step: end the update (the lifecycle records, validates and
+        checkpoints when due); stop when the run is done."""
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         global_step = trainer.global_step
         if global_step == self._last_global_step:  # accumulating gradients
@@ -315,18 +306,14 @@ class LightningHooks(L.Callback):
             # of them caused; each records it as non-finite, so all count the same skips
             # and postpone the same checkpoints (their saves are collective)
             loss = torch.full_like(loss.detach(), float("nan"))
-        ctx = self.ctx
-        assert ctx is not None
-        if self.feed is None and self.plan.steps_per_epoch is None:  # a native loader's epochs
-            ctx.epoch = self._epoch_offset + int(trainer.current_epoch)
-        self._consumed += self.plan.accumulate_grad_batches  # batches per optimizer step
-        assert self.run is not None
+        # a native loader's epochs (the lifecycle uses them when its length is unknown)
+        epoch = self._epoch_offset + int(trainer.current_epoch) if self.native else None
         metrics: dict[str, Any] = {} if loss is None else {"loss": loss}
         norm, self._norm = self._norm, None
         if norm is not None:
             metrics[GRAD_NORM] = norm
-        done = self.run.end_of_update(metrics)
-        if done:
+        assert self.run is not None
+        if self.run.end_of_update(metrics, epoch=epoch):
             trainer.should_stop = True
 
     def on_before_optimizer_step(
@@ -342,48 +329,24 @@ class LightningHooks(L.Callback):
 
     # -- validation ----------------------------------------------------------------------
     def _eval_batch(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, float]:
+        """`(predictions, mean loss)` of one numpy batch with `eval_module`."""
         module = self.eval_module
         dtype, device = module_dtype(module)
         pred = module(as_input(batch["x"], dtype, device))
         target = as_input(batch["y"], dtype, device)
         loss = self.loss(pred, target)
-        return _host(pred), float(loss)
+        return to_host(pred), float(loss)
 
-    def validate(self) -> dict[str, float]:
-        """Run the validation data through `eval_module` and record it."""
-        ctx = self.ctx
-        assert ctx is not None
-        # with optimizer_config["ema"] the module holds the moving average meanwhile
+    @contextmanager
+    def _eval_scope(self) -> Iterator[None]:
+        """Eval mode without autograd; with `optimizer_config["ema"]` the module holds
+        the moving average meanwhile."""
         with eval_mode(self.eval_module), swapped_in(self.state.optimizers):
-            if not self._native_val:
-                return ctx.validate(self._eval_batch)
-            return ctx.record_validation(self._native_validation())
-
-    def _native_validation(self) -> dict[str, float]:
-        preds, targets, total, count = [], [], 0.0, 0
-        assert isinstance(self.plan.validation, Iterable)  # a native loader (_native_val)
-        for batch in self.plan.validation:
-            x, y = unpack(batch)
-            module = self.eval_module
-            dtype, device = module_dtype(module)
-            pred = module(as_input(x, dtype, device))
-            target = as_input(y, dtype, device)
-            n = int(target.shape[0])
-            total += float(self.loss(pred, target)) * n
-            count += n
-            if self.plan.metrics:
-                preds.append(_host(pred))
-                targets.append(_host(target))
-        metrics = {"loss": total / max(count, 1)}
-        if self.plan.metrics:
-            pred_all, target_all = np.concatenate(preds), np.concatenate(targets)
-            for name, fn in self.plan.metrics.items():
-                metrics[name] = float(np.asarray(fn(pred_all, target_all)))
-        return metrics
+            yield
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Lightning's own validation loop (user modules with `validation_step`): record `val*` metrics."""
-        if trainer.sanity_checking or self.ctx is None or not self.began:
+        if trainer.sanity_checking or self.run is None or not self.began:
             return
         metrics = {
             k: float(v)
@@ -391,39 +354,36 @@ class LightningHooks(L.Callback):
             if k.startswith("val") and _scalar(v)
         }
         if metrics:
-            self.ctx.record_validation(metrics)
+            self.run.record_validation(metrics)
 
     # -- checkpoints ---------------------------------------------------------------------
-    def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Save a checkpoint for the current step (the chief writes; every process's RNG goes in)."""
-        ctx, plan = self.ctx, self.plan
-        assert ctx is not None and plan.checkpoint is not None
-        record = capture_rng(pl_module.device)
+    def _checkpoint_state(self, trainer: L.Trainer) -> TorchState:
+        """The state a checkpoint saves (called on every process: the RNG states of all
+        processes are gathered), with the global step and a grad scaler's state."""
+        record = capture_rng(trainer.lightning_module.device)
         rngs = _gather_json(trainer, record) if self.world > 1 else [record]
-        path = plan.checkpoint.step_location(ctx.step)
-        if ctx.is_chief:
-            data_state = None
-            if self.feed is not None:
-                data_state = self.feed.state_after(self._consumed)
-                if data_state is None:  # pragma: no cover - the feed keeps 16 states
-                    raise RuntimeError("lost track of the data iterator state")
-            elif self._stateful_loader is not None:
-                # Lightning reads no batch ahead of a sized loader: this is the position
-                # after the batch just trained on (of the loader now in use: Lightning may
-                # reload it every n epochs)
-                loader = trainer.train_dataloader
-                if is_stateful_loader(loader):
-                    epoch = self._epoch_offset + int(trainer.current_epoch)
-                    data_state = loader_position(loader, epoch)
-            self.state.rng = rngs
-            extra: dict[str, Any] = {"global_step": int(trainer.global_step)}
-            scaler = getattr(trainer.precision_plugin, "scaler", None)
-            if scaler is not None:
-                extra["scaler"] = {k: _jsonable(v) for k, v in scaler.state_dict().items()}
-            self.state.extra = extra
-            meta = ctx.checkpoint_meta(data_state=data_state)
-            path = self.ckpt.save(ctx.step, self.state, meta, ctx.checkpoint_metrics())
-        ctx.record_checkpoint(path)
+        state = self.state
+        state.rng = rngs
+        extra: dict[str, Any] = {"global_step": int(trainer.global_step)}
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if scaler is not None:
+            extra["scaler"] = {k: _jsonable(v) for k, v in scaler.state_dict().items()}
+        state.extra = extra
+        return state
+
+    def _loader_position(self, trainer: L.Trainer) -> dict[str, Any] | None:
+        """The position of a stateful native loader to save (None for another loader).
+
+        Lightning reads no batch ahead of a sized loader: this is the position after the
+        batch just trained on (of the loader now in use: Lightning may reload it every n
+        epochs).
+        """
+        if self._stateful_loader is None:
+            return None
+        loader = trainer.train_dataloader
+        if not is_stateful_loader(loader):
+            return None
+        return loader_position(loader, self._epoch_offset + int(trainer.current_epoch))
 
 
 def _lost_position(step: int, loader: Any, stateful: bool, world: int) -> str:
@@ -458,12 +418,3 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         return v.item() if v.numel() == 1 else v.tolist()
     return v
-
-
-def _host(t: Any) -> np.ndarray:
-    if isinstance(t, torch.Tensor):
-        t = t.detach()
-        if t.dtype in (torch.bfloat16, torch.float16):
-            t = t.float()
-        return t.cpu().numpy()
-    return np.asarray(t)

@@ -38,26 +38,21 @@ from pipekit_train.core.adapter import (
 )
 
 from ._amp import amp_for
-from ._checkpoint import (
-    TorchState,
-    decode_state,
-    derive_seed,
-    encode_snapshot,
-    fetch,
-    snapshot_state,
-)
+from ._checkpoint import checkpointer
 from ._compile import Objective
+from ._data import loader_batches, loader_pass
 from ._determinism import is_deterministic
 from ._ema import averaged_copy, has_ema, swapped_in
+from ._fetch import fetch
 from ._grad_norm import grad_norm
 from ._grads import GradReset
 from ._losses import torch_loss
+from ._lr_scale import apply_lr_scale
 from ._model import LightningModelOp, as_input, module_dtype
 from ._optim import build_optimizer, gradient_clip
+from ._state import TorchState, derive_seed
 
 __all__ = ["TorchStepBackend"]
-
-_SCALER = "grad_scaler"
 
 
 class TorchStepBackend(StepBackend[TorchState]):
@@ -74,7 +69,7 @@ class TorchStepBackend(StepBackend[TorchState]):
         device: where to train (None: where the model's parameters are).
     """
 
-    name = "lightning"
+    name = "torch"
 
     def __init__(
         self,
@@ -164,14 +159,10 @@ class TorchStepBackend(StepBackend[TorchState]):
         self, data: Any, data_state: Mapping[str, Any] | None
     ) -> Iterator[Mapping[str, np.ndarray]]:
         """Endless batches of a torch `DataLoader` (epoch after epoch)."""
-        from ._loader import loader_batches
-
         return loader_batches(data)
 
     def native_eval_batches(self, data: Any) -> Iterator[Mapping[str, np.ndarray]]:
         """One pass over a torch `DataLoader`."""
-        from ._loader import loader_pass
-
         return loader_pass(data)
 
     # -- steps -----------------------------------------------------------------------------
@@ -329,8 +320,6 @@ class TorchStepBackend(StepBackend[TorchState]):
 
     def with_lr_scale(self, state: TorchState, scale: float) -> TorchState:
         """Core's learning-rate scale into the schedule's base rates (`apply_lr_scale`)."""
-        from ._lr_scale import apply_lr_scale
-
         apply_lr_scale(state.optimizers, state.schedulers, scale)
         return state
 
@@ -364,19 +353,4 @@ class TorchStepBackend(StepBackend[TorchState]):
         save to the next; encoding, hashing and writing run on the writer thread.
         """
         assert self.plan.checkpoint is not None
-        buffers: dict[str, torch.Tensor] = {}
-
-        def snapshot(state: TorchState) -> list[tuple[str, Any]]:
-            if state.scaler is not None:
-                state.extra = {**state.extra, _SCALER: state.scaler.state_dict()}
-            return snapshot_state(state, buffers)
-
-        def decode(blobs: Mapping[str, bytes], template: TorchState) -> TorchState:
-            state = decode_state(blobs, template)
-            if state.scaler is not None and _SCALER in state.extra:
-                state.scaler.load_state_dict(dict(state.extra[_SCALER]))
-            return state
-
-        return DirectoryCheckpointer(
-            self.plan.checkpoint, snapshot=snapshot, encode=encode_snapshot, decode=decode
-        )
+        return checkpointer(self.plan.checkpoint)
