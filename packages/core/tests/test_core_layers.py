@@ -46,7 +46,9 @@ RANKS: dict[str, int] = {
 
 
 def _graph(name: str) -> ImportGraph:
-    return import_graph(ROOT / "packages" / name / "src" / "pipekit_train" / name, f"pipekit_train.{name}")
+    return import_graph(
+        ROOT / "packages" / name / "src" / "pipekit_train" / name, f"pipekit_train.{name}"
+    )
 
 
 def _room(module: str) -> str:

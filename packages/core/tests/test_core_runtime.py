@@ -131,7 +131,10 @@ def test_validation_records_best_and_prefixes() -> None:
     ctx.progress.step = 10
     ctx.validation.record({"loss": 0.7})
     assert (ctx.validation.best_metric, ctx.validation.best_step) == (0.5, 5)
-    assert ctx.metrics.latest_metrics()["val_loss"] == 0.7 and ctx.metrics.latest_metrics()["val_mae"] == 0.1
+    assert (
+        ctx.metrics.latest_metrics()["val_loss"] == 0.7
+        and ctx.metrics.latest_metrics()["val_mae"] == 0.1
+    )
 
 
 def test_checkpoint_meta_round_trip() -> None:
@@ -156,5 +159,9 @@ def test_checkpoint_meta_round_trip() -> None:
     cb2 = Stateful()
     ctx2 = RunContext(_plan(callbacks=(cb2,)))
     ctx2.restore(meta)
-    assert ctx2.progress.step == 3 and cb2.value == 3 and ctx2.metrics.history["loss"] == [0.0, 1.0, 2.0]
+    assert (
+        ctx2.progress.step == 3
+        and cb2.value == 3
+        and ctx2.metrics.history["loss"] == [0.0, 1.0, 2.0]
+    )
     assert meta["data_iter"] == {"epoch": 0, "index": 3}

@@ -60,15 +60,15 @@ DATA_PARALLEL = textwrap.dedent(
     import jax, keras, numpy as np
     from pipekit_train.core import Checkpoint, ConfigError, TrainingLoop
     from pipekit_train.core.testing import regression_task
-    from pipekit_train.keras import KerasModelOp, _loop
+    from pipekit_train.keras import KerasModelOp, _bridge
 
     devices_seen = []
-    build = _loop.build_train_handle
+    build = _bridge.build_train_handle
     def spy(*args, **kwargs):
         handle = build(*args, **kwargs)
         devices_seen.append(len(handle.model.trainable_variables[0].value.sharding.device_set))
         return handle
-    _loop.build_train_handle = spy
+    _bridge.build_train_handle = spy
 
     train, val = regression_task()
     def run(sharding, **kw):

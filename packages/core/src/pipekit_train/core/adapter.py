@@ -4,14 +4,14 @@ A user trains with `pipekit_train.core.TrainingLoop`; an adapter author implemen
 classes here and uses the shared machinery, and imports nothing private from core.
 
 - **Base classes**: `Adapter` (any backend), `StepAdapter` + `StepBackend` (backends that
-  expose a train step: core runs the whole loop), `Capabilities` (what is optional),
-  `NotSupportedError` (the default of every optional member).
-- **The run**: `Plan` (the frozen description), `RunLifecycle` (owns a run: restore or
-  start and the data stream, the end of each optimizer update — with preemption
-  signals, the time budget and the checkpoint cadences —, finish and abort; an adapter
-  hands it callables), `RunContext` (its state: metrics routing, validation, the
-  checkpoint schedule and meta, the artifact; its docstring lists what an adapter
-  uses), `run_step_loop` (the whole loop over a `StepBackend`).
+  expose a train step: core's `run_step_loop` runs the whole loop), `Capabilities` (what
+  is optional; `Capabilities.full()` for all of it), `NotSupportedError` (the default of
+  every optional member).
+- **The run**: `Plan` (the frozen description) and `RunLifecycle`, the one owner of a run
+  (`with RunLifecycle(...) as run:` — restore or start and the data stream as a `Feed`,
+  the end of each optimizer update with validation, checkpoints, preemption signals,
+  the time budget and cross-process agreement, finish, abort); an adapter hands it
+  callables with `RunLifecycle.bind`.
 - **Checkpoints**: `Checkpointer` (the engine interface), `CheckpointStore` (where steps
   live: `LocalStore`, `FsspecStore`, chosen by `open_store`; atomic commits, folder
   digests, retention, torn-step fallback via `TornStepError`, write failures as one
@@ -21,19 +21,19 @@ classes here and uses the shared machinery, and imports nothing private from cor
 - **The canonical spec**: `OptimizerSpec`/`optimizer_spec` and `OPTIMIZERS` (names and
   hyperparameters every backend runs the same way), `SCHEDULES`, `check_schedule`,
   `learning_rate_at` (learning-rate curves in plain Python),
-  `PRECISIONS`/`resolve_precision`/`canonical_precision` and the typed policies
-  `Precision` and `NonFinitePolicy`.
+  `PRECISIONS`/`resolve_precision`/`canonical_precision`/`translate_precision` and the
+  typed policies `Precision` and `NonFinitePolicy`.
 - **Registration**: `BackendEntry`, what a `pipekit_train.backends` entry point names
   (`BACKENDS_GROUP`); `backend_names`, `load_backend`.
 - **Metrics of the step**: `GRAD_NORM`, `global_grad_norm` (the `grad_norm` metric of
   `TrainingLoop(log_grad_norm=True)`, one definition for every backend).
-- **Helpers**: `adjusts_learning_rate` (a plan's callbacks change the rate through
-  the run's learning-rate scale, `RunContext.bind_lr_scale`), `is_core_dataset`, `describe_callable`, `import_string`, `object_path`,
-  `optional_import`, `check_seed`.
+- **Helpers**: `adjusts_learning_rate` (whether a plan's callbacks change the rate
+  through the run's learning-rate scale), `is_core_dataset`, `check_seed`.
 
 See the "Writing an adapter" page of the docs for a walk-through.
 """
 
+from ._checks import check_seed
 from .checkpoint._engine import (
     Checkpointer,
     DirectoryCheckpointer,
@@ -97,6 +97,7 @@ __all__ = [
     "TornCheckpointWarning",
     "TornStepError",
     "canonical_precision",
+    "check_seed",
     "check_schedule",
     "is_core_dataset",
     "learning_rate_at",

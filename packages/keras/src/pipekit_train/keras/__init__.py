@@ -11,7 +11,7 @@ Importing this package does not import keras. If neither `KERAS_BACKEND` nor
 
 import importlib.metadata as _metadata
 
-from ._backend import configure as _configure
+from ._keras_backend import configure as _configure
 
 _configure()
 

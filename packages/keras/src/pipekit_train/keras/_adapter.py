@@ -7,10 +7,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import PRECISIONS as SPEC_PRECISIONS
 from pipekit_train.core.adapter import Adapter, Capabilities
 
-from ._backend import backend_name
+from ._keras_backend import backend_name
 from ._precision import dtype_policy
 
 if TYPE_CHECKING:
@@ -60,18 +59,7 @@ class Keras(Adapter):
 
     name = "keras"
     native_loaders = "a keras.utils.PyDataset"
-    capabilities = Capabilities(
-        native_data=True,
-        online=True,
-        fused_steps=True,
-        sharding=True,
-        accumulation=True,
-        precisions=SPEC_PRECISIONS,
-        skip_nonfinite=True,
-        grad_norm=True,
-        lr_scale=True,
-        ema=True,
-    )
+    capabilities = Capabilities.full()
 
     def __init__(
         self,
@@ -148,8 +136,8 @@ class Keras(Adapter):
         check_optimizer_config(plan.optimizer_config)
 
     def validate(self, plan: Plan) -> None:
-        """Raise `ConfigError` for anything this adapter cannot run, before any work."""
-        super().validate(plan)
+        """Raise `ConfigError` for anything this adapter cannot run, before any work
+        (core checks the plan against `capabilities` after this)."""
         self.validate_online(plan)
         self.distribution(plan)
         if plan.log_grad_norm and plan.on_nonfinite == "skip":
@@ -255,7 +243,7 @@ class Keras(Adapter):
     # -- running -------------------------------------------------------------------------
     def run(self, plan: Plan) -> TrainingArtifact:
         """Train per the plan with `model.fit` and return the artifact."""
-        from ._loop import FitSession
+        from ._bridge import FitSession
 
         session = FitSession(
             plan,
@@ -268,6 +256,6 @@ class Keras(Adapter):
 
     def step_backend(self, plan: Plan) -> Any:
         """The step backend core's `OnlineTrainer` uses (one `train_on_batch` per call)."""
-        from ._step import KerasStepBackend
+        from ._step_backend import KerasStepBackend
 
         return KerasStepBackend(plan, precision=self.precision, jit_compile=self.jit_compile)

@@ -1,11 +1,11 @@
-"""Feed core's batch iterator (or a native loader's) to `model.fit` and know its state.
+"""Batches for `model.fit`, and Keras's native loaders.
 
-`model.fit` pulls batches from a Python generator over core's `BatchIterator` (the same
-order as every other backend for the same seed). Keras reads ahead of the step it runs
-(it peeks at the first batches to build its data adapter; on accelerators it transfers
-one batch ahead), so the iterator's live state is ahead of training. `FitFeed` records
-the iterator state after every batch it hands out and answers "what was the state after
-the first `n` batches", which is what a checkpoint at step `start + n` must hold.
+`model.fit` pulls `(x, y)` batches from a Python generator (`fit_batches`) over the run's
+`Feed` (core's batch iterator: the same order as every other backend for the same seed,
+or a native loader's). Keras reads ahead of the step it runs (it peeks at the first
+batches to build its data adapter; on accelerators it transfers one batch ahead), so the
+feed tracks the data position after every batch it hands out, and the run saves the
+position after the last batch trained on.
 
 Native loaders: a `keras.utils.PyDataset` is iterated here, in this process (its
 `workers`/`use_multiprocessing` are not used), by `PyDatasetBatches`, whose position is
@@ -20,7 +20,6 @@ a resume starts it again from its beginning.
 from __future__ import annotations
 
 import sys
-from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -30,52 +29,21 @@ import keras
 from pipekit_train.core import ConfigError
 
 __all__ = [
-    "FitFeed",
     "PyDatasetBatches",
     "check_native",
+    "fit_batches",
     "is_native_loader",
     "native_batches",
     "native_eval_batches",
 ]
 
-# Batches Keras may take ahead of the step it runs (peeked batches + device look-ahead).
-_MAX_AHEAD = 64
 
-
-class FitFeed:
-    """An endless `(x, y)` generator over a core `BatchIterator`, with per-batch states.
-
-    Args:
-        batches: the core batch iterator (positioned at the resume point).
-        capacity: the most consecutive steps Keras runs between two callbacks.
-    """
-
-    def __init__(self, batches: Any, capacity: int = 1):
-        self.batches = batches
-        self.produced = 0
-        self._states: deque[tuple[int, dict[str, Any] | None]] = deque(maxlen=capacity + _MAX_AHEAD)
-        get_state = getattr(batches, "get_state", None)
-        self._get_state = get_state if callable(get_state) else (lambda: None)
-        self._states.append((0, self._get_state()))
-
-    def generator(self) -> Iterator[tuple[Any, Any]]:
-        """Yield `(x, y)` forever (core iterators repeat epochs)."""
-        batches, states, get_state = self.batches, self._states, self._get_state
-        while True:
-            batch = next(batches)
-            self.produced += 1
-            states.append((self.produced, get_state()))
-            yield batch["x"], batch["y"]
-
-    def state_after(self, consumed: int) -> dict[str, Any] | None:
-        """The iterator state after the first `consumed` batches (None: not checkpointable)."""
-        for n, state in reversed(self._states):
-            if n == consumed:
-                return state
-        raise RuntimeError(
-            f"pipekit-train-keras lost track of the data iterator state after {consumed} "
-            f"batches (Keras read more than {_MAX_AHEAD} batches ahead). Please report this."
-        )
+def fit_batches(batches: Iterator[Mapping[str, Any]]) -> Iterator[tuple[Any, Any]]:
+    """`(x, y)` forever for `model.fit`, from the run's batches (core's `Feed`, which
+    repeats epochs and remembers the data position after each batch)."""
+    while True:
+        batch = next(batches)
+        yield batch["x"], batch["y"]
 
 
 # -- native loaders ------------------------------------------------------------------------

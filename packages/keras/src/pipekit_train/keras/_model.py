@@ -11,14 +11,12 @@ import numpy as np
 from pipekit_train.core import ConfigError, ModelOpBase
 
 from . import _weights
-from ._backend import backend_name
+from ._keras_backend import backend_name
 
 if TYPE_CHECKING:
     import keras
 
-    from ._adapter import Keras
-
-__all__ = ["KerasModelOp", "build_model", "model_weights"]
+__all__ = ["KerasModelOp", "build_model", "model_variables", "model_weights", "output_model_op"]
 
 # Above this many rows `__call__` runs `model.predict` in chunks instead of one batch.
 _PREDICT_CHUNK = 4096
@@ -167,8 +165,12 @@ class KerasModelOp(ModelOpBase):
             raise ValueError(f"The weights blob is not a safetensors file: {exc}") from exc
         _weights.assign_arrays("w", model_weights(self.model), arrays, what="The weights blob")
 
-    def default_adapter(self) -> Keras:
-        """`Keras()`: the adapter `TrainingLoop` uses for this operator by default."""
-        from ._adapter import Keras
 
-        return Keras()
+def output_model_op(op: Any, model: keras.Model) -> Any:
+    """A new operator like `op` (default dtype policy, not compiled) holding `model`'s weights."""
+    out = type(op).from_config(op.get_config())
+    arrays = _weights.arrays_of("w", model_weights(model))
+    _weights.assign_arrays(
+        "w", model_weights(out.model), arrays, what="The trained model", cast=True
+    )
+    return out

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import Precision, canonical_precision
+from pipekit_train.core.adapter import Precision, translate_precision
 
 __all__ = ["KERAS_POLICIES", "NATIVE_PRECISIONS", "dtype_policy"]
 
@@ -30,22 +29,14 @@ def dtype_policy(value: Any) -> tuple[str | None, Precision | None]:
 
     None and a canonical name map through `KERAS_POLICIES`; a Keras policy name is kept
     as it is (its canonical precision is None when it has none, e.g. `"bfloat16"`);
-    another spelling core knows (`"bf16-mixed"`, `"fp32"`) maps like its canonical name.
+    another spelling core knows (`"bf16-mixed"`, `"fp32"`) maps like its canonical name
+    (core's `translate_precision`).
 
     Raises:
         ConfigError: none of these.
     """
     if value is None:
         return None, Precision.FLOAT32
-    if isinstance(value, str) and value in set(Precision):
-        return KERAS_POLICIES[Precision(value)], Precision(value)
-    if value in NATIVE_PRECISIONS:
-        return value, canonical_precision(value)
-    canonical = canonical_precision(value)
-    if canonical is not None:
-        return KERAS_POLICIES[canonical], canonical
-    raise ConfigError(
-        f"`precision` must be one of {[p.value for p in Precision]} (the same on every "
-        f"backend) or a Keras dtype policy {list(NATIVE_PRECISIONS)}. "
-        f"Received: precision={value!r}."
+    return translate_precision(
+        value, KERAS_POLICIES, NATIVE_PRECISIONS, backend="a Keras dtype policy"
     )

@@ -15,9 +15,9 @@ import numpy as np
 
 from pipekit_train.core.adapter import DirectoryCheckpointer, Plan, StepBackend
 
-from ._checkpoint import TrainHandle, checkpointer
+from ._checkpoint import checkpointer
 from ._ema import swapped_in
-from ._loop import build_train_handle, learning_rate, output_model_ops, predict
+from ._state import TrainHandle, build_train_handle, learning_rate, output_model_ops, predict
 from ._tracker import eval_loss, last_loss
 
 __all__ = ["KerasStepBackend"]

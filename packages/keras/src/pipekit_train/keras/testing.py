@@ -18,7 +18,7 @@ import numpy as np
 
 from pipekit_train.core import model_factory
 
-from ._backend import configure
+from ._keras_backend import configure
 
 __all__ = [
     "conv2d",
@@ -229,7 +229,7 @@ def golden_backend() -> Any:
     from pipekit_train.core.testing import GoldenBackend
     from pipekit_train.keras import Keras
 
-    from ._backend import backend_name
+    from ._keras_backend import backend_name
 
     return GoldenBackend(
         name=f"keras-{backend_name()}",

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from pipekit_train.core import ConfigError, ModelOpBase
+from pipekit_train.core.adapter import check_seed
 from pipekit_train.core.utils import object_path
 
 from ._weights import decode_state_dict, encode_state_dict
@@ -64,15 +65,6 @@ def is_lightning_module(obj: Any) -> bool:
         and cls.__module__.split(".")[0] in ("lightning", "pytorch_lightning")
         for cls in type(obj).__mro__
     )
-
-
-def _check_seed(seed: Any) -> int:
-    """`seed` as a non-negative int (as core checks the seed of every operator)."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ConfigError(
-            f"`seed` must be a non-negative int. Received: seed={seed!r}. Use e.g. seed=0."
-        )
-    return int(seed)
 
 
 def _to_numpy(value: Any) -> Any:
@@ -235,7 +227,7 @@ class LightningModelOp(ModelOpBase):
         keyword arguments, so `from_config` can rebuild it when the class is importable
         and takes those arguments.
         """
-        seed = _check_seed(seed)
+        seed = check_seed(seed)
         try:
             factory = object_path(type(module))
         except ConfigError:

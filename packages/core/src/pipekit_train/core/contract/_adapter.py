@@ -8,12 +8,14 @@ numpy batches onto its device and saves/restores its state.
 
 There are two ways to be an adapter:
 
-- **Step-based** (`StepAdapter`): implement a `StepBackend` (init, put, train step, eval
-  step, checkpointer, model operator) and core's `run_step_loop` does the rest. Equinox
+- **Step-based** (`StepAdapter`, in `pipekit_train.core.adapter`): implement a
+  `StepBackend` (init, put, train step, eval step, checkpointer, model operator) and
+  core's `run_step_loop` does the rest. Equinox
   and the numpy reference adapter work this way; so would Flax NNX or plain PyTorch.
 - **Loop-owning** (`Adapter`): the backend runs its own loop (Lightning's `Trainer.fit`,
-  Keras's `model.fit`); the adapter builds a `RunLifecycle`, starts it, calls its
-  `end_of_update` from the backend's per-batch hook and ends with `finish`/`abort`.
+  Keras's `model.fit`); the adapter opens a `RunLifecycle` (`with RunLifecycle(...) as
+  run:`), starts it, binds its callables, calls `end_of_update` from the backend's
+  per-batch hook and ends with `finish`.
 
 Optional capabilities are declared in `Capabilities`; the defaults of the optional
 methods raise `NotSupportedError` naming the backend.
@@ -69,14 +71,14 @@ class Capabilities:
             training loss (with accumulation: the loss of any of its batches) is not
             finite, the step leaves the parameters and the optimizer state (including its
             step count) as they were and layer state (e.g. BatchNorm statistics) is not
-            updated from that batch; the step still counts. Core's `RunContext` counts
-            the skips, stops after `max_consecutive_skips` and postpones checkpoints.
+            updated from that batch; the step still counts. The run counts the skips,
+            stops after `max_consecutive_skips` and postpones checkpoints.
         grad_norm: honours `TrainingLoop(log_grad_norm=True)`: every update's metrics
             hold `grad_norm` (see `pipekit_train.core.adapter.global_grad_norm`).
         lr_scale: applies core's learning-rate scale (`RunState.set_lr_scale`, used by
             `ReduceLROnPlateau`): the step trains at `schedule(step) * scale`. A
             step-based backend implements `StepBackend.with_lr_scale`; a loop-owning
-            adapter binds a hook with `RunContext.bind_lr_scale`.
+            adapter binds a hook with `RunLifecycle.bind(lr_scale=...)`.
         ema: keeps the moving average of the weights of `optimizer_config["ema"]` (from
             the initial weights, once per optimizer update; validation and the artifact
             use it, `StepBackend.raw_model_op` gives the trained weights).
@@ -108,8 +110,8 @@ class Adapter(abc.ABC):
     """A training backend: `run(plan) -> TrainingArtifact`.
 
     Subclasses set `name` and `capabilities`, implement `run` and `get_config`, and may
-    override `validate` (call `super().validate(plan)` first: it checks the plan
-    against the declared capabilities).
+    override `validate` with the backend's own checks (core then holds the plan against
+    the declared capabilities).
 
     Attributes:
         name: the backend name recorded in plans and artifacts.
