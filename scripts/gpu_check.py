@@ -376,6 +376,85 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"backend": backend, "error": f"exit {proc.returncode}: {tail}"}
 
 
+# -- Torch(compile="cuda-graphs"): resume and agreement with eager ---------------------------
+GRAPH_CASES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("K=1", {}),
+    ("K=10", {"steps_per_execution": 10}),
+    ("bf16-mixed", {"precision": "bfloat16-mixed"}),
+    (
+        "K=10, accumulate 2, cosine schedule, clip, EMA",
+        {
+            "steps_per_execution": 10,
+            "accumulate": 2,
+            "optimizer": {
+                "name": "adamw",
+                "lr": {"schedule": "cosine", "init_value": 1e-3, "decay_steps": 60},
+                "clip_norm": 1.0,
+                "ema": 0.99,
+            },
+        },
+    ),
+)
+
+
+def run_graphs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """`pipekit_train.lightning.testing.graphs_check` per case, in one fresh interpreter."""
+    code = (
+        "import json, sys\n"
+        "from pipekit_train.lightning.testing import graphs_check\n"
+        "for name, opts in json.loads(sys.argv[1]):\n"
+        "    try:\n"
+        "        out = graphs_check('cuda', **opts)\n"
+        "    except Exception as exc:\n"
+        "        out = {'error': f'{type(exc).__name__}: {exc}'[:300]}\n"
+        "    print('GRAPHS ' + json.dumps({'case': name, **out}, default=str), flush=True)\n"
+    )
+    cases = [list(case) for case in GRAPH_CASES]
+    print("== torch cuda-graphs checks", file=sys.stderr, flush=True)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(cases)],
+            env=_child_env("lightning", "cuda"),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=args.timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return [{"case": "(all)", "error": f"timed out after {args.timeout:.0f} s"}]
+    rows = [
+        json.loads(x[len("GRAPHS ") :]) for x in proc.stdout.splitlines() if x.startswith("GRAPHS ")
+    ]
+    if not rows:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        rows = [{"case": "(all)", "error": f"exit {proc.returncode}: {tail}"}]
+    return rows
+
+
+def graphs_table(rows: list[dict[str, Any]]) -> list[str]:
+    out = [
+        "| case | resumed at 30 of 60 vs uninterrupted | final loss graphed / eager (rel. diff) | capture |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['case']} | ❌ {r['error']} | | |")
+            continue
+        report = r.get("report") or {}
+        capture = (
+            f"fell back: {report.get('fell_back')}"
+            if report.get("fell_back")
+            else f"captured at update {report.get('captured_at_update')}"
+        )
+        out.append(
+            f"| {r['case']} | {_mark(r['resume_bit_exact'])} "
+            f"{'bit-exact' if r['resume_bit_exact'] else 'differs'} | "
+            f"{_fmt(r['graphed_loss'])} / {_fmt(r['eager_loss'])} ({_fmt(r['loss_rel_diff'])}) | "
+            f"{capture} |"
+        )
+    return out
+
+
 # -- the benchmarks ----------------------------------------------------------------------------
 def bench_commands(
     device: str, *, compute: bool = True
@@ -616,6 +695,7 @@ def report(
     bench: list[dict[str, Any]] | None,
     args: argparse.Namespace,
     machine: str,
+    graphs: list[dict[str, Any]] | None = None,
 ) -> str:
     title = "GPU" if args.device == "cuda" else "CPU (--device cpu)"
     lines = [
@@ -631,6 +711,18 @@ def report(
         *backend_table(results, args),
         "",
     ]
+    if graphs is not None:
+        lines += [
+            '### `Torch(compile="cuda-graphs")`: the whole update as one CUDA graph',
+            "",
+            "`pipekit_train.lightning.testing.graphs_check`: MLP 8→64→64→1, batch 64, Adam "
+            "1e-3, 60 updates: a graphed run stopped after 30 and resumed against an "
+            "uninterrupted graphed run, and the graphed run's final loss against eager "
+            "`Torch()`'s.",
+            "",
+            *graphs_table(graphs),
+            "",
+        ]
     if bench is not None:
         overhead = [r for r in bench if r.get("benchmark") != "compute"]
         compute = [r for r in bench if r.get("benchmark") == "compute"]
@@ -680,6 +772,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small sizes: 20 steps, width 32")
     p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(DEFAULT_BACKENDS))
     p.add_argument("--skip-bench", action="store_true", help="only the backend checks")
+    p.add_argument(
+        "--skip-graphs", action="store_true", help='skip the Torch(compile="cuda-graphs") checks'
+    )
     p.add_argument(
         "--skip-compute",
         action="store_true",
@@ -748,15 +843,19 @@ def main(argv: list[str] | None = None) -> int:
         for r in no_gpu:
             print(f"gpu_check: {r['backend']}: {r['error']}", file=sys.stderr)
         return NO_GPU
+    graphs = run_graphs(args) if args.device == "cuda" and not args.skip_graphs else None
     bench = None if args.skip_bench else run_benchmarks(args)
-    text = report(results, bench, args, machine)
+    text = report(results, bench, args, machine, graphs)
     print(text)
     print(f"gpu_check: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     if args.output:
         args.output.write_text(text)
     if args.json:
         args.json.write_text(
-            json.dumps({"machine": machine, "backends": results, "benchmarks": bench}, indent=2)
+            json.dumps(
+                {"machine": machine, "backends": results, "graphs": graphs, "benchmarks": bench},
+                indent=2,
+            )
         )
     failed = [
         r
@@ -764,7 +863,8 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in r or not (r["placement_ok"] and r["bf16_ok"] and r["resume_ok"])
     ]
     failed_bench = [r for r in bench or [] if r.get("value") is None and r.get("ok") is False]
-    return 1 if failed or failed_bench else 0
+    failed_graphs = [r for r in graphs or [] if "error" in r or not r["resume_bit_exact"]]
+    return 1 if failed or failed_bench or failed_graphs else 0
 
 
 if __name__ == "__main__":

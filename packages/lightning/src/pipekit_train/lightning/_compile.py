@@ -27,7 +27,8 @@ __all__ = ["CompileFallbackWarning", "Objective", "compile_options"]
 _log = logging.getLogger("pipekit_train.lightning")
 
 CUDA_GRAPHS = "cuda-graphs"
-"""`Torch(compile="cuda-graphs")`: torch.compile's CUDA-graph mode (`"reduce-overhead"`)."""
+"""`Torch(compile="cuda-graphs")`: the whole update captured as a CUDA graph (`_graphs.py`);
+the forward-and-loss function then runs eagerly inside the capture."""
 
 
 class CompileFallbackWarning(UserWarning):
@@ -38,15 +39,13 @@ def compile_options(compile: Any) -> dict[str, Any] | None:
     """The `torch.compile` keyword arguments of a `compile=` value (None: eager).
 
     `True` → defaults; a mode name (`"default"`, `"reduce-overhead"`, `"max-autotune"`,
-    `"max-autotune-no-cudagraphs"`) → that mode; `"cuda-graphs"` → `"reduce-overhead"`;
-    a dict → as given.
+    `"max-autotune-no-cudagraphs"`) → that mode; a dict → as given; `"cuda-graphs"` →
+    None (not a `torch.compile` mode: the step backend captures the whole update).
     """
-    if compile is False or compile is None:
+    if compile is False or compile is None or compile == CUDA_GRAPHS:
         return None
     if compile is True:
         return {}
-    if compile == CUDA_GRAPHS:
-        return {"mode": "reduce-overhead"}
     if isinstance(compile, str):
         return {"mode": compile}
     return dict(compile)

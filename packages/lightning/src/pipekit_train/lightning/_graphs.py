@@ -117,6 +117,7 @@ class GraphedUpdate:
         self.eager_updates = 0
         self.fell_back: str | None = None
         tensor_learning_rates(optimizer, device)
+        self._rates = [group["lr"] for group in optimizer.param_groups]
 
     # -- the update, as recorded and as run eagerly ----------------------------------------------
     def _forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -140,7 +141,13 @@ class GraphedUpdate:
 
     def _step_schedules(self) -> None:
         for scheduler in self._schedulers:
-            scheduler.step()  # fills the learning-rate tensor: no synchronisation
+            scheduler.step()  # torch fills a tensor learning rate in place
+        # whatever wrote a number instead (an older torch, a callback), the captured step
+        # reads the tensor: put the number there (no synchronisation)
+        for group, rate in zip(self._optimizer.param_groups, self._rates, strict=True):
+            if group["lr"] is not rate:
+                rate.fill_(float(group["lr"]))
+                group["lr"] = rate
 
     def _eager(self, batches: Sequence[Mapping[str, torch.Tensor]]) -> tuple[list[Any], Any]:
         """One update without the graph, on the side stream (as torch's warm-up asks)."""
@@ -150,6 +157,9 @@ class GraphedUpdate:
             self._optimizer.zero_grad(set_to_none=True)
             losses, norm = self._record(batches)
         current.wait_stream(side)
+        for value in (*losses, norm):  # made on the side stream, read on the current one
+            if isinstance(value, torch.Tensor):
+                value.record_stream(current)
         self._step_schedules()
         self.eager_updates += 1
         return losses, norm
@@ -169,7 +179,8 @@ class GraphedUpdate:
         torch.cuda.synchronize(self._device)
         self._optimizer.zero_grad(set_to_none=True)  # the backward allocates them in the graph
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread-local: the prefetching thread may copy the next batches meanwhile
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             losses, norm = self._record(self._static)
         self._graph = graph
         self._out_losses = losses

@@ -39,7 +39,11 @@ def apply_lr_scale(optimizers: Sequence[Any], schedulers: Sequence[Any], scale: 
         covered.add(id(opt))
         sched.base_lrs = [float(g["initial_lr"]) * scale for g in opt.param_groups]
         for group, base, fn in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
-            group["lr"] = base * fn(sched.last_epoch)
+            rate = base * fn(sched.last_epoch)
+            if isinstance(group["lr"], torch.Tensor):  # a captured step reads this tensor
+                group["lr"].fill_(rate)
+            else:
+                group["lr"] = rate
         sched._last_lr = [group["lr"] for group in opt.param_groups]
     missing = [type(o).__name__ for o in optimizers if id(o) not in covered]
     if missing:

@@ -113,7 +113,13 @@ def _decoupled(base: type) -> type:
     return Decoupled
 
 
-def _torch_optimizer(spec: OptimizerSpec, params: list[Any], lr: float, fused: bool = False) -> Any:
+def _torch_optimizer(
+    spec: OptimizerSpec,
+    params: list[Any],
+    lr: float,
+    fused: bool = False,
+    capturable: bool = False,
+) -> Any:
     import torch
 
     h, wd = spec.hyper, spec.weight_decay
@@ -122,6 +128,8 @@ def _torch_optimizer(spec: OptimizerSpec, params: list[Any], lr: float, fused: b
     if spec.name in ("adam", "adamw"):
         cls: Callable[..., Any] = torch.optim.AdamW if wd else torch.optim.Adam
         kwargs: dict[str, Any] = {"betas": (h["b1"], h["b2"]), "eps": h["eps"]}
+        if capturable:  # runs inside a CUDA graph: step count and rate on the device
+            kwargs["capturable"] = True
         if wd:
             kwargs["weight_decay"] = wd
         return cls(params, lr=lr, **kwargs)
@@ -190,6 +198,7 @@ def build_optimizer(
     total_steps: int | None,
     fused: bool = False,
     lr_scale: bool = False,
+    capturable: bool = False,
 ) -> tuple[Any, Any]:
     """Build `(optimizer, scheduler or None)` over `params`.
 
@@ -202,6 +211,8 @@ def build_optimizer(
         lr_scale: always return a step-interval `LambdaLR` (a constant rate and a callable
             config included), whose base rates carry core's learning-rate scale
             (`apply_lr_scale`; plans with `ReduceLROnPlateau`).
+        capturable: build torch's capturable Adam/AdamW, whose step runs inside a CUDA
+            graph (`Torch(compile="cuda-graphs")`; `CAPTURABLE_OPTIMIZERS`).
     """
     import torch
 
@@ -223,7 +234,7 @@ def build_optimizer(
     if schedule is None and lr_scale:
         schedule = schedule_fn({"schedule": "constant", "value": float(spec.learning_rate)})  # type: ignore[arg-type]  # not `scheduled`: a float
     lr = 1.0 if schedule is not None else float(spec.learning_rate)  # type: ignore[arg-type]  # not `scheduled`: a float
-    optimizer = _torch_optimizer(spec, params, lr, fused=fused)
+    optimizer = _torch_optimizer(spec, params, lr, fused=fused, capturable=capturable)
     if spec.ema is not None:  # before the scheduler, which wraps `optimizer.step`
         from ._ema import with_ema
 

@@ -39,13 +39,14 @@ from pipekit_train.core.adapter import (
 
 from ._amp import amp_for
 from ._checkpoint import checkpointer
-from ._compile import Objective
+from ._compile import CUDA_GRAPHS, Objective
 from ._data import loader_batches, loader_pass
 from ._determinism import is_deterministic
 from ._ema import averaged_copy, has_ema, swapped_in
 from ._fetch import fetch
 from ._grad_norm import grad_norm
 from ._grads import GradReset
+from ._graphs import GraphedUpdate
 from ._losses import torch_loss
 from ._lr_scale import apply_lr_scale
 from ._model import LightningModelOp, as_input, module_dtype
@@ -100,7 +101,11 @@ class TorchStepBackend(StepBackend[TorchState]):
         self._fused = bool(fused_optimizer)
         self._compile = compile
         self._cuda = self._device.type == "cuda"
+        self._graphs = compile == CUDA_GRAPHS  # the whole update as a CUDA graph
+        self._graphed: GraphedUpdate | None = None
         self.steps_per_execution = max(1, int(steps_per_execution))
+        # on CUDA a thread copies the next batches to the device while the step runs
+        self.prefetch = 2 if self._cuda else 0
         self.objective: Objective | None = None
         self._zero_grad = GradReset()
         # the private RNG is swapped in only around modules that may draw from it
@@ -117,7 +122,9 @@ class TorchStepBackend(StepBackend[TorchState]):
             total_steps=self.plan.total_steps,
             fused=self._fused,
             lr_scale=adjusts_learning_rate(self.plan),
+            capturable=self._graphs,
         )
+        self._graphed = None  # captured again for this state (after a restore, too)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.plan.seed, 0, 1))
             rng = torch.get_rng_state()
@@ -248,10 +255,31 @@ class TorchStepBackend(StepBackend[TorchState]):
             state.torch_rng = torch.get_rng_state()
             torch.set_rng_state(outer)
 
+    def _graph(self, state: TorchState) -> GraphedUpdate:
+        """The whole-update CUDA graph of this run's state (built at its first update)."""
+        if self._graphed is None:
+            self._graphed = GraphedUpdate(
+                net=state.module,
+                optimizer=state.optimizers[0],
+                schedulers=state.schedulers,
+                loss=self._loss,
+                autocast_dtype=self._amp.dtype,
+                clip=self._clip_grads,
+                device=self._device,
+            )
+        return self._graphed
+
+    def describe_graphs(self) -> dict[str, Any] | None:
+        """What the CUDA graph did (`GraphedUpdate.describe`), or None without one."""
+        return None if self._graphed is None else self._graphed.describe()
+
     def train_step(
         self, state: TorchState, batch: Mapping[str, Any]
     ) -> tuple[TorchState, dict[str, Any]]:
         """One optimizer update; the loss stays a tensor."""
+        if self._graphs:
+            losses, self._norm = self._graph(state)((batch,))
+            return state, self._metrics(losses[0])
         if not self._random and state.scaler is None and not self._skip:
             return state, self._metrics(self._plain_update(state, batch))
         outer = self._enter_rng(state)
@@ -284,13 +312,20 @@ class TorchStepBackend(StepBackend[TorchState]):
             rows = [{key: value[i] for key, value in stacked.items()} for i in range(n)]
         losses: list[Any] = []
         norms: list[Any] = []
-        outer = self._enter_rng(state)
-        try:
+        if self._graphs:
+            graph = self._graph(state)
             for start in range(0, n, m):
-                losses += self._update(state, rows[start : start + m])
+                group, self._norm = graph(rows[start : start + m])
+                losses += group
                 norms.append(self._norm)
-        finally:
-            self._leave_rng(state, outer)
+        else:
+            outer = self._enter_rng(state)
+            try:
+                for start in range(0, n, m):
+                    losses += self._update(state, rows[start : start + m])
+                    norms.append(self._norm)
+            finally:
+                self._leave_rng(state, outer)
         if not self._grad_norm:
             return state, {"loss": torch.stack(losses)}
         # one norm per update (core takes a per-step metric as it is)

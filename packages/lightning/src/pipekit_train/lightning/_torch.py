@@ -28,6 +28,8 @@ from pipekit_train.core.adapter import (
 from ._adapter import TRAINER_KWARGS
 from ._compile import CUDA_GRAPHS, compile_options
 from ._data import is_datamodule
+from ._determinism import is_deterministic
+from ._graphs import CAPTURABLE_OPTIMIZERS
 from ._model import LightningModelOp, is_lightning_module
 from ._nvml import without_nvml_check
 from ._optim import check_optimizer_config
@@ -58,12 +60,16 @@ class Torch(StepAdapter):
             still see every step, with the same numbers as `steps_per_execution=1`.
         precision: `"float32"`, `"bfloat16-mixed"` or `"float16-mixed"` (autocast over
             forward and loss; float16 with a `GradScaler`).
-        compile: opt-in `torch.compile` of the forward-and-loss function: True, a mode
-            name (`"default"`, `"reduce-overhead"`, `"max-autotune"`, ...), a dict of
-            `torch.compile` arguments, or `"cuda-graphs"` (CUDA only: torch's CUDA-graph
-            mode, `"reduce-overhead"`). The first step compiles (timed: see
+        compile: opt-in compilation. True, a mode name (`"default"`, `"reduce-overhead"`,
+            `"max-autotune"`, ...) or a dict of `torch.compile` arguments: `torch.compile`
+            of the forward-and-loss function; the first step compiles (timed: see
             `compile_report`); if compilation fails the run warns and continues eagerly.
-            A compiled step may differ from the eager one by float rounding.
+            `"cuda-graphs"` (CUDA only): the whole update — forward, loss, backward,
+            clipping, the optimizer step, the moving average — captured once as a CUDA
+            graph and replayed (one launch per update; `_graphs.py`), with Adam/AdamW,
+            float32 or bfloat16-mixed, and a model without random layers (anything else
+            is refused before the run). A compiled step may differ from the eager one by
+            float rounding; a resumed run equals an uninterrupted one in either mode.
         fused_optimizer: build the optimizer with torch's fused kernel (`fused=True`,
             all but rmsprop): faster on small models, equal to the default build to
             float rounding, not bit for bit.
@@ -73,7 +79,8 @@ class Torch(StepAdapter):
 
     Attributes:
         compile_report: after a run with `compile=`: `{"compiled", "compile_seconds",
-            "fell_back"}` (None before, or without `compile=`).
+            "fell_back"}`; with `"cuda-graphs"`: `{"cuda_graphs", "captured_at_update",
+            "eager_updates", "fell_back"}` (None before, or without `compile=`).
 
     Raises:
         ConfigError: a bad option, or a Lightning-only option (with a pointer to
@@ -242,11 +249,50 @@ class Torch(StepAdapter):
                 f"Received: compile='cuda-graphs' on device={str(device)!r}. Use compile=True "
                 "(or False) on the CPU, or device='cuda'."
             )
+        if self.compile == CUDA_GRAPHS:
+            self._check_capturable(plan)
         if self.fused_optimizer and not isinstance(plan.optimizer_config, Mapping):
             raise ConfigError(
                 "`fused_optimizer` builds the optimizer from the canonical spec. Received: "
                 "fused_optimizer=True with a callable optimizer_config. Pass fused=True to "
                 "your own optimizer instead, or use a dict optimizer_config."
+            )
+
+    def _check_capturable(self, plan: Plan) -> None:
+        """Refuse what a whole-update CUDA graph cannot hold (`_graphs.py`), naming the fix."""
+        config = plan.optimizer_config
+        name = config.get("name") if isinstance(config, Mapping) else None
+        if name not in CAPTURABLE_OPTIMIZERS:
+            shown = name if name is not None else type(config).__name__
+            raise ConfigError(
+                "compile='cuda-graphs' captures the optimizer step, which torch can do for "
+                f"{list(CAPTURABLE_OPTIMIZERS)} (their capturable implementations). Received: "
+                f"optimizer={shown!r}. Use one of those, or compile=True / False."
+            )
+        if self.fused_optimizer:
+            raise ConfigError(
+                "compile='cuda-graphs' replays the whole update as one graph, with torch's "
+                "capturable optimizer. Received: fused_optimizer=True. Drop fused_optimizer."
+            )
+        if self.precision == "float16-mixed":
+            raise ConfigError(
+                "compile='cuda-graphs' cannot capture float16 loss scaling (the GradScaler "
+                "checks for infinities on the host every step). Received: "
+                "precision='float16-mixed'. Use 'bfloat16-mixed' or 'float32'."
+            )
+        if plan.on_nonfinite == "skip":
+            raise ConfigError(
+                "compile='cuda-graphs' cannot skip an update from the host after looking at "
+                "its loss. Received: on_nonfinite='skip'. Use on_nonfinite='stop' (checked "
+                "when the losses are fetched) or 'ignore', or compile=False."
+            )
+        net = plan.model.model if isinstance(plan.model, LightningModelOp) else plan.model
+        if isinstance(net, torch.nn.Module) and not is_deterministic(net):
+            raise ConfigError(
+                "compile='cuda-graphs' needs a model that draws no random numbers (its CUDA "
+                "random state is not part of the checkpoint, so a resume would not be exact). "
+                f"Received: model={type(net).__name__} with random layers (e.g. Dropout). "
+                "Use compile=False or compile=True for this model."
             )
 
     # -- shape probe -----------------------------------------------------------------------
@@ -281,3 +327,6 @@ class Torch(StepAdapter):
         finally:
             if compile_options(self.compile) is not None and backend.objective is not None:
                 self.compile_report = dict(backend.objective.describe())
+            graphs = backend.describe_graphs()
+            if graphs is not None:
+                self.compile_report = graphs

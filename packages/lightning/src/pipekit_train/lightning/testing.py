@@ -18,6 +18,7 @@ __all__ = [
     "conv_from_weights",
     "conv_net",
     "golden_backend",
+    "graphs_check",
     "linear",
     "mlp",
     "mlp_from_weights",
@@ -182,3 +183,78 @@ def torch_golden_backend(steps_per_execution: int = 1) -> Any:
         adapter=lambda p: Torch(precision=p, steps_per_execution=steps_per_execution),
         weights_of=mlp_weights,
     )
+
+
+def graphs_check(
+    device: str = "cuda",
+    *,
+    steps: int = 60,
+    stop_at: int = 30,
+    width: int = 64,
+    batch: int = 64,
+    optimizer: dict[str, Any] | None = None,
+    accumulate: int = 1,
+    **torch_options: Any,
+) -> dict[str, Any]:
+    """`Torch(compile="cuda-graphs")` against itself resumed and against eager `Torch()`.
+
+    Trains an MLP 8 → width → width → 1 (Adam, mse, the given `Torch` options, e.g.
+    `steps_per_execution=10`, `precision="bfloat16-mixed"`) for `steps` updates three
+    times in a temporary folder: graphed and uninterrupted, graphed stopped at `stop_at`
+    and resumed, and eagerly. `optimizer` replaces the default optimizer config (a
+    schedule, clipping, `ema`), `accumulate` is `TrainingLoop(accumulate_grad_batches=)`.
+    The GPU check and the CUDA tests read the result.
+
+    Returns:
+        `{"resume_bit_exact", "resumed_from_step", "graphed_loss", "eager_loss",
+        "loss_rel_diff", "report"}` (`report`: the graphed run's `compile_report`).
+    """
+    import tempfile
+    from pathlib import Path
+
+    from pipekit_train.core import Checkpoint, TrainingLoop
+    from pipekit_train.core.data import ArrayDataset
+
+    from ._model import LightningModelOp
+    from ._torch import Torch
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch * 16, 8)).astype(np.float32)
+    y = np.sin(x).sum(axis=1, keepdims=True).astype(np.float32)
+    data = ArrayDataset(x=x, y=y)
+    work = Path(tempfile.mkdtemp(prefix="pipekit-graphs-"))
+
+    def run(name: str | None, n: int, compile: Any) -> Any:
+        adapter = Torch(compile=compile, device=device, **torch_options)
+        loop = TrainingLoop(
+            model=LightningModelOp(
+                "pipekit_train.lightning.testing:mlp", in_size=8, out_size=1, width=width, seed=0
+            ),
+            data=data,
+            loss="mse",
+            optimizer_config=optimizer or {"name": "adam", "lr": 1e-3},
+            batch_size=batch,
+            accumulate_grad_batches=accumulate,
+            max_steps=n,
+            checkpoint=None
+            if name is None
+            else Checkpoint(work / name, every_n_steps=stop_at, async_save=False),
+            adapter=adapter,
+            progress=False,
+        )
+        return loop.run(), adapter
+
+    whole, adapter = run("whole", steps, "cuda-graphs")
+    run("resumed", stop_at, "cuda-graphs")
+    resumed, _ = run("resumed", steps, "cuda-graphs")
+    eager, _ = run("eager", steps, False)
+    graphed_loss = float(whole.final_metrics["loss"])
+    eager_loss = float(eager.final_metrics["loss"])
+    return {
+        "resume_bit_exact": resumed.weights_sha256 == whole.weights_sha256,
+        "resumed_from_step": resumed.resumed_from_step,
+        "graphed_loss": graphed_loss,
+        "eager_loss": eager_loss,
+        "loss_rel_diff": abs(graphed_loss - eager_loss) / max(abs(eager_loss), 1e-12),
+        "report": adapter.compile_report,
+    }
