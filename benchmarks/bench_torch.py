@@ -295,6 +295,11 @@ def main() -> None:
     parser.add_argument("--no-lightning", action="store_true", help="skip the Lightning() loop")
     parser.add_argument("--cases", default="large,small", help="large, small or both")
     parser.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated loop keys to run (e.g. hand,k1,k10,k1g,k10g); default: all",
+    )
+    parser.add_argument(
         "--chunk", type=int, default=50, help="steps a loop runs before handing over"
     )
     parser.add_argument(
@@ -324,6 +329,12 @@ def main() -> None:
     }
     chosen = [all_cases[c] for c in args.cases.split(",")]
     table = loops(args.device, compile=not args.no_compile, lightning=not args.no_lightning)
+    if args.only:
+        keep = {"hand", *args.only.split(",")}  # the reference loop always runs
+        unknown = keep - set(table)
+        if unknown:
+            raise SystemExit(f"--only: unknown loops {sorted(unknown)}; known: {sorted(table)}")
+        table = {key: value for key, value in table.items() if key in keep}
     rows: list[dict[str, Any]] = []
     for title, in_size, width, depth, batch in chosen:
         if args.device != "cpu":
