@@ -178,12 +178,20 @@ class EquinoxBackend(StepBackend[FlatState]):
         """A batch (or K stacked batches) ready for the step, moved to the device(s) once.
 
         In one process the numpy batch goes to the compiled step as is, which transfers
-        it (split per `data_pspec`) on dispatch; in a multi-process run the global batch
-        is assembled here with `jax.make_array_from_process_local_data`.
+        it (split per `data_pspec`) on dispatch — unless batches are prefetched (on an
+        accelerator): then it is put on the device(s) here, on the prefetching thread; in a
+        multi-process run the global batch is assembled here with
+        `jax.make_array_from_process_local_data`.
         """
-        if not self.placement.multiprocess:
-            return batch
         stacked = self._stack_rank is not None and np.ndim(batch["x"]) == self._stack_rank + 2
+        if not self.placement.multiprocess:
+            if not self.prefetch:
+                return batch
+            # prefetching (an accelerator): the copy happens here, on the prefetching
+            # thread, while the device runs the current step
+            placement = self.placement
+            sharding = placement.stacked_sharding if stacked else placement.data_sharding
+            return jax.device_put(dict(batch), sharding)
         return self.placement.put_batch(batch, stacked=stacked)
 
     def fetch(self, values: Sequence[Any]) -> list[Any]:
