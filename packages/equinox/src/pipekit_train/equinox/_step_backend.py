@@ -88,6 +88,7 @@ class EquinoxBackend(StepBackend[FlatState]):
         # on an accelerator a thread puts the next batches on the device while the step
         # runs (core's step loop); on the CPU there is nothing to overlap
         self.prefetch = 2 if jax.default_backend() != "cpu" else 0
+        self._stack_fn: Any = None
         self._template = self._host_state()
         self._names = _leaf_names(self._template)
         self._step_index = self._names.index("step")
@@ -193,6 +194,21 @@ class EquinoxBackend(StepBackend[FlatState]):
             sharding = placement.stacked_sharding if stacked else placement.data_sharding
             return jax.device_put(dict(batch), sharding)
         return self.placement.put_batch(batch, stacked=stacked)
+
+    def stack(self, batches: Sequence[Any]) -> Any:
+        """Batches already on the device(s) (prefetched one by one) stacked there, with the
+        sharding of a stacked group."""
+        if self._stack_fn is None:
+            sharding = self.placement.stacked_sharding
+
+            def stacked(bs: list[Any]) -> Any:
+                return jax.tree.map(lambda *a: jnp.stack(a), *bs)
+
+            if sharding is None:
+                self._stack_fn = jax.jit(stacked)
+            else:
+                self._stack_fn = jax.jit(stacked, out_shardings=sharding)
+        return self._stack_fn(list(batches))
 
     def fetch(self, values: Sequence[Any]) -> list[Any]:
         """Device values to the host, one transfer per device (`fetch_to_host`)."""

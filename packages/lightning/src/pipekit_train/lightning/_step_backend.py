@@ -294,22 +294,35 @@ class TorchStepBackend(StepBackend[TorchState]):
             return {"loss": loss}
         return {"loss": loss, GRAD_NORM: self._norm}
 
+    @staticmethod
+    def _rows(stacked: Mapping[str, Any], n: int) -> list[dict[str, Any]]:
+        """The `n` batches of a stacked group, as views."""
+        keys = list(stacked)
+        if all(isinstance(stacked[key], torch.Tensor) for key in keys):
+            # one unbind per key: n views, without n indexing calls per key
+            columns = [stacked[key].unbind(0) for key in keys]
+            return [dict(zip(keys, values, strict=True)) for values in zip(*columns, strict=True)]
+        return [{key: value[i] for key, value in stacked.items()} for i in range(n)]
+
+    def stack(self, batches: Sequence[Any]) -> list[Any]:
+        """Batches prefetched one by one to the device: `train_steps` takes them as a list
+        (no stacking needed: each update reads its own batches)."""
+        return list(batches)
+
     def train_steps(
-        self, state: TorchState, stacked: Mapping[str, Any]
+        self, state: TorchState, stacked: Mapping[str, Any] | list[Any]
     ) -> tuple[TorchState, dict[str, Any]]:
         """K updates over `K * m` stacked batches (`m`: accumulation), in one call.
 
         The loss of every batch stays on the device, stacked (shape `(K * m,)`).
         """
-        n = int(stacked["x"].shape[0])
         m = self._micro
-        keys = list(stacked)
-        if all(isinstance(stacked[key], torch.Tensor) for key in keys):
-            # one unbind per key: n views, without n indexing calls per key
-            columns = [stacked[key].unbind(0) for key in keys]
-            rows = [dict(zip(keys, values, strict=True)) for values in zip(*columns, strict=True)]
+        if isinstance(stacked, list):  # batches prefetched one by one (`stack`)
+            rows = stacked
+            n = len(rows)
         else:
-            rows = [{key: value[i] for key, value in stacked.items()} for i in range(n)]
+            n = int(stacked["x"].shape[0])
+            rows = self._rows(stacked, n)
         losses: list[Any] = []
         norms: list[Any] = []
         if self._graphs:

@@ -271,6 +271,20 @@ class StepBackend(abc.ABC, Generic[StateT]):
             f"{self.steps_per_execution}. Use steps_per_execution=1."
         )
 
+    def stack(self, batches: Sequence[Any]) -> Any:
+        """K (or `K * m`) batches already on the device (each from `put`) as the value
+        `train_steps` takes.
+
+        Optional: a backend that implements it lets a prefetching step loop
+        (`prefetch > 0`) copy every batch to the device ahead on its thread, and stack
+        them on the device, for fused and accumulated steps too; without it the loop
+        stacks the host batches and puts the stack once.
+        """
+        raise NotSupportedError(
+            f"{type(self).__name__} does not stack device batches. Received: "
+            f"{len(batches)} batches."
+        )
+
     def fetch(self, values: Sequence[Any]) -> Sequence[Any]:
         """Device values to host numpy arrays, in one call where the backend can."""
         return [np.asarray(v) for v in values]

@@ -104,8 +104,10 @@ def _batch_source(
     thread that prepares them `depth` groups ahead (`StepBackend.prefetch`).
 
     With one update per call the thread also copies each group to the device (its size is
-    always `micro`); with fused calls, whose size the schedule decides per call, it
-    prepares the host batches and the loop stacks and copies them.
+    always `micro`); with fused calls, whose size the schedule decides per call, it copies
+    every batch alone and the backend stacks them on the device (`StepBackend.stack`), or,
+    for a backend without `stack`, it prepares the host batches and the loop stacks and
+    copies them.
     """
 
     def group(k: int, source: Any) -> Any:
@@ -122,6 +124,13 @@ def _batch_source(
 
         ahead = Prefetcher(batches, make, size=micro, depth=depth)
         return _Source(lambda k: next(ahead), ahead.close)
+    if type(backend).stack is not StepBackend.stack:  # the backend stacks on the device
+        singles = Prefetcher(
+            batches, lambda host: backend.put(host[0]), size=1, depth=depth * k_max * micro
+        )
+        return _Source(
+            lambda k: backend.stack([next(singles) for _ in range(k * micro)]), singles.close
+        )
     hosts = Prefetcher(batches, lambda host: host[0], size=1, depth=depth * k_max * micro)
     return _Source(lambda k: group(k, hosts), hosts.close)
 
