@@ -10,6 +10,7 @@ around the steps.
 from __future__ import annotations
 
 import abc
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -86,6 +87,12 @@ def run_step_loop(plan: Plan, backend: StepBackend[Any]) -> TrainingArtifact:
         )
 
 
+_DEVICE_STACK_BYTES = 8 << 20
+"""Fused groups from this size on are copied batch by batch on the prefetching thread and
+stacked on the device; smaller ones are stacked on the host and copied once (one copy of a
+small group costs less than a copy per batch)."""
+
+
 class _Source:
     """`take(k)`: the device value of the next `k` updates' batches (see `_batch_source`)."""
 
@@ -105,9 +112,9 @@ def _batch_source(
 
     With one update per call the thread also copies each group to the device (its size is
     always `micro`); with fused calls, whose size the schedule decides per call, it copies
-    every batch alone and the backend stacks them on the device (`StepBackend.stack`), or,
-    for a backend without `stack`, it prepares the host batches and the loop stacks and
-    copies them.
+    every batch alone and the backend stacks them on the device (`StepBackend.stack`) when
+    a group is large (`_DEVICE_STACK_BYTES`), or it prepares the host batches and the loop
+    stacks and copies them.
     """
 
     def group(k: int, source: Any) -> Any:
@@ -124,7 +131,11 @@ def _batch_source(
 
         ahead = Prefetcher(batches, make, size=micro, depth=depth)
         return _Source(lambda k: next(ahead), ahead.close)
-    if type(backend).stack is not StepBackend.stack:  # the backend stacks on the device
+    first = next(batches)
+    batches = itertools.chain([first], batches)  # the feed has counted it: it comes first
+    group_bytes = sum(np.asarray(v).nbytes for v in first.values()) * k_max * micro
+    if group_bytes >= _DEVICE_STACK_BYTES and type(backend).stack is not StepBackend.stack:
+        # a large group: every batch copied on the thread, stacked on the device
         singles = Prefetcher(
             batches, lambda host: backend.put(host[0]), size=1, depth=depth * k_max * micro
         )
