@@ -89,3 +89,25 @@ def test_the_unrolled_scan_runs_the_same_steps(
     assert first.run().steps == 20
     rest = make_loop(max_steps=30, checkpoint=Checkpoint(tmp_path / "u", **policy), **fused).run()
     assert rest.resumed_from_step == 20 and rest.weights_sha256 == reference.weights_sha256
+
+
+def test_large_fused_groups_are_stacked_on_the_device(
+    make_loop: Callable[..., TrainingLoop], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipekit_train.core.train import _step_loop
+
+    fused = {"adapter": Equinox(steps_per_execution=10), "accumulate_grad_batches": 2}
+    plain = make_loop(max_steps=30, **fused).run()
+    _prefetch_two(monkeypatch)
+    monkeypatch.setattr(_step_loop, "_DEVICE_STACK_BYTES", 0)  # every group counts as large
+    stacked = []
+    stack = _step_backend.EquinoxBackend.stack
+
+    def counting(self: Any, batches: Any) -> Any:
+        stacked.append(len(batches))
+        return stack(self, batches)
+
+    monkeypatch.setattr(_step_backend.EquinoxBackend, "stack", counting)
+    ahead = make_loop(max_steps=30, **fused).run()
+    assert stacked and all(n % 2 == 0 for n in stacked)  # whole updates of 2 batches
+    assert ahead.weights_sha256 == plain.weights_sha256

@@ -70,3 +70,26 @@ def test_a_prefetching_run_resumes_exactly(monkeypatch: pytest.MonkeyPatch, tmp_
     assert first.run().steps == 24
     rest = _loop(max_steps=40, checkpoint=Checkpoint(tmp_path / "ck", **policy), **adapter).run()
     assert rest.resumed_from_step == 24 and rest.weights_sha256 == whole.weights_sha256
+
+
+def test_large_fused_groups_reach_the_step_as_prefetched_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipekit_train.core.train import _step_loop
+
+    options = {"adapter": Torch(steps_per_execution=10), "accumulate_grad_batches": 2}
+    plain = _loop(**options).run()
+    _prefetch_two(monkeypatch)
+    monkeypatch.setattr(_step_loop, "_DEVICE_STACK_BYTES", 0)  # every group counts as large
+    seen: list[int] = []
+    train_steps = _step_backend.TorchStepBackend.train_steps
+
+    def spy(self: Any, state: Any, stacked: Any) -> Any:
+        if isinstance(stacked, list):
+            seen.append(len(stacked))
+        return train_steps(self, state, stacked)
+
+    monkeypatch.setattr(_step_backend.TorchStepBackend, "train_steps", spy)
+    ahead = _loop(**options).run()
+    assert seen and all(n % 2 == 0 for n in seen)
+    assert ahead.weights_sha256 == plain.weights_sha256

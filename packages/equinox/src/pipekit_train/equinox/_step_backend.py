@@ -179,20 +179,19 @@ class EquinoxBackend(StepBackend[FlatState]):
         """A batch (or K stacked batches) ready for the step, moved to the device(s) once.
 
         In one process the numpy batch goes to the compiled step as is, which transfers
-        it (split per `data_pspec`) on dispatch — unless batches are prefetched (on an
-        accelerator): then it is put on the device(s) here, on the prefetching thread; in a
-        multi-process run the global batch is assembled here with
+        it (split per `data_pspec`) on dispatch — unless single batches are prefetched (on
+        an accelerator): then each is put on the device(s) here, on the prefetching thread;
+        in a multi-process run the global batch is assembled here with
         `jax.make_array_from_process_local_data`.
         """
         stacked = self._stack_rank is not None and np.ndim(batch["x"]) == self._stack_rank + 2
         if not self.placement.multiprocess:
-            if not self.prefetch:
+            if not self.prefetch or stacked:
                 return batch
-            # prefetching (an accelerator): the copy happens here, on the prefetching
-            # thread, while the device runs the current step
-            placement = self.placement
-            sharding = placement.stacked_sharding if stacked else placement.data_sharding
-            return jax.device_put(dict(batch), sharding)
+            # prefetching (an accelerator): one batch is copied here, on the prefetching
+            # thread, while the device runs the current step (a small fused group stacked
+            # on the host goes to the step as it is: its C++ dispatch copies it cheaper)
+            return jax.device_put(dict(batch), self.placement.data_sharding)
         return self.placement.put_batch(batch, stacked=stacked)
 
     def stack(self, batches: Sequence[Any]) -> Any:
