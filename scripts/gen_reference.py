@@ -144,8 +144,8 @@ def testing_factories() -> str:
 
 
 def cli_keys() -> str:
-    from pipekit_train.core.adapter import backend_names
     from pipekit_train.core.cli import _config as cfg
+    from pipekit_train.core.utils import backend_names
 
     tables = {
         "top level": cfg._top_keys(),

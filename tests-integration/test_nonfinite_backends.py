@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipekit_train.core import Checkpoint, NonFiniteLossError, TrainingLoop
-from pipekit_train.core.adapter import step_dirs
+from pipekit_train.core.checkpoint import step_dirs
 from pipekit_train.core.data import ArrayDataset
 
 BATCH = 8

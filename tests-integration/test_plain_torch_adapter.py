@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from pipekit_train.core import Checkpoint, ConfigError, NotSupportedError, TrainingLoop
-from pipekit_train.core.adapter import step_dirs
 from pipekit_train.core.callbacks import LambdaCallback
+from pipekit_train.core.checkpoint import step_dirs
 from pipekit_train.core.testing import AdapterConformance, regression_task
 from pipekit_train.lightning import LightningModelOp
 

@@ -25,7 +25,8 @@ from pipekit_train.core import (  # noqa: E402
     TornCheckpointWarning,
     TrainingLoop,
 )
-from pipekit_train.core.adapter import DirectoryCheckpointer, step_dirs  # noqa: E402
+from pipekit_train.core.adapter import DirectoryCheckpointer  # noqa: E402
+from pipekit_train.core.checkpoint import step_dirs  # noqa: E402
 from pipekit_train.core.checkpoint._remote import RemoteSteps  # noqa: E402
 from pipekit_train.core.testing import (  # noqa: E402
     LoopbackS3,

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pipekit_train.core import Checkpoint, CheckpointError, TrainingLoop
-from pipekit_train.core.adapter import step_dirs
+from pipekit_train.core.checkpoint import step_dirs
 from pipekit_train.core.testing import NumpyAdapter, NumpyLinearOp, regression_task
 
 NOBODY = 65534

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from pipekit_train.core import Checkpoint, ConfigError, TrainingLoop
-from pipekit_train.core.adapter import Capabilities, Plan, step_dirs
+from pipekit_train.core.adapter import Capabilities, Plan
+from pipekit_train.core.checkpoint import step_dirs
 from pipekit_train.core.testing import NumpyAdapter, NumpyLinearOp, regression_task
 from pipekit_train.core.testing._numpy_adapter import _NumpyBackend
 

@@ -26,7 +26,7 @@ from pipekit_train.core import (
     Preempted,
     TrainingLoop,
 )
-from pipekit_train.core.adapter import step_dirs
+from pipekit_train.core.checkpoint import step_dirs
 from pipekit_train.core.testing import NumpyLinearOp, regression_task
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipekit_train.core import Checkpoint, CheckpointError, TornCheckpointWarning
-from pipekit_train.core.adapter import step_dirs
+from pipekit_train.core.checkpoint import step_dirs
 from pipekit_train.equinox import Equinox
 
 

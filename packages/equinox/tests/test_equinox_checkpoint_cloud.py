@@ -22,7 +22,7 @@ for _module in ("moto.server", "boto3", "s3fs"):
     pytest.importorskip(_module)
 
 from pipekit_train.core import Checkpoint, TornCheckpointWarning, TrainingLoop  # noqa: E402
-from pipekit_train.core.adapter import step_dirs  # noqa: E402
+from pipekit_train.core.checkpoint import step_dirs  # noqa: E402
 from pipekit_train.core.checkpoint._digest import FOLDER_DIGEST  # noqa: E402
 from pipekit_train.core.checkpoint._remote import RemoteSteps  # noqa: E402
 from pipekit_train.core.testing import LoopbackS3, loopback_s3  # noqa: E402

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pipekit_train.core import Checkpoint, TornCheckpointWarning, TrainingLoop
-from pipekit_train.core.adapter import step_dirs
+from pipekit_train.core.checkpoint import step_dirs
 from pipekit_train.core.checkpoint._digest import FOLDER_DIGEST, check_folder, seal_folder
 from pipekit_train.equinox import EquinoxModelOp
 

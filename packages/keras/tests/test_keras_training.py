@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from pipekit_train.core import Checkpoint, ConfigError, OnlineTrainer, TrainingLoop
-from pipekit_train.core.adapter import step_dirs
 from pipekit_train.core.callbacks import LambdaCallback
+from pipekit_train.core.checkpoint import step_dirs
 from pipekit_train.core.testing import HookRecorder, regression_task
 from pipekit_train.core.writers import MemoryWriter
 from pipekit_train.keras import Keras, KerasModelOp

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipekit_train.core.adapter import step_dirs
+from pipekit_train.core.checkpoint import step_dirs
 
 WORKER = Path(__file__).with_name("ddp_preempt_worker.py")
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from pipekit_train.core import Checkpoint, ConfigError, OnlineTrainer, TrainingLoop
-from pipekit_train.core.adapter import step_dirs
+from pipekit_train.core.checkpoint import step_dirs
 from pipekit_train.core.data import ArrayDataset, make_batches
 from pipekit_train.core.testing import AdapterConformance, regression_task
 from pipekit_train.lightning import CompileFallbackWarning, LightningModelOp, Torch

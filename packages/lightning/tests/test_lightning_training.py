@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from pipekit_train.core import Checkpoint, TrainingLoop
-from pipekit_train.core.adapter import learning_rate_at, step_dirs
+from pipekit_train.core.adapter import learning_rate_at
 from pipekit_train.core.callbacks import LambdaCallback, LearningRateLogger
+from pipekit_train.core.checkpoint import step_dirs
 from pipekit_train.core.writers import MemoryWriter
 from pipekit_train.lightning import Lightning, LightningModelOp
 

@@ -13,18 +13,19 @@ classes here and uses the shared machinery, and imports nothing private from cor
   the time budget and cross-process agreement, finish, abort); an adapter hands it
   callables with `RunLifecycle.bind`.
 - **Checkpoints**: `Checkpointer` (the engine interface), `CheckpointStore` (where steps
-  live: `LocalStore`, `FsspecStore`, chosen by `open_store`; atomic commits, folder
-  digests, retention, torn-step fallback via `TornStepError`, write failures as one
-  `CheckpointError`), `DirectoryCheckpointer` (the SHA-256-verified blob engine for
-  backends without an engine), `HostBuffers` (reused host arrays for non-blocking
-  snapshots), `Restored`, `TornCheckpointWarning`, `step_dirs`.
+  live, chosen by `open_store`: atomic commits, folder digests, retention, torn-step
+  fallback via `TornStepError`, write failures as one `CheckpointError`),
+  `DirectoryCheckpointer` (the SHA-256-verified blob engine for backends without an
+  engine), `HostBuffers` (reused host arrays for non-blocking snapshots), `Restored`,
+  `TornCheckpointWarning`. The store implementations and `step_dirs` are in
+  `pipekit_train.core.checkpoint`.
 - **The canonical spec**: `OptimizerSpec`/`optimizer_spec` and `OPTIMIZERS` (names and
   hyperparameters every backend runs the same way), `SCHEDULES`, `check_schedule`,
   `learning_rate_at` (learning-rate curves in plain Python),
   `PRECISIONS`/`resolve_precision`/`canonical_precision`/`translate_precision` and the
   typed policies `Precision` and `NonFinitePolicy`.
 - **Registration**: `BackendEntry`, what a `pipekit_train.backends` entry point names
-  (`BACKENDS_GROUP`); `backend_names`, `load_backend`.
+  (listing and loading them: `pipekit_train.core.utils`).
 - **Metrics of the step**: `GRAD_NORM`, `global_grad_norm` (the `grad_norm` metric of
   `TrainingLoop(log_grad_norm=True)`, one definition for every backend).
 - **Helpers**: `adjusts_learning_rate` (whether a plan's callbacks change the rate
@@ -39,16 +40,13 @@ from .checkpoint._engine import (
     DirectoryCheckpointer,
     Restored,
     TornCheckpointWarning,
-    step_dirs,
 )
 from .checkpoint._snapshot import HostBuffers
-from .checkpoint._store import CheckpointStore, FsspecStore, LocalStore, TornStepError, open_store
+from .checkpoint._store import CheckpointStore, TornStepError, open_store
 from .contract._adapter import Adapter, Capabilities, NotSupportedError, StepBackend
-from .contract._backends import GROUP as BACKENDS_GROUP
-from .contract._backends import BackendEntry, backend_names, load_backend
+from .contract._backends import BackendEntry
 from .data import is_core_dataset
 from .metrics._grad_norm import GRAD_NORM, global_grad_norm
-from .run._feed import Feed
 from .run._lifecycle import RunLifecycle
 from .spec._lr_scale import adjusts_learning_rate
 from .spec._optimizer import (
@@ -68,10 +66,7 @@ from .train._step_loop import StepAdapter, run_step_loop
 __all__ = [
     "GRAD_NORM",
     "global_grad_norm",
-    "BACKENDS_GROUP",
     "BackendEntry",
-    "backend_names",
-    "load_backend",
     "OPTIMIZERS",
     "PRECISIONS",
     "SCHEDULES",
@@ -81,10 +76,7 @@ __all__ = [
     "CheckpointStore",
     "Checkpointer",
     "DirectoryCheckpointer",
-    "Feed",
-    "FsspecStore",
     "HostBuffers",
-    "LocalStore",
     "NonFinitePolicy",
     "NotSupportedError",
     "OptimizerSpec",
@@ -106,5 +98,4 @@ __all__ = [
     "resolve_precision",
     "translate_precision",
     "run_step_loop",
-    "step_dirs",
 ]

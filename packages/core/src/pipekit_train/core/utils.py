@@ -3,11 +3,22 @@
 - `import_string("module:attr")`, `object_path(obj)`: find an object by its import path
   and back;
 - `optional_import(module, extra=..., package=...)`: import an optional dependency, or
-  raise an `ImportError` naming the extra to install.
+  raise an `ImportError` naming the extra to install;
+- `backend_names()`, `load_backend(name)`, `BACKENDS_GROUP`: the installed backends (the
+  `pipekit_train.backends` entry points), listed without importing them, and loaded.
 
 Adapter authors find the training contract in `pipekit_train.core.adapter`.
 """
 
 from ._imports import import_string, object_path, optional_import
+from .contract._backends import GROUP as BACKENDS_GROUP
+from .contract._backends import backend_names, load_backend
 
-__all__ = ["import_string", "object_path", "optional_import"]
+__all__ = [
+    "BACKENDS_GROUP",
+    "backend_names",
+    "import_string",
+    "load_backend",
+    "object_path",
+    "optional_import",
+]

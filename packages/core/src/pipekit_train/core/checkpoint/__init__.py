@@ -10,4 +10,34 @@
   `HostBuffers` reuses host arrays for non-blocking snapshots (`_snapshot`).
 
 Nothing here knows about a run: the run (`pipekit_train.core.run`) decides when to save.
+Users find `Checkpoint` at `pipekit_train.core`; `step_dirs` and the stores are here for
+tools and tests that look into a checkpoint location.
 """
+
+from ._engine import Checkpointer, DirectoryCheckpointer, Restored, has_checkpoints, step_dirs
+from ._policy import Checkpoint
+from ._snapshot import HostBuffers
+from ._store import (
+    CheckpointStore,
+    FsspecStore,
+    LocalStore,
+    TornCheckpointWarning,
+    TornStepError,
+    open_store,
+)
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointStore",
+    "Checkpointer",
+    "DirectoryCheckpointer",
+    "FsspecStore",
+    "HostBuffers",
+    "LocalStore",
+    "Restored",
+    "TornCheckpointWarning",
+    "TornStepError",
+    "has_checkpoints",
+    "open_store",
+    "step_dirs",
+]
