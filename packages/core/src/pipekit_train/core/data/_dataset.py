@@ -17,7 +17,7 @@ import numpy as np
 
 from pipekit_train.core._errors import ConfigError
 
-from ._hashing import Hasher, describe_callable
+from ._hashing import Hasher, fingerprint_callable
 
 __all__ = [
     "is_core_dataset",
@@ -340,12 +340,12 @@ class IterableDataset:
     def fingerprint(self) -> str:
         """SHA-256 of the source's name/config and the first sample (best effort)."""
         h = Hasher("IterableDataset")
-        h.update_json(describe_callable(self.source))
+        h.update_json(fingerprint_callable(self.source))
         h.update_sample(self._first())
         return h.hexdigest()
 
     def __repr__(self) -> str:
-        return f"IterableDataset({describe_callable(self.source)!r})"
+        return f"IterableDataset({fingerprint_callable(self.source)!r})"
 
 
 def is_core_dataset(data: Any) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Hasher", "describe_callable"]
+__all__ = ["Hasher", "fingerprint_callable"]
 
 
 class Hasher:
@@ -62,10 +62,10 @@ def _jsonable(value: Any) -> Any:
         return [_jsonable(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
-    return describe_callable(value)
+    return fingerprint_callable(value)
 
 
-def describe_callable(fn: Any) -> Any:
+def fingerprint_callable(fn: Any) -> Any:
     """A JSON description of a callable that is stable across processes.
 
     Functions, classes and ufuncs are described by `module:qualname`; operators with
@@ -75,7 +75,7 @@ def describe_callable(fn: Any) -> Any:
     """
     if isinstance(fn, functools.partial):
         return {
-            "partial": describe_callable(fn.func),
+            "partial": fingerprint_callable(fn.func),
             "args": _jsonable(list(fn.args)),
             "kwargs": _jsonable(dict(sorted(fn.keywords.items()))),
         }
@@ -89,7 +89,7 @@ def describe_callable(fn: Any) -> Any:
     bound_self = getattr(fn, "__self__", None)
     if bound_self is not None and not isinstance(bound_self, type) and callable(fn):
         if not type(bound_self).__module__ == "builtins":
-            return {"method": getattr(fn, "__name__", "?"), "of": describe_callable(bound_self)}
+            return {"method": getattr(fn, "__name__", "?"), "of": fingerprint_callable(bound_self)}
     if hasattr(fn, "__qualname__") or isinstance(fn, np.ufunc):
         return _name(fn)
     return {"type": _name(type(fn))}

@@ -11,7 +11,7 @@ import numpy as np
 from pipekit_train.core._errors import ConfigError, PipekitError
 
 from ._dataset import ArraySpec, Batch, Sample, as_sample, check_key, spec_of, stack_samples
-from ._hashing import Hasher, describe_callable
+from ._hashing import Hasher, fingerprint_callable
 from ._workers import check_workers, compute_blocks
 
 __all__ = ["SimulationDataset", "SimulationError", "simulator_seed"]
@@ -354,8 +354,8 @@ class SimulationDataset:
                 "param_key": self.param_key,
                 "output_key": self.output_key,
                 "max_attempts": self.max_attempts,
-                "simulator": describe_callable(self.simulator),
-                "sampler": describe_callable(self.sampler),
+                "simulator": fingerprint_callable(self.simulator),
+                "sampler": fingerprint_callable(self.sampler),
             }
             if self.simulator_takes_rng:  # only then: older fingerprints stay valid
                 config["simulator_rng"] = "SeedSequence([seed, i], spawn_key=(0,))"
@@ -370,6 +370,6 @@ class SimulationDataset:
 
     def __repr__(self) -> str:
         return (
-            f"SimulationDataset({describe_callable(self.simulator)!r}, n={self.n}, "
+            f"SimulationDataset({fingerprint_callable(self.simulator)!r}, n={self.n}, "
             f"seed={self.seed}, on_invalid={self.on_invalid!r})"
         )
