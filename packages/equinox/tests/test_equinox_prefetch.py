@@ -69,6 +69,7 @@ def test_a_prefetching_run_resumes_exactly(
     assert rest.weights_sha256 == whole.weights_sha256
 
 
+@pytest.mark.slow
 def test_the_unrolled_scan_runs_the_same_steps(
     make_loop: Callable[..., TrainingLoop], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
