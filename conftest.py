@@ -17,6 +17,7 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 # every test file goes whole to one worker, so a module fixture (the golden runs, the wheel
 # builds, a Ray cluster) is built once. Two refinements:
 #
+# - The golden-run files share one work unit (one set of worker processes for them all).
 # - The files that start Ray share one work unit: two Ray runtimes at once would contend
 #   for two cores, and `ray.init()` without an address joins a cluster another worker
 #   started (`ray.cluster_utils.Cluster` records its address for that).
@@ -34,9 +35,21 @@ RAY_FILES = (
 )
 
 
+# The golden-run files share one session fixture (`golden_outputs` in
+# tests-integration/conftest.py: one worker process per backend for all three suites), so
+# they go to one xdist worker together.
+GOLDEN_FILES = (
+    "tests-integration/test_golden_runs.py",
+    "tests-integration/test_golden_plateau.py",
+    "tests-integration/test_golden_fields.py",
+)
+
+
 def _file_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
-    return "ray" if path in RAY_FILES else path
+    if path in RAY_FILES:
+        return "ray"
+    return "golden" if path in GOLDEN_FILES else path
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

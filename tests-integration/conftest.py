@@ -19,3 +19,74 @@ if str(EXAMPLES) not in sys.path:
     sys.path.insert(0, str(EXAMPLES))
 
 BACKENDS = ("equinox", "lightning", "keras")
+
+
+# -- the golden suites: one worker process per backend for every suite a session needs ---------
+import subprocess  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+
+import pytest  # noqa: E402
+
+GOLDEN_WORKER = Path(__file__).resolve().parent / "golden_worker.py"
+# label -> (backend package, KERAS_BACKEND, the suites it runs)
+GOLDEN_SETUPS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
+    "equinox": ("equinox", None, ("mlp", "plateau", "field")),
+    "lightning": ("lightning", None, ("mlp", "plateau", "field")),
+    "torch": ("torch", None, ("mlp", "plateau")),
+    "torch-k10": ("torch_k10", None, ("mlp",)),
+    "keras-jax": ("keras", "jax", ("mlp", "plateau", "field")),
+    "keras-torch": ("keras", "torch", ("mlp", "plateau", "field")),
+    "plain-torch": ("plain_torch", None, ("mlp", "plateau")),
+}
+# the test file of each suite (the root conftest keeps them in one xdist work unit)
+GOLDEN_FILES = {
+    "mlp": "test_golden_runs.py",
+    "plateau": "test_golden_plateau.py",
+    "field": "test_golden_fields.py",
+}
+
+
+@pytest.fixture(scope="session")
+def golden_outputs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str, str], str]:
+    """`outputs(label, suite) -> JSON text` of the golden worker's run.
+
+    Every suite whose test file this session collected runs at the first request, each
+    backend in one process for all of them (a framework import costs 5–15 s), two
+    processes at a time on 2 cores.
+    """
+    collected = {Path(str(item.fspath)).name for item in request.session.items}
+    wanted = {suite for suite, name in GOLDEN_FILES.items() if name in collected}
+    out = tmp_path_factory.mktemp("golden_suites")
+    results: dict[tuple[str, str], str] = {}
+
+    def run(label: str) -> None:
+        package, keras_backend, suites = GOLDEN_SETUPS[label]
+        todo = [s for s in suites if s in wanted]
+        if not todo:
+            return
+        # one thread each, or torch's intra-op threads oversubscribe two cores
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        if keras_backend:
+            env["KERAS_BACKEND"] = keras_backend
+        prefix = out / label
+        proc = subprocess.run(
+            [sys.executable, str(GOLDEN_WORKER), package, str(prefix), ",".join(todo) + ","],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        assert proc.returncode == 0, f"{label}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        for suite in todo:
+            results[label, suite] = Path(f"{prefix}.{suite}.json").read_text()
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(run, GOLDEN_SETUPS))
+
+    def outputs(label: str, suite: str) -> str:
+        return results[label, suite]
+
+    return outputs

@@ -3,7 +3,8 @@
 `python golden_worker.py <equinox|lightning|torch|torch_k10|keras|plain_torch> <out.json>` (Keras's
 backend comes from `KERAS_BACKEND`); a third argument `field` runs the conv-net field cases
 (`run_golden_field`) instead, `plateau` the `ReduceLROnPlateau` cases (`run_golden_plateau`,
-any backend above). One process per backend: Keras's backend is fixed per
+any backend above). A comma-separated list (`mlp,plateau,field`) runs several suites in
+this one process (one framework import for all), writing `<out>.<suite>.json` each. One process per backend: Keras's backend is fixed per
 process. `plain_torch` is the example adapter of `examples/plain_torch_adapter.py`;
 `torch` / `torch_k10` are `pipekit_train.lightning.Torch()` with 1 / 10 fused steps.
 """
@@ -73,5 +74,14 @@ def _plateau(backend: str, out: str) -> None:
     Path(out).write_text(json.dumps({k: v.to_json() for k, v in runs.items()}))
 
 
+def main_many(backend: str, out: str, suites: str) -> None:
+    """Several suites in one process: `<out>.<suite>.json` each."""
+    for suite in filter(None, suites.split(",")):
+        main(backend, f"{out}.{suite}.json", suite)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    if len(sys.argv) > 3 and "," in sys.argv[3]:
+        main_many(*sys.argv[1:4])
+    else:
+        main(*sys.argv[1:4])

@@ -9,11 +9,7 @@ within the case's tolerance (1e-3 relative per step).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +21,6 @@ from pipekit_train.core.testing import (
     max_differences,
 )
 
-WORKER = Path(__file__).resolve().parent / "golden_worker.py"
 # label -> (backend package, KERAS_BACKEND)
 SETUPS = {
     "equinox": ("equinox", None),
@@ -36,27 +31,9 @@ SETUPS = {
 
 
 @pytest.fixture(scope="module")
-def golden_fields(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    out = tmp_path_factory.mktemp("golden_fields")
-
-    def run(label: str) -> tuple[str, dict]:
-        package, keras_backend = SETUPS[label]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        if keras_backend:
-            env["KERAS_BACKEND"] = keras_backend
-        path = out / f"{label}.json"
-        proc = subprocess.run(
-            [sys.executable, str(WORKER), package, str(path), "field"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert proc.returncode == 0, f"{label}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-        return label, load_runs(path.read_text())
-
-    with ThreadPoolExecutor(max_workers=2) as pool:  # two processes at a time on 2 cores
-        return dict(pool.map(run, SETUPS))
+def golden_fields(golden_outputs: Any) -> dict[str, dict]:
+    """Every backend's `run_golden_field` runs (each in its own process: `golden_outputs`)."""
+    return {label: load_runs(golden_outputs(label, "field")) for label in SETUPS}
 
 
 @pytest.mark.slow

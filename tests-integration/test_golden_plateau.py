@@ -11,18 +11,14 @@ every step and train the same losses as Equinox.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pipekit_train.core.testing import PLATEAU_STEPS, PlateauRun, compare_plateau
 
 HERE = Path(__file__).resolve().parent
-WORKER = HERE / "golden_worker.py"
 # label -> (backend package, KERAS_BACKEND)
 SETUPS = {
     "equinox": ("equinox", None),
@@ -35,28 +31,13 @@ SETUPS = {
 
 
 @pytest.fixture(scope="module")
-def plateau(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, PlateauRun]]:
-    out = tmp_path_factory.mktemp("plateau")
-
-    def run(label: str) -> tuple[str, dict[str, PlateauRun]]:
-        package, keras_backend = SETUPS[label]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        if keras_backend:
-            env["KERAS_BACKEND"] = keras_backend
-        path = out / f"{label}.json"
-        proc = subprocess.run(
-            [sys.executable, str(WORKER), package, str(path), "plateau"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert proc.returncode == 0, f"{label}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-        runs = json.loads(path.read_text())
-        return label, {k: PlateauRun.from_json(v) for k, v in runs.items()}
-
-    with ThreadPoolExecutor(max_workers=2) as pool:  # two processes at a time on 2 cores
-        return dict(pool.map(run, SETUPS))
+def plateau(golden_outputs: Any) -> dict[str, dict[str, PlateauRun]]:
+    """Every backend's `run_golden_plateau` runs (each in its own process: `golden_outputs`)."""
+    out = {}
+    for label in SETUPS:
+        runs = json.loads(golden_outputs(label, "plateau"))
+        out[label] = {k: PlateauRun.from_json(v) for k, v in runs.items()}
+    return out
 
 
 @pytest.mark.slow

@@ -8,11 +8,8 @@ agree with Equinox's within the case's tolerance (1e-3 relative per step in floa
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,7 +26,6 @@ from pipekit_train.core.testing import (
 )
 
 HERE = Path(__file__).resolve().parent
-WORKER = HERE / "golden_worker.py"
 # label -> (backend package, KERAS_BACKEND)
 SETUPS = {
     "equinox": ("equinox", None),
@@ -45,29 +41,9 @@ SETUPS = {
 
 
 @pytest.fixture(scope="module")
-def golden(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    out = tmp_path_factory.mktemp("golden")
-
-    def run(label: str) -> tuple[str, dict]:
-        package, keras_backend = SETUPS[label]
-        # Two workers share two cores: one thread each, or torch's intra-op threads
-        # oversubscribe the machine (Lightning ran several times slower without this).
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        if keras_backend:
-            env["KERAS_BACKEND"] = keras_backend
-        path = out / f"{label}.json"
-        proc = subprocess.run(
-            [sys.executable, str(WORKER), package, str(path)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert proc.returncode == 0, f"{label}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-        return label, load_runs(path.read_text())
-
-    with ThreadPoolExecutor(max_workers=2) as pool:  # two processes at a time on 2 cores
-        return dict(pool.map(run, SETUPS))
+def golden(golden_outputs: Any) -> dict[str, dict]:
+    """Every backend's runs of `run_golden` (each in its own process: `golden_outputs`)."""
+    return {label: load_runs(golden_outputs(label, "mlp")) for label in SETUPS}
 
 
 @pytest.mark.slow
