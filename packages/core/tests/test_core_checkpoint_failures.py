@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from pipekit_train.core import Checkpoint, CheckpointError, TrainingLoop
+from pipekit_train.core import Checkpoint, CheckpointError, LambdaCallback, TrainingLoop
 from pipekit_train.core.checkpoint import step_dirs
+from pipekit_train.core.checkpoint._lease import LEASE_FILE
 from pipekit_train.core.testing import NumpyAdapter, NumpyLinearOp, regression_task
 
 NOBODY = 65534
@@ -68,13 +69,21 @@ def test_permission_denied_mid_run() -> None:
         _loop(8, Checkpoint(ck, every_n_steps=4, max_to_keep=None)).run()  # also warms imports
         assert step_dirs(ck) == [4, 8]
         policy = Checkpoint(ck, every_n_steps=4, max_to_keep=None)
-        with _unwritable(ck), pytest.raises(CheckpointError) as info:
-            _loop(16, policy).run()  # restores step 8, then cannot write step 12
+        with contextlib.ExitStack() as stack:
+
+            def on_step_end(state: Any) -> None:
+                if state.step == 9:  # the location becomes unwritable mid-run
+                    stack.enter_context(_unwritable(ck))
+
+            with pytest.raises(CheckpointError) as info:
+                # restores step 8, then cannot write step 12
+                _loop(16, policy, callbacks=[LambdaCallback(on_step_end=on_step_end)]).run()
         message = str(info.value)
         assert f"step 12 to {ck / '12'}" in message, message
         assert "PermissionError" in message and "Make the location writable" in message
         assert f"latest complete checkpoint is {ck / '8'}" in message
-        assert sorted(p.name for p in ck.iterdir()) == ["4", "8"]  # nothing partial
+        # nothing partial (the run could not remove its lease file: the rerun takes it over)
+        assert sorted(p.name for p in ck.iterdir() if p.name != LEASE_FILE) == ["4", "8"]
         resumed = _loop(16, policy).run()
         assert resumed.resumed_from_step == 8
         assert resumed.model.serialize_weights() == _loop(16).run().model.serialize_weights()

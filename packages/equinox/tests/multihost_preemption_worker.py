@@ -9,7 +9,8 @@ trains the Equinox adapter data-parallel over both processes:
   to one of the processes. On `Preempted` it writes `{"step", "checkpoint", "signal"}`
   to `DIR/result-<id>.json` and exits with `PREEMPTED_EXIT_STATUS`; a run that ends
   unpreempted exits 4.
-- `resume`: resumes from that checkpoint to `MAX_STEPS`, then trains an uninterrupted
+- `resume`: first tries a run on `DIR/held/ckpt`, whose lease the test holds (refused on
+  both processes), then resumes from that checkpoint to `MAX_STEPS`, then trains an uninterrupted
   run of the same length, and writes both runs' steps, resume step, weight digests and
   losses to `DIR/resumed-<id>.json`.
 """
@@ -108,6 +109,13 @@ def main(
             status = PREEMPTED_EXIT_STATUS
         (directory / f"result-{process_id}.json").write_text(json.dumps(outcome))
     else:
+        from pipekit_train.core.checkpoint._lease import LeaseError
+
+        refused = None
+        try:  # the test holds the lease of `held/ckpt`: the job is refused on every process
+            _loop(directory / "held", max_steps, every, checkpoint=True).run()
+        except LeaseError as err:
+            refused = str(err)
         resumed = _loop(directory, max_steps, every, checkpoint=True).run()
         reference = _loop(directory, max_steps, every, checkpoint=False).run()
         out = {
@@ -120,6 +128,7 @@ def main(
             }
             for name, art in (("resumed", resumed), ("reference", reference))
         }
+        out["refused"] = refused
         (directory / f"resumed-{process_id}.json").write_text(json.dumps(out))
     jax.distributed.shutdown()
     sys.exit(status)

@@ -18,12 +18,14 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from pipekit_train.core import PREEMPTED_EXIT_STATUS, Checkpoint
 from pipekit_train.core.checkpoint._engine import step_dirs
+from pipekit_train.core.checkpoint._lease import LEASE_FILE, LeaseHolder, read_lease
 
 HERE = Path(__file__).parent
 WORKER = HERE / "multihost_preemption_worker.py"
@@ -86,6 +88,9 @@ def test_a_signal_on_one_process_preempts_both_at_the_same_step(tmp_path: Path) 
             time.sleep(0.005)
         running = [p.poll() is None for p in procs]
         assert all(running), (running, [p.communicate()[0][-3000:] for p in procs])
+        # one lease for the job, held by process 0
+        holder = read_lease(Checkpoint(str(tmp_path / "ckpt")))
+        assert holder is not None and holder.pid == procs[0].pid, holder
         time.sleep(rng.uniform(0.0, 0.2))  # anywhere inside a step
         sent = time.monotonic()
         os.kill(procs[1].pid, signal.SIGTERM)  # one process only
@@ -109,10 +114,21 @@ def test_a_signal_on_one_process_preempts_both_at_the_same_step(tmp_path: Path) 
     assert results[0]["checkpoint"] == results[1]["checkpoint"] == policy.step_location(step)
     assert step_dirs(policy) == [step]  # one complete checkpoint, at the step reached
 
+    assert read_lease(policy) is None  # released at the preemption
+    (tmp_path / "held" / "ckpt").mkdir(parents=True)
+    now = time.time()
+    planted = LeaseHolder(
+        host=socket.gethostname(), pid=os.getpid(), token=uuid.uuid4().hex,
+        fingerprint="0" * 12, started=now, heartbeat=now,
+    )
+    (tmp_path / "held" / "ckpt" / LEASE_FILE).write_bytes(planted.to_bytes())
     procs = _launch(tmp_path, "resume")
     outputs = _wait(procs, 300)
     assert [p.returncode for p in procs] == [0, 0], [o[-3000:] for o in outputs]
     runs = [json.loads((tmp_path / f"resumed-{i}.json").read_text()) for i in range(2)]
+    for run in runs:  # a second job on a held location: refused on every process
+        assert run["refused"] and f"pid {os.getpid()}" in run["refused"], run["refused"]
+    assert sorted(p.name for p in (tmp_path / "held" / "ckpt").iterdir()) == [LEASE_FILE]
     for run in runs:
         resumed, reference = run["resumed"], run["reference"]
         assert resumed["resumed_from_step"] == step

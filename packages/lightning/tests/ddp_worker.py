@@ -4,7 +4,8 @@
 this file as global rank 1. Both ranks train 6 steps, then 10 (a resume from the first
 run's checkpoints), then 10 from scratch in another directory (the reference), then one
 epoch (256 samples in global batches of 16: 16 steps), then one epoch under
-`on_nonfinite="skip"` with a NaN in one sample (one process's shard), and write
+`on_nonfinite="skip"` with a NaN in one sample (one process's shard), then a run on
+`OUT_DIR/held`, whose lease the test holds (every rank must be refused), and write
 `OUT_DIR/rank<k>.json`.
 
 With `elastic` the same launch also resumes across process counts (a model without
@@ -169,6 +170,22 @@ def main(out: Path, strategy: str, elastic: bool) -> None:
             "finite": bool(np.isfinite(np.asarray(skipped.model(batch["x"][:4]))).all()),
         }
     )
+    # a location another run holds (the test planted its lease): every rank is refused
+    from pipekit_train.core.checkpoint._lease import LeaseError
+
+    try:
+        TrainingLoop(
+            model=LightningModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1),
+            data=train,
+            batch_size=16,
+            max_steps=4,
+            checkpoint=Checkpoint(out / "held", every_n_steps=2),
+            adapter=Lightning(accelerator="cpu", devices=2, strategy=strategy),
+            progress=False,
+        ).run()
+        results.append({"refused": None})
+    except LeaseError as err:
+        results.append({"refused": str(err)})
     rank = results[0]["rank"]
     (out / f"rank{rank}.json").write_text(json.dumps(results))
     if elastic:

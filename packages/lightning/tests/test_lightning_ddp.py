@@ -19,6 +19,20 @@ WORKER = Path(__file__).with_name("ddp_worker.py")
 def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The worker's output directory after one launch (DDP runs and elastic resumes)."""
     out = tmp_path_factory.mktemp("ddp")
+    # another run (this test process) holds `held`: the job must be refused on every rank
+    import socket
+    import time
+    import uuid
+
+    from pipekit_train.core.checkpoint._lease import LEASE_FILE, LeaseHolder
+
+    (out / "held").mkdir()
+    now = time.time()
+    holder = LeaseHolder(
+        host=socket.gethostname(), pid=os.getpid(), token=uuid.uuid4().hex,
+        fingerprint="0" * 12, started=now, heartbeat=now,
+    )
+    (out / "held" / LEASE_FILE).write_bytes(holder.to_bytes())
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(
         [sys.executable, str(WORKER), str(out), "ddp", "elastic"],
@@ -36,7 +50,7 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_ddp_two_processes_train_checkpoint_and_resume_exactly(ddp_run: Path) -> None:
     rank0 = json.loads((ddp_run / "rank0.json").read_text())
     rank1 = json.loads((ddp_run / "rank1.json").read_text())
-    first, resumed, reference, epoch, skipped = rank0
+    first, resumed, reference, epoch, skipped, _held = rank0
     assert epoch["steps"] == 16  # one epoch: 256 samples in global batches of 16
     assert [r["world"] for r in rank0[:3]] == [2, 2, 2]
     assert (
@@ -66,6 +80,10 @@ def test_ddp_two_processes_train_checkpoint_and_resume_exactly(ddp_run: Path) ->
     assert skipped["sha"] == other["sha"] and skipped["finite"]
     ckpts = step_dirs(ddp_run / "skip")
     assert skipped["skipped"][0] not in ckpts and len(ckpts) == epoch["steps"] - 1
+    # one lease per job: a location another run holds refuses the job on every rank
+    refused = [rank0[-1]["refused"], rank1[-1]["refused"]]
+    assert all(r and f"pid {os.getpid()}" in r and "another run holds it" in r for r in refused)
+    assert sorted(p.name for p in (ddp_run / "held").iterdir()) == [".pipekit-lease.json"]
 
 
 def _global(*ranks: list[list[int]]) -> list[list[int]]:

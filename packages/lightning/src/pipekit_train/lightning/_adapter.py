@@ -426,6 +426,7 @@ class Lightning(Adapter):
             fetch=fetch,
             learning_rate=bridge.learning_rate,
             is_chief=rank == 0,
+            processes=world,
         ) as run:
             try:
                 with (

@@ -61,6 +61,12 @@ class Checkpoint:
             e.g. `{"key": ..., "secret": ..., "client_kwargs": {"endpoint_url": ...}}`
             for s3fs. None uses the filesystem's defaults (environment credentials).
             Never written into a checkpoint, the plan or the artifact.
+        lease_timeout: one run per location: the run holds a lease on the location
+            (`.pipekit-lease.json`, renewed every `lease_timeout / 8` s, at most 15 s)
+            and a second run on it is refused at once. A holder whose heartbeat is older
+            than `lease_timeout` seconds is taken over from another host; on the same host
+            a dead process, and a restart of the same scheduler job, are taken over at
+            once. None: no lease (the location's user guarantees a single writer).
     """
 
     directory: str | os.PathLike[str]
@@ -74,6 +80,7 @@ class Checkpoint:
     save_on_end: bool = True
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False, hash=False)
     every_n_minutes: float | None = None
+    lease_timeout: float | None = 120.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, (str, os.PathLike)) or not str(self.directory):
@@ -99,6 +106,17 @@ class Checkpoint:
             raise ConfigError(
                 "`Checkpoint.every_n_minutes` must be a positive number of minutes or None. "
                 f"Received: every_n_minutes={minutes!r}. Use e.g. every_n_minutes=30."
+            )
+        timeout = self.lease_timeout
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not 0 < timeout < float("inf")
+        ):
+            raise ConfigError(
+                "`Checkpoint.lease_timeout` must be a positive number of seconds or None. "
+                f"Received: lease_timeout={timeout!r}. Use e.g. lease_timeout=120, or None "
+                "to run without a lease."
             )
         positive_int("keep_best", self.keep_best, allow_none=True, field="Checkpoint.keep_best")
         if self.mode not in ("min", "max"):

@@ -41,6 +41,7 @@ from pipekit_train.core._errors import CheckpointError
 
 from ._digest import FOLDER_DIGEST, check_folder, seal_folder
 from ._fsutil import fsync_dir
+from ._lease import may_clean
 from ._policy import Checkpoint
 from ._remote import RemoteSteps
 
@@ -451,8 +452,9 @@ class LocalStore(CheckpointStore):
                 shutil.rmtree(p, ignore_errors=True)
 
     def cleanup(self) -> None:
-        """Remove `.tmp-*`/`.trash-*` folders of interrupted writes."""
-        if not self.root.is_dir():
+        """Remove `.tmp-*`/`.trash-*` folders of interrupted writes (never while another
+        run holds the location's lease: they may be its writes in progress)."""
+        if not self.root.is_dir() or not may_clean(self.root):
             return
         for p in self.root.iterdir():
             if p.name.startswith((".tmp-", ".trash-")):

@@ -25,6 +25,8 @@ from typing import IO, Any
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.checkpoint._digest import FOLDER_DIGEST, check_folder, sha256_file
 from pipekit_train.core.checkpoint._engine import MANIFEST, META
+from pipekit_train.core.checkpoint._lease import read_lease
+from pipekit_train.core.checkpoint._policy import Checkpoint
 from pipekit_train.core.spec._plan import RESUME_KEY_FIELDS
 
 __all__ = ["checkpoint_inspect", "inspect_checkpoints"]
@@ -138,7 +140,9 @@ def inspect_checkpoints(directory: str | Path) -> dict[str, Any]:
         if p.name.startswith((".tmp-", ".trash-")) or ".orbax-checkpoint-tmp" in p.name
     )
     complete = [s["step"] for s in steps if s["complete"]]
+    holder = read_lease(Checkpoint(root))
     return {
+        "held_by": None if holder is None else holder.describe(),
         "directory": str(root.resolve()),
         "steps": steps,
         "latest_complete": complete[-1] if complete else None,
@@ -205,6 +209,8 @@ def checkpoint_inspect(directory: str, *, as_json: bool = False, out: IO[str] | 
             f"({s['files']} files, {_bytes(s['bytes'])}){epoch}  {metrics}".rstrip(),
             file=out,
         )
+    if report["held_by"] is not None:
+        print(f"  held by a run: {report['held_by']}", file=out)
     for name in report["interrupted_writes"]:
         print(f"  interrupted write: {name} (cleaned up by the next run)", file=out)
     latest = report["latest_complete"]

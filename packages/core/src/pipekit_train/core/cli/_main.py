@@ -108,6 +108,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("directory", help="the checkpoint folder (checkpoint.directory)")
     inspect.add_argument("--json", action="store_true", help="print JSON")
+    lease = checkpoint_commands.add_parser(
+        "lease", help="which run holds the location (one run per checkpoint location)"
+    )
+    lease.add_argument("location", help="the checkpoint location (folder or fsspec URI)")
+    lease.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
@@ -159,6 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ._inspect import checkpoint_inspect
 
             return checkpoint_inspect(args.directory, as_json=args.json)
+        if args.command == "checkpoint" and args.checkpoint_command == "lease":
+            from ._lease_cmd import checkpoint_lease
+
+            return checkpoint_lease(args.location, as_json=args.json)
     except ConfigError as exc:
         print(f"pipekit-train: error: {exc}", file=sys.stderr)
         return 2

@@ -4,6 +4,10 @@ An adapter builds one per run (`with RunLifecycle(...) as run:` — leaving the 
 exception aborts the run), hands it callables with `bind`, and the lifecycle does the
 rest, in the same order everywhere:
 
+- **the lease** (on construction): one run per checkpoint location — the chief takes the
+  location's lease (`RunLease`) before any other work, so a second run on the location is
+  refused at once (in a multi-process run every process agrees on the refusal at
+  `begin`); it is released by `finish`, `abort` and a preemption;
 - **start** (`start`): the resume policy (restore-or-start, the resume-key check, the
   run state), then the data stream: a `Feed` over core batching (or the adapter's
   native iterator, positioned by the saved state) that knows the data position after
@@ -33,6 +37,12 @@ from typing import Any
 
 from pipekit_train.core._errors import CheckpointError
 from pipekit_train.core.checkpoint._engine import Checkpointer, Restored
+from pipekit_train.core.checkpoint._lease import (
+    LeaseError,
+    RunLease,
+    plan_fingerprint,
+    read_lease,
+)
 from pipekit_train.core.data import is_core_dataset
 from pipekit_train.core.spec._plan import Plan
 
@@ -77,6 +87,14 @@ class RunLifecycle:
             runs: global rank 0).
         durable_saves: every save waits until it is durable (drivers without an end,
             such as `OnlineTrainer`, where no `finish` waits for them).
+        processes: how many processes the run has. With one, a refused lease raises
+            here; with more, the processes agree on it (every one raises) in `restore`
+            when `agree` is given here, else at `begin`.
+        agree: multi-process runs: element-wise "any process" of a list of flags, when
+            the processes can already communicate (else bound later with `bind`).
+
+    Raises:
+        LeaseError: another run holds the checkpoint location (one process).
 
     Before the first `end_of_update` the adapter hands over its callables with `bind`.
     """
@@ -90,8 +108,43 @@ class RunLifecycle:
         learning_rate: Callable[[], float | None] | None = None,
         is_chief: bool = True,
         durable_saves: bool = False,
+        processes: int = 1,
+        agree: Callable[[Sequence[bool]], Sequence[bool]] | None = None,
     ):
         self.plan = plan
+        self._lease: RunLease | None = None
+        self._refused: LeaseError | None = None
+        self._lease_agreed = False
+        policy = plan.checkpoint
+        if checkpointer is not None and policy is not None and policy.lease_timeout is not None:
+            if is_chief:  # before any other work: a refused run does nothing
+                lease = RunLease(policy, plan_fingerprint(plan.resume_key()))
+                try:
+                    lease.acquire()
+                except LeaseError as err:
+                    if processes <= 1:
+                        with contextlib.suppress(Exception):
+                            checkpointer.close()
+                        raise
+                    self._refused = err  # every process raises at `begin`
+                else:
+                    self._lease = lease
+        try:
+            self._setup(plan, checkpointer, fetch, learning_rate, is_chief, durable_saves)
+            self._agree = agree
+        except BaseException:
+            self._release()
+            raise
+
+    def _setup(
+        self,
+        plan: Plan,
+        checkpointer: Checkpointer | None,
+        fetch: Callable[[Sequence[Any]], Sequence[Any]] | None,
+        learning_rate: Callable[[], float | None] | None,
+        is_chief: bool,
+        durable_saves: bool,
+    ) -> None:
         self._durable = bool(durable_saves)
         self.ctx = RunContext(plan, fetch=fetch, learning_rate=learning_rate, is_chief=is_chief)
         self.checkpointer = checkpointer if plan.checkpoint is not None else None
@@ -162,7 +215,8 @@ class RunLifecycle:
             self._eval_scope = eval_scope
         self._validate = validate
         self._data_state = data_state
-        self._agree = agree
+        if agree is not None:
+            self._agree = agree
         self.ctx.lr_scale.bind(lr_scale)
 
     # -- where the run is ---------------------------------------------------------------
@@ -213,6 +267,10 @@ class RunLifecycle:
         plan, ckpt = self.plan, self.checkpointer
         if ckpt is None or plan.checkpoint is None or plan.checkpoint.resume == "never":
             return template, None
+        if self._agree is not None:
+            self._agree_on_lease()  # before reading: every process raises together
+        elif self._refused is not None:
+            return template, None  # another run's location: `begin` raises on every process
         restored: Restored | None = ckpt.restore_latest(template)
         if restored is None:
             if plan.checkpoint.resume == "must":
@@ -268,9 +326,38 @@ class RunLifecycle:
         if self._began:
             return
         self._began = True
+        self._agree_on_lease()
         self._signals.install()
         self._t0 = self._last_save_t = time.monotonic()
         self.ctx.begin()
+
+    def _agree_on_lease(self) -> None:
+        """Multi-process runs: every process raises if the chief was refused the lease."""
+        if self._lease_agreed:
+            return
+        self._lease_agreed = True
+        if self._agree is None or self.checkpointer is None or self.plan.checkpoint is None:
+            if self._refused is not None:
+                raise self._refused
+            return
+        if self.plan.checkpoint.lease_timeout is None:
+            return
+        (refused,) = self._agree([self._refused is not None])
+        if self._refused is not None:
+            raise self._refused
+        if refused:
+            holder = read_lease(self.plan.checkpoint)
+            who = f" ({holder.describe()})" if holder is not None else ""
+            raise LeaseError(
+                f"Received: checkpoint={self.plan.checkpoint.location!r}, but another run "
+                f"holds it{who}: this job's first process was refused its lease. Stop that "
+                "run, or pass a different checkpoint location."
+            )
+
+    def _release(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
 
     # -- the end of each optimizer update -------------------------------------------------
     def _local_flags(self) -> list[bool]:
@@ -387,6 +474,8 @@ class RunLifecycle:
             )
         state = self._state()
         step = ctx.progress.step
+        if self._lease is not None:
+            self._lease.check()  # a run that lost its location never writes into it
         if ctx.is_chief or getattr(ckpt, "collective", False):
             schedule = ctx.checkpoints
             path = ckpt.save(step, state, schedule.meta(self._data_position()), schedule.metrics())
@@ -414,6 +503,7 @@ class RunLifecycle:
         self.ctx.metrics.close_writers()
         if ckpt is not None:
             ckpt.close()
+        self._release()
         raise Preempted(step, path, self._preempted_by)
 
     def settle(self) -> None:
@@ -441,6 +531,7 @@ class RunLifecycle:
         artifact = self.ctx.finish(model, extra=extra, raw_model=raw_model)
         if ckpt is not None:
             ckpt.close()
+        self._release()
         return artifact
 
     def close(self) -> None:
@@ -448,6 +539,7 @@ class RunLifecycle:
         self._signals.restore()
         if self.checkpointer is not None:
             self.checkpointer.close()
+        self._release()
 
     def abort(self) -> None:
         """After a failure: flush/close the writers, let pending saves finish, restore the
@@ -465,3 +557,7 @@ class RunLifecycle:
                     ckpt.close()
                 except Exception:
                     pass
+        try:
+            self._release()
+        except Exception:
+            pass

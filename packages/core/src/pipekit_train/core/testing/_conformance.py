@@ -11,7 +11,9 @@ class TestEquinoxConformance(AdapterConformance):
 
 It checks that loss falls, determinism, exact resume after SIGKILL (to a local folder and
 to S3 on a loopback moto server), preemption by a real SIGTERM/SIGUSR1 sent to a training
-child (also during an async checkpoint write) and the `max_time` budget, torn checkpoints, checkpoints at a `memory://` URI,
+child (also during an async checkpoint write) and the `max_time` budget, one run per
+checkpoint location (a second run refused while a training child holds it, a dead holder
+taken over), torn checkpoints, checkpoints at a `memory://` URI,
 callback order, writers, retention, early stopping, `ReduceLROnPlateau` across a resume, the NaN guard, the registry
 round-trip, and a table of bad inputs that must fail before any work.
 """
@@ -35,6 +37,7 @@ import pytest
 
 from pipekit_train.core._errors import CheckpointError, ConfigError, IntegrityError
 from pipekit_train.core.checkpoint._engine import TornCheckpointWarning, step_dirs
+from pipekit_train.core.checkpoint._lease import LeaseError, read_lease
 from pipekit_train.core.checkpoint._policy import Checkpoint
 from pipekit_train.core.train._training_loop import TrainingLoop
 
@@ -549,6 +552,8 @@ class AdapterConformance:
         assert step_dirs(policy), (
             f"no checkpoint was written before the kill: {proc.stderr[-2000:]}"
         )
+        dead = read_lease(policy)  # the killed run could not release its lease
+        assert dead is not None, "the killed run held no lease on its checkpoint location"
 
         resumed = self.loop(
             max_steps=self.resume_steps,
@@ -557,6 +562,7 @@ class AdapterConformance:
             optimizer_config=optimizer,
         ).run()
         assert resumed.resumed_from_step is not None and resumed.resumed_from_step >= 8
+        assert read_lease(policy) is None  # taken over at once, released at the end
         reference = self.loop(
             max_steps=self.resume_steps, validate_every_n_steps=8, optimizer_config=optimizer
         ).run()
@@ -653,6 +659,7 @@ class AdapterConformance:
                 time.sleep(0.005)
             assert proc.poll() is None, (proc.returncode, proc.communicate()[1][-4000:])
             if not during_save:
+                self._second_run_is_refused(directory, holder_pid=proc.pid)
                 time.sleep(rng.uniform(0.0, 0.25))  # anywhere inside a step
             before = progress.read_text().splitlines()
             sent = time.monotonic()
@@ -701,6 +708,51 @@ class AdapterConformance:
         assert steps == list(range(1, self.resume_steps + 1))
         np.testing.assert_array_equal(losses, reference.history["loss"])
         return info
+
+    def _second_run_is_refused(self, directory: Path, *, holder_pid: int) -> None:
+        """A run started on the location of a live training child (another plan: another
+        learning rate) is refused within seconds, naming the child, and writes nothing."""
+        import time
+
+        policy = Checkpoint(str(directory), every_n_steps=2, max_to_keep=None)
+        before = sorted(p.name for p in directory.iterdir())
+        optimizer = {**self.optimizer_config, "lr": 0.5 * self.optimizer_config.get("lr", 0.01)}
+        t0 = time.monotonic()
+        with pytest.raises(LeaseError) as info:
+            self.loop(max_steps=40, checkpoint=policy, optimizer_config=optimizer).run()
+        assert time.monotonic() - t0 < 30
+        message = str(info.value)
+        assert f"Received: checkpoint={policy.location!r}, but another run holds it" in message
+        assert f"pid {holder_pid}" in message, message
+        assert "Stop that run, or pass a different checkpoint location" in message
+        after = sorted(p.name for p in directory.iterdir())
+        assert set(after) <= set(before) | {str(s) for s in range(1, 1000)}, (before, after)
+        holder = read_lease(policy)
+        assert holder is not None and holder.pid == holder_pid  # untouched
+
+    def test_a_held_location_refuses_a_second_run_before_any_work(self, tmp_path: Path) -> None:
+        """One run per checkpoint location: a live holder (here: this test's parent
+        process, named in a planted lease) refuses the run at once; nothing is written."""
+        import socket
+        import time
+
+        from pipekit_train.core.checkpoint._lease import LEASE_FILE, LeaseHolder
+
+        directory = tmp_path / "held"
+        directory.mkdir()
+        now = time.time()
+        holder = LeaseHolder(
+            host=socket.gethostname(), pid=os.getppid(), token=uuid.uuid4().hex,
+            fingerprint="0" * 12, started=now - 30, heartbeat=now,
+        )
+        (directory / LEASE_FILE).write_bytes(holder.to_bytes())
+        rec = HookRecorder()
+        policy = Checkpoint(directory, every_n_steps=2)
+        with pytest.raises(LeaseError, match=rf"pid {os.getppid()}.*Stop that run"):
+            self.loop(max_steps=4, checkpoint=policy, callbacks=[rec]).run()
+        assert rec.calls == [], rec.calls  # refused before the run began
+        assert sorted(p.name for p in directory.iterdir()) == [LEASE_FILE]
+        assert read_lease(policy) == holder
 
     @pytest.mark.slow
     def test_sigterm_preempts_with_a_checkpoint_and_resumes_exactly(self, tmp_path: Path) -> None:

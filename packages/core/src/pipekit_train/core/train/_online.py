@@ -73,11 +73,17 @@ class OnlineTrainer:
             checkpointer=self._backend.checkpointer() if checkpoint is not None else None,
             fetch=self._backend.fetch,
             durable_saves=True,  # each checkpoint is durable when the call returns
+            is_chief=bool(self._backend.is_chief),
+            processes=int(self._backend.data_shard[1]),
         )
-        # the one resume path: resume policy, resume-key check, run state
-        self._state, _ = self._run.restore(self._backend.init_state())
-        self._run.bind(state=lambda: self._state)
-        self._run.begin()
+        try:
+            # the one resume path: resume policy, resume-key check, run state
+            self._state, _ = self._run.restore(self._backend.init_state())
+            self._run.bind(state=lambda: self._state, agree=getattr(self._backend, "agree", None))
+            self._run.begin()
+        except BaseException:
+            self._run.abort()  # releases the location's lease
+            raise
         self.last_metrics: dict[str, float] = {}
 
     @property

@@ -43,6 +43,8 @@ def run_step_loop(plan: Plan, backend: StepBackend[Any]) -> TrainingArtifact:
         fetch=backend.fetch,
         learning_rate=lambda: backend.learning_rate(holder["state"]),
         is_chief=bool(backend.is_chief),
+        processes=int(backend.data_shard[1]),
+        agree=getattr(backend, "agree", None),
     ) as run:
         depth = max(0, int(getattr(backend, "prefetch", 0)))
         state, batches = run.start(

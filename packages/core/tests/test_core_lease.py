@@ -1,0 +1,316 @@
+"""The run lease: one run per checkpoint location (numpy backend, real processes).
+
+The conformance suite checks the refusal and the takeover on every backend; here the
+lease's own rules are checked in detail: who may take a location over, when, and what a
+run that lost its location does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipekit_train.core import Checkpoint, ConfigError, LambdaCallback, OnlineTrainer, TrainingLoop
+from pipekit_train.core.checkpoint import step_dirs
+from pipekit_train.core.checkpoint._lease import (
+    LEASE_FILE,
+    LeaseError,
+    LeaseHolder,
+    RunLease,
+    read_lease,
+)
+from pipekit_train.core.testing import NumpyLinearOp, regression_task
+
+
+def _loop(**kw: Any) -> TrainingLoop:
+    train, val = regression_task()
+    base: dict[str, Any] = dict(
+        model=NumpyLinearOp("pipekit_train.core.testing._numpy_model:linear", in_size=4, out_size=1),
+        data=train,
+        validation=val,
+        optimizer_config={"name": "adam", "lr": 0.05},
+        batch_size=16,
+        max_steps=20,
+        validate_every_n_steps=8,
+        progress=False,
+    )
+    base.update(kw)
+    return TrainingLoop(**base)
+
+
+def _holder(**kw: Any) -> LeaseHolder:
+    now = time.time()
+    base: dict[str, Any] = dict(
+        host=socket.gethostname(),
+        pid=os.getppid(),  # alive: the process that runs the tests' runner
+        token=uuid.uuid4().hex,
+        fingerprint="0123456789ab",
+        started=now - 60,
+        heartbeat=now - 1,
+        job=None,
+    )
+    base.update(kw)
+    return LeaseHolder(**base)
+
+
+def _plant(directory: Path, holder: LeaseHolder) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / LEASE_FILE).write_bytes(holder.to_bytes())
+
+
+@pytest.fixture(autouse=True)
+def _no_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID",
+                 "TORCHELASTIC_RUN_ID", "PIPEKIT_TRAIN_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_a_live_holder_refuses_the_run_before_any_work(tmp_path: Path) -> None:
+    directory = tmp_path / "ck"
+    holder = _holder()
+    _plant(directory, holder)
+    started: list[int] = []
+    loop = _loop(
+        checkpoint=Checkpoint(directory, every_n_steps=5),
+        callbacks=[LambdaCallback(on_train_start=lambda state: started.append(1))],
+    )
+    t0 = time.monotonic()
+    with pytest.raises(LeaseError) as info:
+        loop.run()
+    assert time.monotonic() - t0 < 5
+    message = str(info.value)
+    assert f"Received: checkpoint={str(directory)!r}, but another run holds it" in message
+    assert f"host {holder.host}, pid {holder.pid}" in message
+    assert "last heartbeat 1 s ago" in message
+    assert "Stop that run, or pass a different checkpoint location" in message
+    assert started == []  # refused before the run began
+    assert sorted(p.name for p in directory.iterdir()) == [LEASE_FILE]
+    assert read_lease(Checkpoint(directory)) == holder  # the holder's lease is untouched
+
+
+def test_the_lease_is_held_while_training_and_released_at_the_end(tmp_path: Path) -> None:
+    policy = Checkpoint(tmp_path / "ck", every_n_steps=5)
+    seen: list[Any] = []
+
+    def on_step_end(state: Any) -> None:
+        if state.step == 3:
+            seen.append(read_lease(policy))
+
+    art = _loop(checkpoint=policy, callbacks=[LambdaCallback(on_step_end=on_step_end)]).run()
+    held = seen[0]
+    assert held is not None and held.pid == os.getpid() and held.host == socket.gethostname()
+    assert held.fingerprint and held.started <= held.heartbeat <= time.time()
+    assert read_lease(policy) is None
+    assert not (tmp_path / "ck" / LEASE_FILE).exists()
+    assert step_dirs(policy) == [10, 15, 20] and art.steps == 20
+
+
+def test_a_second_run_in_the_same_process_is_refused_and_the_first_ends_alone(
+    tmp_path: Path,
+) -> None:
+    """Two runs on one location at once (the second with another learning rate): the
+    second is refused, the first ends with the bytes of a run alone."""
+    policy = Checkpoint(tmp_path / "ck", every_n_steps=5, max_to_keep=None)
+    errors: list[str] = []
+
+    def on_step_end(state: Any) -> None:
+        if state.step == 7:
+            try:
+                _loop(checkpoint=policy, optimizer_config={"name": "adam", "lr": 0.01}).run()
+            except LeaseError as err:
+                errors.append(str(err))
+
+    first = _loop(checkpoint=policy, callbacks=[LambdaCallback(on_step_end=on_step_end)]).run()
+    assert len(errors) == 1 and "an earlier run in this process holds it" in errors[0]
+    alone = _loop().run()
+    assert first.model.serialize_weights() == alone.model.serialize_weights()
+    assert step_dirs(policy) == [5, 10, 15, 20]
+    again = _loop(checkpoint=policy).run()  # the rerun finds the first run's steps
+    assert again.resumed_from_step == 20
+    assert again.model.serialize_weights() == alone.model.serialize_weights()
+
+
+def test_a_dead_holder_on_this_host_is_taken_over_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead = _holder(pid=int(proc.stdout), heartbeat=time.time())  # a fresh heartbeat
+    _plant(tmp_path / "ck", dead)
+    with caplog.at_level(logging.WARNING, logger="pipekit_train.lease"):
+        t0 = time.monotonic()
+        art = _loop(checkpoint=Checkpoint(tmp_path / "ck", every_n_steps=10)).run()
+    assert time.monotonic() - t0 < 10 and art.steps == 20
+    taken = [r.getMessage() for r in caplog.records if "Took over" in r.getMessage()]
+    assert len(taken) == 1, caplog.text
+    assert f"pid {dead.pid}" in taken[0] and "no longer exists on this host" in taken[0]
+    assert read_lease(Checkpoint(tmp_path / "ck")) is None
+
+
+@pytest.mark.parametrize(
+    ("age", "taken"), [(30.0, False), (300.0, True)], ids=["fresh", "stale"]
+)
+def test_a_holder_on_another_host_is_taken_over_after_the_lease_time(
+    tmp_path: Path, age: float, taken: bool
+) -> None:
+    _plant(tmp_path / "ck", _holder(host="n12.cluster", pid=4711, heartbeat=time.time() - age))
+    loop = _loop(checkpoint=Checkpoint(tmp_path / "ck", every_n_steps=10, lease_timeout=120))
+    if taken:
+        assert loop.run().steps == 20
+    else:
+        with pytest.raises(LeaseError, match=r"host n12\.cluster, pid 4711.*last heartbeat 30 s ago"):
+            loop.run()
+
+
+def test_the_same_scheduler_job_takes_over_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A requeued SLURM job (elsewhere, the old heartbeat fresh) continues at once; another
+    job on the same location is refused."""
+    _plant(tmp_path / "ck", _holder(host="n12.cluster", pid=4711, job="slurm:81/3"))
+    policy = Checkpoint(tmp_path / "ck", every_n_steps=10)
+    monkeypatch.setenv("SLURM_JOB_ID", "99")
+    with pytest.raises(LeaseError, match="job slurm:81/3"):
+        _loop(checkpoint=policy).run()
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "81")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    assert _loop(checkpoint=policy).run().steps == 20
+
+
+def test_a_run_that_lost_its_lease_stops_saving(tmp_path: Path) -> None:
+    """Taken over after a stall: the next save fails with a clear error, and nothing of
+    this run is written after the loss."""
+    policy = Checkpoint(tmp_path / "ck", every_n_steps=5, max_to_keep=None, async_save=False)
+    other = _holder(host="n12.cluster", pid=4711)
+
+    def on_step_end(state: Any) -> None:
+        if state.step == 7:
+            (tmp_path / "ck" / LEASE_FILE).write_bytes(other.to_bytes())
+
+    with pytest.raises(LeaseError) as info:
+        _loop(checkpoint=policy, callbacks=[LambdaCallback(on_step_end=on_step_end)]).run()
+    message = str(info.value)
+    assert f"This run lost its lease on {policy.location}" in message
+    assert "taken over by another run (host n12.cluster, pid 4711" in message
+    assert step_dirs(policy) == [5]
+    assert read_lease(policy) == other  # the new holder's lease is left alone
+
+
+def test_the_heartbeat_renews_the_lease(tmp_path: Path) -> None:
+    policy = Checkpoint(tmp_path / "ck", lease_timeout=0.4)
+    lease = RunLease(policy, "abc")
+    lease.acquire()
+    try:
+        first = read_lease(policy)
+        time.sleep(0.3)
+        later = read_lease(policy)
+        assert first is not None and later is not None
+        assert later.token == first.token and later.heartbeat > first.heartbeat
+    finally:
+        lease.release()
+    assert read_lease(policy) is None
+
+
+def test_two_processes_on_one_location(tmp_path: Path) -> None:
+    """Real processes 0.2 s apart, different plans: the second exits non-zero within
+    seconds with the holder named; the first ends with the weights of a run alone."""
+    directory = tmp_path / "ck"
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys, time\n"
+        "import numpy as np\n"
+        "from pipekit_train.core import Checkpoint, LambdaCallback, TrainingLoop\n"
+        "from pipekit_train.core.testing import NumpyLinearOp, regression_task\n"
+        "train, val = regression_task()\n"
+        "lr, out = float(sys.argv[1]), sys.argv[2]\n"
+        "loop = TrainingLoop(\n"
+        "    model=NumpyLinearOp('pipekit_train.core.testing._numpy_model:linear', in_size=4, out_size=1),\n"
+        "    data=train, validation=val, optimizer_config={'name': 'adam', 'lr': lr},\n"
+        "    batch_size=16, max_steps=20, validate_every_n_steps=8, progress=False,\n"
+        f"    checkpoint=Checkpoint({str(directory)!r}, every_n_steps=5),\n"
+        "    callbacks=[LambdaCallback(on_step_end=lambda s: time.sleep(0.1))],\n"
+        ")\n"
+        "art = loop.run()\n"
+        "open(out, 'wb').write(art.model.serialize_weights())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    first = subprocess.Popen([sys.executable, str(script), "0.05", str(tmp_path / "a.bin")],
+                             env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (directory / LEASE_FILE).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    second = subprocess.run([sys.executable, str(script), "0.01", str(tmp_path / "b.bin")],
+                            env=env, capture_output=True, text=True, timeout=120)
+    refused_after = time.monotonic() - t0
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err[-3000:]
+    assert second.returncode != 0
+    assert "LeaseError" in second.stderr and f"pid {first.pid}" in second.stderr
+    assert "Stop that run, or pass a different checkpoint location" in second.stderr
+    assert refused_after < 15, refused_after
+    assert not (tmp_path / "b.bin").exists()
+    alone = _loop().run()
+    assert (tmp_path / "a.bin").read_bytes() == alone.model.serialize_weights()
+    assert sorted(p.name for p in directory.iterdir()) == ["10", "15", "20"]
+
+
+def test_an_online_trainer_holds_its_location_until_closed(tmp_path: Path) -> None:
+    policy = Checkpoint(tmp_path / "ck", every_n_steps=2)
+    model = NumpyLinearOp("pipekit_train.core.testing._numpy_model:linear", in_size=4, out_size=1)
+    batch = {"x": np.ones((4, 4), np.float32), "y": np.ones((4, 1), np.float32)}
+    trainer = OnlineTrainer(model, optimizer_config={"name": "sgd", "lr": 0.1}, checkpoint=policy)
+    trainer(batch)
+    with pytest.raises(LeaseError, match="OnlineTrainer"):
+        OnlineTrainer(model, optimizer_config={"name": "sgd", "lr": 0.1}, checkpoint=policy)
+    trainer.close()
+    assert read_lease(policy) is None
+    again = OnlineTrainer(model, optimizer_config={"name": "sgd", "lr": 0.1}, checkpoint=policy)
+    again.close()
+
+
+def test_lease_timeout_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"Received: lease_timeout=0\..*lease_timeout=120"):
+        Checkpoint(tmp_path / "ck", lease_timeout=0)
+    no_lease = Checkpoint(tmp_path / "ck", every_n_steps=10, lease_timeout=None)
+    _plant(tmp_path / "ck", _holder())
+    assert _loop(checkpoint=no_lease).run().steps == 20  # no lease: the user's choice
+
+
+def test_a_lease_file_survives_json_round_trip(tmp_path: Path) -> None:
+    holder = _holder(job="slurm:1")
+    assert LeaseHolder.from_bytes(holder.to_bytes()) == holder
+    assert LeaseHolder.from_bytes(b"{half") is None
+    assert json.loads(holder.to_bytes())["job"] == "slurm:1"
+
+
+def test_the_cli_shows_who_holds_a_location(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipekit_train.core.cli import main
+
+    directory = tmp_path / "ck"
+    directory.mkdir()
+    assert main(["checkpoint", "lease", str(directory)]) == 0
+    assert "no run holds it" in capsys.readouterr().out
+    holder = _holder(host="n12.cluster", pid=4711, heartbeat=time.time() - 600)
+    _plant(directory, holder)
+    assert main(["checkpoint", "lease", str(directory)]) == 1
+    out = capsys.readouterr().out
+    assert f"held by host n12.cluster, pid 4711" in out and "last heartbeat 600 s ago" in out
+    assert "stale (its last heartbeat is 600 s old" in out
+    assert main(["checkpoint", "lease", str(directory), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["holder"]["pid"] == 4711 and report["stale"].startswith("its last heartbeat")
+    main(["checkpoint", "inspect", str(directory)])
+    assert "held by a run: host n12.cluster, pid 4711" in capsys.readouterr().out
