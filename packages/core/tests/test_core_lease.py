@@ -36,7 +36,9 @@ from pipekit_train.core.testing import NumpyLinearOp, regression_task
 def _loop(**kw: Any) -> TrainingLoop:
     train, val = regression_task()
     base: dict[str, Any] = dict(
-        model=NumpyLinearOp("pipekit_train.core.testing._numpy_model:linear", in_size=4, out_size=1),
+        model=NumpyLinearOp(
+            "pipekit_train.core.testing._numpy_model:linear", in_size=4, out_size=1
+        ),
         data=train,
         validation=val,
         optimizer_config={"name": "adam", "lr": 0.05},
@@ -71,8 +73,13 @@ def _plant(directory: Path, holder: LeaseHolder) -> None:
 
 @pytest.fixture(autouse=True)
 def _no_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID",
-                 "TORCHELASTIC_RUN_ID", "PIPEKIT_TRAIN_JOB_ID"):
+    for name in (
+        "SLURM_JOB_ID",
+        "SLURM_ARRAY_JOB_ID",
+        "SLURM_ARRAY_TASK_ID",
+        "TORCHELASTIC_RUN_ID",
+        "PIPEKIT_TRAIN_JOB_ID",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -144,8 +151,12 @@ def test_a_second_run_in_the_same_process_is_refused_and_the_first_ends_alone(
 def test_a_dead_holder_on_this_host_is_taken_over_at_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     dead = _holder(pid=int(proc.stdout), heartbeat=time.time())  # a fresh heartbeat
     _plant(tmp_path / "ck", dead)
     with caplog.at_level(logging.WARNING, logger="pipekit_train.lease"):
@@ -158,9 +169,7 @@ def test_a_dead_holder_on_this_host_is_taken_over_at_once(
     assert read_lease(Checkpoint(tmp_path / "ck")) is None
 
 
-@pytest.mark.parametrize(
-    ("age", "taken"), [(30.0, False), (300.0, True)], ids=["fresh", "stale"]
-)
+@pytest.mark.parametrize(("age", "taken"), [(30.0, False), (300.0, True)], ids=["fresh", "stale"])
 def test_a_holder_on_another_host_is_taken_over_after_the_lease_time(
     tmp_path: Path, age: float, taken: bool
 ) -> None:
@@ -169,7 +178,9 @@ def test_a_holder_on_another_host_is_taken_over_after_the_lease_time(
     if taken:
         assert loop.run().steps == 20
     else:
-        with pytest.raises(LeaseError, match=r"host n12\.cluster, pid 4711.*last heartbeat 30 s ago"):
+        with pytest.raises(
+            LeaseError, match=r"host n12\.cluster, pid 4711.*last heartbeat 30 s ago"
+        ):
             loop.run()
 
 
@@ -245,15 +256,24 @@ def test_two_processes_on_one_location(tmp_path: Path) -> None:
         "open(out, 'wb').write(art.model.serialize_weights())\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    first = subprocess.Popen([sys.executable, str(script), "0.05", str(tmp_path / "a.bin")],
-                             env=env, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, str(script), "0.05", str(tmp_path / "a.bin")],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not (directory / LEASE_FILE).exists() and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.2)
     t0 = time.monotonic()
-    second = subprocess.run([sys.executable, str(script), "0.01", str(tmp_path / "b.bin")],
-                            env=env, capture_output=True, text=True, timeout=120)
+    second = subprocess.run(
+        [sys.executable, str(script), "0.01", str(tmp_path / "b.bin")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     refused_after = time.monotonic() - t0
     _, err = first.communicate(timeout=120)
     assert first.returncode == 0, err[-3000:]
@@ -296,7 +316,9 @@ def test_a_lease_file_survives_json_round_trip(tmp_path: Path) -> None:
     assert json.loads(holder.to_bytes())["job"] == "slurm:1"
 
 
-def test_the_cli_shows_who_holds_a_location(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_shows_who_holds_a_location(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from pipekit_train.core.cli import main
 
     directory = tmp_path / "ck"
@@ -307,10 +329,52 @@ def test_the_cli_shows_who_holds_a_location(tmp_path: Path, capsys: pytest.Captu
     _plant(directory, holder)
     assert main(["checkpoint", "lease", str(directory)]) == 1
     out = capsys.readouterr().out
-    assert f"held by host n12.cluster, pid 4711" in out and "last heartbeat 600 s ago" in out
+    assert "held by host n12.cluster, pid 4711" in out and "last heartbeat 600 s ago" in out
     assert "stale (its last heartbeat is 600 s old" in out
     assert main(["checkpoint", "lease", str(directory), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["holder"]["pid"] == 4711 and report["stale"].startswith("its last heartbeat")
     main(["checkpoint", "inspect", str(directory)])
     assert "held by a run: host n12.cluster, pid 4711" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def s3() -> Any:
+    for module in ("moto.server", "boto3", "s3fs"):
+        pytest.importorskip(module)
+    from pipekit_train.core.testing._s3 import loopback_s3
+
+    with loopback_s3("pipekit-lease") as server:
+        yield server
+
+
+def test_on_s3_the_lease_is_a_conditional_create(s3: Any, tmp_path: Path) -> None:
+    """Two runs on one `s3://` location: the second is refused (S3's `If-None-Match`); a
+    holder's lease is removed at its end; a dead holder is taken over."""
+    uri = f"s3://pipekit-lease/{uuid.uuid4().hex[:8]}/ck"
+    policy = Checkpoint(uri, every_n_steps=10, storage_options=s3.storage_options)
+    first = RunLease(policy, "aaa")
+    first.acquire()
+    try:
+        holder = read_lease(policy)
+        assert holder is not None and holder.fingerprint == "aaa"
+        second = RunLease(policy, "bbb")
+        with pytest.raises(LeaseError, match=rf"Received: checkpoint='{uri}', but an earlier run"):
+            second.acquire()
+        with pytest.raises(LeaseError, match="an earlier run in this process holds it"):
+            _loop(checkpoint=policy).run()
+        first.check()  # still ours
+    finally:
+        first.release()
+    assert read_lease(policy) is None
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    fs, root = policy.filesystem()
+    fs.pipe_file(f"{root}/{LEASE_FILE}", _holder(pid=int(proc.stdout)).to_bytes())
+    art = _loop(checkpoint=policy).run()  # the dead holder's lease is taken over
+    assert art.steps == 20 and step_dirs(policy) == [10, 20]
+    assert read_lease(policy) is None

@@ -118,8 +118,12 @@ def test_a_signal_on_one_process_preempts_both_at_the_same_step(tmp_path: Path) 
     (tmp_path / "held" / "ckpt").mkdir(parents=True)
     now = time.time()
     planted = LeaseHolder(
-        host=socket.gethostname(), pid=os.getpid(), token=uuid.uuid4().hex,
-        fingerprint="0" * 12, started=now, heartbeat=now,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        token=uuid.uuid4().hex,
+        fingerprint="0" * 12,
+        started=now,
+        heartbeat=now,
     )
     (tmp_path / "held" / "ckpt" / LEASE_FILE).write_bytes(planted.to_bytes())
     procs = _launch(tmp_path, "resume")

@@ -29,8 +29,12 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (out / "held").mkdir()
     now = time.time()
     holder = LeaseHolder(
-        host=socket.gethostname(), pid=os.getpid(), token=uuid.uuid4().hex,
-        fingerprint="0" * 12, started=now, heartbeat=now,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        token=uuid.uuid4().hex,
+        fingerprint="0" * 12,
+        started=now,
+        heartbeat=now,
     )
     (out / "held" / LEASE_FILE).write_bytes(holder.to_bytes())
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}

@@ -21,6 +21,7 @@ from .callbacks import (
     ReduceLROnPlateau,
 )
 from .checkpoint._engine import TornCheckpointWarning
+from .checkpoint._lease import LeaseError
 from .checkpoint._policy import Checkpoint
 from .contract._adapter import NotSupportedError
 from .data import (
@@ -104,6 +105,7 @@ __all__ = [
     "IterableDataset",
     "JsonlWriter",
     "LambdaCallback",
+    "LeaseError",
     "LearningRateLogger",
     "LocalModelRegistry",
     "Loss",

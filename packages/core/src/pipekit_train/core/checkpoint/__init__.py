@@ -5,6 +5,8 @@
 - `CheckpointStore` is one interface over local disks (`LocalStore`) and object stores
   (`FsspecStore`): atomic step commits, folder digests, retention, torn-step fallback
   (`_store`, `_remote`, `_digest`, `_fsutil`).
+- `RunLease` holds one run's lease on its location (`_lease`: one run per location, a
+  dead holder taken over); `read_lease` says who holds one.
 - `Checkpointer` is the engine interface a backend implements; `DirectoryCheckpointer`
   is core's SHA-256-verified blob engine for backends without one (`_engine`);
   `HostBuffers` reuses host arrays for non-blocking snapshots (`_snapshot`).
@@ -15,6 +17,7 @@ tools and tests that look into a checkpoint location.
 """
 
 from ._engine import Checkpointer, DirectoryCheckpointer, Restored, has_checkpoints, step_dirs
+from ._lease import LeaseError, LeaseHolder, read_lease
 from ._policy import Checkpoint
 from ._snapshot import HostBuffers
 from ._store import (
@@ -33,11 +36,14 @@ __all__ = [
     "DirectoryCheckpointer",
     "FsspecStore",
     "HostBuffers",
+    "LeaseError",
+    "LeaseHolder",
     "LocalStore",
     "Restored",
     "TornCheckpointWarning",
     "TornStepError",
     "has_checkpoints",
     "open_store",
+    "read_lease",
     "step_dirs",
 ]

@@ -46,7 +46,15 @@ from pipekit_train.core._errors import CheckpointError
 
 from ._policy import Checkpoint
 
-__all__ = ["LEASE_FILE", "LeaseError", "LeaseHolder", "RunLease", "may_clean", "plan_fingerprint", "read_lease"]
+__all__ = [
+    "LEASE_FILE",
+    "LeaseError",
+    "LeaseHolder",
+    "RunLease",
+    "may_clean",
+    "plan_fingerprint",
+    "read_lease",
+]
 
 LEASE_FILE = ".pipekit-lease.json"
 """The lease's file name at the root of a checkpoint location."""

@@ -131,7 +131,7 @@ class RunLifecycle:
                     self._lease = lease
         try:
             self._setup(plan, checkpointer, fetch, learning_rate, is_chief, durable_saves)
-            self._agree = agree
+            self._agree: Callable[[Sequence[bool]], Sequence[bool]] | None = agree
         except BaseException:
             self._release()
             raise
@@ -158,7 +158,6 @@ class RunLifecycle:
         )
         self._validate: Callable[[], Any] | None = None
         self._data_state: Callable[[], Mapping[str, Any] | None] | None = None
-        self._agree: Callable[[Sequence[bool]], Sequence[bool]] | None = None
         self._signals = SignalFlag(plan.preemption_signals)
         self._began = False
         self._t0 = time.monotonic()

@@ -742,8 +742,12 @@ class AdapterConformance:
         directory.mkdir()
         now = time.time()
         holder = LeaseHolder(
-            host=socket.gethostname(), pid=os.getppid(), token=uuid.uuid4().hex,
-            fingerprint="0" * 12, started=now - 30, heartbeat=now,
+            host=socket.gethostname(),
+            pid=os.getppid(),
+            token=uuid.uuid4().hex,
+            fingerprint="0" * 12,
+            started=now - 30,
+            heartbeat=now,
         )
         (directory / LEASE_FILE).write_bytes(holder.to_bytes())
         rec = HookRecorder()
