@@ -378,3 +378,26 @@ def test_on_s3_the_lease_is_a_conditional_create(s3: Any, tmp_path: Path) -> Non
     art = _loop(checkpoint=policy).run()  # the dead holder's lease is taken over
     assert art.steps == 20 and step_dirs(policy) == [10, 20]
     assert read_lease(policy) is None
+
+
+def test_a_restarted_job_on_the_same_host_waits_for_the_old_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restarted worker group (same scheduler job, same host): the old process is still
+    being stopped; the new run waits for it to end, then takes over. One that does not end
+    within the lease time keeps the location."""
+    monkeypatch.setenv("PIPEKIT_TRAIN_JOB_ID", "ray-run-7")
+    ending = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
+    _plant(tmp_path / "a", _holder(pid=ending.pid, job="job:ray-run-7"))
+    t0 = time.monotonic()
+    assert _loop(checkpoint=Checkpoint(tmp_path / "a", every_n_steps=10)).run().steps == 20
+    assert time.monotonic() - t0 < 30
+    ending.wait()
+    staying = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _plant(tmp_path / "b", _holder(pid=staying.pid, job="job:ray-run-7"))
+        with pytest.raises(LeaseError, match=f"pid {staying.pid}"):
+            _loop(checkpoint=Checkpoint(tmp_path / "b", every_n_steps=10, lease_timeout=1.0)).run()
+    finally:
+        staying.kill()
+        staying.wait()

@@ -15,7 +15,8 @@ heartbeat and the scheduler's job (SLURM job / array task, torchelastic run, or
 - **A live holder** refuses the run at once (`LeaseError`, naming the holder).
 - **A dead holder is taken over** without waiting: on the same host when its process no
   longer exists; from anywhere when it is the same scheduler job (a requeued SLURM job, a
-  restarted elastic group), or when its heartbeat is older than `Checkpoint.lease_timeout`.
+  restarted elastic group; on the holder's own host once its process has ended, waiting
+  up to 30 s), or when its heartbeat is older than `Checkpoint.lease_timeout`.
 - **The heartbeat** is renewed by a daemon thread every `lease_timeout / 8` seconds (at
   most 15 s); the thread also notices a lease taken over by another run, and the holder's
   next save then fails with `LeaseError` instead of writing into the new holder's steps.
@@ -160,7 +161,11 @@ def _pid_alive(pid: int) -> bool:
         return True
     except OSError:
         return False
-    return True
+    try:  # Linux: a zombie (ended, not yet reaped by its parent) is not alive
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def takeover_reason(holder: LeaseHolder, *, timeout: float, now: float | None = None) -> str | None:
@@ -360,6 +365,8 @@ class RunLease:
                 if current is None:
                     continue
             reason = takeover_reason(current, timeout=self.timeout)
+            if reason is None and self._same_job_here(current):
+                reason = self._await_exit(current)
             if reason is None:
                 raise self._refusal(current)
             self._file.replace(mine.to_bytes())
@@ -382,6 +389,26 @@ class RunLease:
         self._stop.clear()
         self._thread = threading.Thread(target=self._beat, name="pipekit-lease", daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def _same_job_here(holder: LeaseHolder) -> bool:
+        job = scheduler_job()
+        return (
+            job is not None
+            and holder.job == job
+            and holder.host == socket.gethostname()
+            and holder.pid != os.getpid()
+        )
+
+    def _await_exit(self, holder: LeaseHolder) -> str | None:
+        """A restart of this scheduler job on the holder's host: the old process is being
+        stopped (a restarted worker group); wait up to 30 s for it to end."""
+        deadline = time.monotonic() + min(30.0, self.timeout)
+        while time.monotonic() < deadline:
+            if not _pid_alive(holder.pid):
+                return f"it is the same scheduler job ({holder.job}), restarted, and its process ended"
+            time.sleep(0.1)
+        return None
 
     def _still_ours(self) -> bool:
         """Read the file; record a loss if another run holds it now."""
