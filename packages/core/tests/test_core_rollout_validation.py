@@ -7,8 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipekit_train.core import ConfigError, NeuralForward, Trajectories, rollout_validation
+from pipekit_train.core import (
+    ConfigError,
+    NeuralForward,
+    TrainingLoop,
+    Trajectories,
+    TrajectoryWindows,
+    rollout_validation,
+)
 from pipekit_train.core.data import fit_trajectory_normalizer
+from pipekit_train.core.testing import NumpyLinearOp
 
 ANGLE = 0.1
 
@@ -112,3 +120,28 @@ def test_bad_settings_are_refused_before_any_step() -> None:
     assert calls == []
     with pytest.raises(ConfigError, match=r"output shape \(2, 1\) at lead 1"):
         rollout_validation(lambda x: x[:, :1], trajs, 5)
+
+
+def test_one_step_training_on_windows_then_rollout_validation() -> None:
+    # a linear system: x_{t+1} = R x_t, so a linear model learns the increment exactly
+    trajs = Trajectories(_circles(24, 40), static={"phase": np.zeros((24, 1), np.float32)})
+    train, val = TrajectoryWindows(trajs, k=1, targets="increments").split((0.75, 0.25), seed=0)
+    norm = train.normalizer()
+    artifact = TrainingLoop(
+        model=NumpyLinearOp("pipekit_train.core.testing:linear", in_size=2, out_size=2),
+        data=train,
+        validation=val,
+        normalizer=norm,
+        optimizer_config={"name": "adam", "lr": 0.02},
+        batch_size=32,
+        max_steps=400,
+        progress=False,
+    ).run()
+    forward = NeuralForward(artifact.model, norm, residual=True)
+    held_out = val.trajectories
+    report = rollout_validation(forward, held_out, 30)
+    persistence = rollout_validation(lambda x: x, held_out, 30)
+    # measured: 2e-8 over leads 1-10 and 5e-8 over 11-30; persistence 1.27
+    assert report.metrics["val_rollout_nrmse_lead_1_10"] < 1e-3
+    assert report.metrics["val_rollout_nrmse_lead_11_30"] < 1e-3
+    assert persistence.metrics["val_rollout_nrmse"] > 0.5
