@@ -41,6 +41,14 @@ def _spec_of(dataset: Any) -> dict[str, ArraySpec]:
     return {k: ArraySpec(np.shape(v), np.asarray(v).dtype) for k, v in dataset[0].items()}
 
 
+def _chunk_layout(dataset: Any) -> tuple[int, int] | None:
+    """`(chunk_size, shuffle_window)` when `dataset` declares a chunk-aware shuffle."""
+    chunk, window = getattr(dataset, "chunk_size", None), getattr(dataset, "shuffle_window", None)
+    if isinstance(chunk, int) and isinstance(window, int) and chunk > 0 and window > 0:
+        return chunk, window
+    return None
+
+
 def _fingerprint_of(dataset: Any) -> str:
     fingerprint = getattr(dataset, "fingerprint", None)
     return str(fingerprint()) if callable(fingerprint) else type(dataset).__name__
@@ -86,6 +94,9 @@ class _ArraySource:
             {k: a[traj] for k, a in self.static.items()},
             {k: a[rows, times] for k, a in self.forcings.items()},
         )
+
+    def chunk_states(self) -> tuple[int, int] | None:
+        return None
 
     def fingerprint(self, h: Hasher) -> None:
         h.update_json("arrays")
@@ -150,6 +161,10 @@ class _DatasetSource:
             {k: np.asarray(items[k])[inverse] for k in self.static_keys},
             {k: np.asarray(items[k])[rows, times] for k in self.forcing_keys},
         )
+
+    def chunk_states(self) -> tuple[int, int] | None:
+        layout = _chunk_layout(self.dataset)
+        return None if layout is None else (layout[0] * self.length, layout[1])
 
     def fingerprint(self, h: Hasher) -> None:
         h.update_json(
@@ -218,6 +233,9 @@ class _RowSource:
             {k: unflat(batch[k])[:, 0] for k in self.static_keys},
             {k: unflat(batch[k]) for k in self.forcing_keys},
         )
+
+    def chunk_states(self) -> tuple[int, int] | None:
+        return _chunk_layout(self.dataset)
 
     def fingerprint(self, h: Hasher) -> None:
         h.update_json(
@@ -403,6 +421,16 @@ class Trajectories:
         return self._ids
 
     @property
+    def chunk_states(self) -> tuple[int, int] | None:
+        """`(states per storage chunk, shuffle window in chunks)` of an out-of-core source.
+
+        None for in-memory trajectories or a source without a chunk-aware shuffle (a
+        `CachedDataset` loaded whole). `TrajectoryWindows` derives its own chunk-aware
+        shuffle from it.
+        """
+        return self._source.chunk_states()
+
+    @property
     def in_memory(self) -> bool:
         """Whether the trajectories are in-memory arrays (a window is a pure gather)."""
         return isinstance(self._source, _ArraySource)
@@ -478,9 +506,13 @@ class Trajectories:
         return type(self)._view(self._source, self.state_key, ids)
 
     def split(self, fractions: Sequence[float], seed: int = 0) -> tuple[Trajectories, ...]:
-        """Disjoint random parts by trajectory (the permutation and rules of `data.split`)."""
+        """Disjoint random parts by trajectory (the permutation and rules of `data.split`).
+
+        Each part keeps its trajectories in this view's order (sorted), so windows over
+        an out-of-core part read neighbouring storage chunks together.
+        """
         parts = split(ArrayDataset(i=np.arange(len(self))), fractions, seed)
-        return tuple(self.select(part.indices) for part in parts)
+        return tuple(self.select(np.sort(part.indices)) for part in parts)
 
     def rows(self) -> TrajectoryRows:
         """A dataset of every state as a row, trajectory-major (for `CachedDataset.build`)."""

@@ -15,6 +15,13 @@ Window `w` of trajectory `i` starts at time `t = w * stride` and holds the state
 
 Windows are ordered trajectory by trajectory; the sample at an index is a pure
 function of the trajectories, so `make_batches` over windows resumes exactly.
+
+Over an out-of-core source (a `CachedDataset` read chunk by chunk, of rows or of whole
+trajectories) the windows declare a chunk-aware shuffle (`chunk_size`,
+`shuffle_window`, as the cache does): a window chunk holds the windows that start in
+about one storage chunk (`chunk states // stride` windows, or whole trajectories' worth
+when a chunk holds several), so a shuffled epoch reads each storage chunk a few times
+instead of once per window. The order stays a pure function of `(seed, epoch)`.
 """
 
 from __future__ import annotations
@@ -119,6 +126,24 @@ class TrajectoryWindows:
         self.stacked = self.k > 1 if stack is None else stack
         self.windows_per_trajectory = (length - span) // self.stride + 1
         self._offsets = np.arange(self.k + 1, dtype=np.intp) * self.step
+
+    # -- the chunk-aware shuffle of an out-of-core source ------------------------------
+    @property
+    def chunk_size(self) -> int | None:
+        """Windows per shuffle chunk over an out-of-core source (else None: a full shuffle)."""
+        layout = self.trajectories.chunk_states
+        if layout is None:
+            return None
+        states, length = layout[0], self.trajectories.length
+        if states >= length:
+            return (states // length) * self.windows_per_trajectory
+        return min(self.windows_per_trajectory, max(1, states // self.stride))
+
+    @property
+    def shuffle_window(self) -> int | None:
+        """Shuffle chunks per window (the source's), or None."""
+        layout = self.trajectories.chunk_states
+        return None if layout is None else layout[1]
 
     # -- the dataset protocol ------------------------------------------------------------
     def __len__(self) -> int:
