@@ -93,12 +93,26 @@ def test_a_neural_forward_on_a_grid_is_scored_per_field(tmp_path: Path) -> None:
     assert len(fig.axes[0].get_lines()) >= 3  # u, v and their mean
 
 
+def test_valid_prediction_time_per_rollout() -> None:
+    growth = np.array([[1.0], [1.05]])  # rollout 0 exact, rollout 1 grows 5% a step
+
+    def forward(x: np.ndarray) -> np.ndarray:
+        return _rotate(x) * growth
+
+    report = rollout_validation(forward, _circles(2, 11), 10)
+    # |error| / |x| = 1.05**h - 1 exceeds 0.2 first at lead 4 (0.2155)
+    np.testing.assert_array_equal(report.valid_prediction_time(0.2, mean=False), [10.0, 3.0])
+    assert report.valid_prediction_time(0.2) == 6.5
+    with pytest.raises(ConfigError, match=r"metric='spectral'"):
+        report.valid_prediction_time(0.2, "spectral")
+
+
 def test_a_diverged_rollout_scores_inf() -> None:
     with np.errstate(over="ignore"):
         report = rollout_validation(lambda x: x * 1e200, _circles(2, 10), 5)
     assert np.isinf(report.errors["nrmse"][-1]).all()
     assert report.metrics["val_rollout_nrmse"] == np.inf
-    assert report.valid_prediction_time(0.5) < 5
+    assert report.valid_prediction_time(0.5) == 0.0
 
 
 def test_bad_settings_are_refused_before_any_step() -> None:

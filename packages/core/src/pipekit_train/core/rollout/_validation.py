@@ -23,6 +23,7 @@ from pipekit_train.core._checks import is_int, positive_int
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core._imports import optional_import
 from pipekit_train.core.data._trajectories import Trajectories
+from pipekit_train.core.metrics._field_errors import nrmse, vrmse
 from pipekit_train.core.metrics._lead_time import (
     DEFAULT_LEAD_BOUNDS,
     lead_windows,
@@ -52,6 +53,8 @@ class RolloutReport:
         dt: the time one lead represents.
         predictions: the rollouts `(n, H, *state_shape)` (`n` = trajectories × starts).
         targets: the true states at the same leads.
+        spatial_ndim: the grid axes of a state (as for `metrics.nrmse`).
+        per_channel: whether the errors are per channel (as for `metrics.nrmse`).
     """
 
     errors: dict[str, np.ndarray]
@@ -61,22 +64,45 @@ class RolloutReport:
     dt: float = 1.0
     predictions: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
     targets: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    spatial_ndim: int = 0
+    per_channel: bool = False
 
     @property
     def horizon(self) -> int:
         """The number of leads."""
         return int(next(iter(self.errors.values())).shape[0])
 
-    def valid_prediction_time(self, threshold: float = 0.5, metric: str = "nrmse") -> float:
-        """Time (in units of `dt`) until the mean `metric` over channels first exceeds `threshold`."""
-        if metric not in self.errors or metric == "spectral":
-            raise ConfigError(
-                f"`metric` must be one of {[m for m in self.errors if m != 'spectral']}. "
-                f"Received: metric={metric!r}."
+    def valid_prediction_time(
+        self, threshold: float = 0.5, metric: str = "nrmse", *, mean: bool = True
+    ) -> Any:
+        """Time (in units of `dt`) each rollout stays at or below `threshold`.
+
+        Per rollout (each trajectory and start), on its `metric` per lead averaged over
+        channels: `dt` times the leads before the error first exceeds `threshold`
+        (`metrics.valid_prediction_time`; the full horizon if it never does).
+
+        Args:
+            threshold: the largest acceptable error (e.g. 0.5 for nRMSE).
+            metric: `"nrmse"` or `"vrmse"`.
+            mean: the mean over the rollouts (default), else one value per rollout.
+        """
+        if metric not in ("nrmse", "vrmse"):
+            raise ConfigError(f"`metric` must be 'nrmse' or 'vrmse'. Received: metric={metric!r}.")
+        fn = nrmse if metric == "nrmse" else vrmse
+        with np.errstate(all="ignore"):
+            per = np.asarray(
+                fn(
+                    self.predictions,
+                    self.targets,
+                    spatial_ndim=self.spatial_ndim,
+                    per_channel=self.per_channel,
+                )
             )
-        return float(
-            valid_prediction_time(self.errors[metric].mean(axis=-1), threshold, dt=self.dt)
-        )
+        if self.per_channel:
+            per = per.mean(axis=-1)
+        per = np.where(np.isfinite(per), per, np.inf)
+        times = valid_prediction_time(per, threshold, dt=self.dt)
+        return float(np.mean(times)) if mean else times
 
     def figure(
         self,
@@ -243,4 +269,6 @@ def rollout_validation(
             f"`channels` must name each of the {c} channels. Received: channels={names!r}."
         )
     flat = summarize(errors, windows, channels=names, prefix=prefix)
-    return RolloutReport(errors, flat, windows, names, float(dt), preds, targets)
+    return RolloutReport(
+        errors, flat, windows, names, float(dt), preds, targets, spatial_ndim, per_channel
+    )
