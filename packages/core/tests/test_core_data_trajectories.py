@@ -144,6 +144,7 @@ def test_bad_sources_are_refused_with_the_fix() -> None:
         ({"k": 12}, r"spans 13 states, but the trajectories have T=12.*k <= 11"),
         ({"k": 4, "step": 3}, r"spans 13 states.*k <= 3 \(or a smaller step\)"),
         ({"targets": "deltas"}, r"targets='deltas'"),
+        ({"k": 3, "stack": False}, r"k=3 steps has 3.*stack=None"),
     ],
 )
 def test_bad_window_settings_are_refused(kwargs: dict, match: str) -> None:

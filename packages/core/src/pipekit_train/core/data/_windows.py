@@ -60,7 +60,8 @@ class TrajectoryWindows:
         step: time steps between consecutive states inside a window (the emulator's step
             in units of the stored time step), >= 1.
         targets: `"states"` (default) or `"increments"` (residual targets).
-        stack: whether `"y"` and the forcings get the step axis; None: only when `k > 1`.
+        stack: whether `"y"` and the forcings get the step axis; None: only when `k > 1`
+            (`False` is for `k = 1` only).
 
     Raises:
         ConfigError: `k`, `stride` or `step` below 1, a window longer than the
@@ -104,6 +105,11 @@ class TrajectoryWindows:
             )
         if stack is not None and not isinstance(stack, bool):
             raise ConfigError(f"`stack` must be a bool or None. Received: stack={stack!r}.")
+        if stack is False and self.k > 1:
+            raise ConfigError(
+                f"`stack=False` keeps one target, but a window of k={self.k} steps has {self.k}. "
+                "Received: stack=False. Leave stack=None (stacked when k > 1), or use k=1."
+            )
         for key in (*trajectories.static_keys, *trajectories.forcing_keys):
             if key in _RESERVED:
                 raise ConfigError(
