@@ -34,9 +34,12 @@ from .data import (
     SimulationDataset,
     SimulationError,
     Subset,
+    Trajectories,
+    TrajectoryWindows,
     as_supervised,
     make_batches,
     split,
+    split_trajectories,
 )
 from .losses import Loss
 from .model._heads import Gaussian
@@ -53,6 +56,7 @@ from .registry import (
     UnverifiedRecordWarning,
 )
 from .rollout._cycle import Cycle, NeuralForward, NonFiniteStateError
+from .rollout._validation import RolloutReport, rollout_validation
 from .run._artifact import TrainingArtifact
 from .run._context import RunState
 from .run._evaluation import evaluate
@@ -131,6 +135,7 @@ __all__ = [
     "ProgressBar",
     "ReduceLROnPlateau",
     "RegistryError",
+    "RolloutReport",
     "RunState",
     "S3ModelRegistry",
     "SimulationDataset",
@@ -140,6 +145,8 @@ __all__ = [
     "TensorBoardWriter",
     "TornCheckpointWarning",
     "TrainingArtifact",
+    "Trajectories",
+    "TrajectoryWindows",
     "TrainingLoop",
     "LRFindResult",
     "UnverifiedRecordWarning",
@@ -156,7 +163,9 @@ __all__ = [
     "model_factory",
     "model_op_from_config",
     "registry",
+    "rollout_validation",
     "split",
+    "split_trajectories",
     "writers",
     "__version__",
     "adapter",

@@ -25,6 +25,9 @@ from ._ray_build import RayBuildExecutor
 from ._simulation import SimulationDataset, SimulationError, simulator_seed
 from ._split import Subset, split
 from ._supervised import Supervised, as_supervised
+from ._trajectories import Trajectories, TrajectoryRows
+from ._trajectory_stats import fit_trajectory_normalizer
+from ._windows import TrajectoryWindows, split_trajectories
 
 __all__ = [
     "ArrayDataset",
@@ -41,10 +44,15 @@ __all__ = [
     "SimulationError",
     "Subset",
     "Supervised",
+    "Trajectories",
+    "TrajectoryRows",
+    "TrajectoryWindows",
     "as_supervised",
+    "fit_trajectory_normalizer",
     "gather_batch",
     "is_core_dataset",
     "make_batches",
     "simulator_seed",
     "split",
+    "split_trajectories",
 ]
