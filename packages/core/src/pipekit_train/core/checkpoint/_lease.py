@@ -406,7 +406,9 @@ class RunLease:
         deadline = time.monotonic() + min(30.0, self.timeout)
         while time.monotonic() < deadline:
             if not _pid_alive(holder.pid):
-                return f"it is the same scheduler job ({holder.job}), restarted, and its process ended"
+                return (
+                    f"it is the same scheduler job ({holder.job}), restarted, and its process ended"
+                )
             time.sleep(0.1)
         return None
 
