@@ -18,14 +18,14 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from pipekit_train.core import PREEMPTED_EXIT_STATUS, Checkpoint
 from pipekit_train.core.checkpoint._engine import step_dirs
-from pipekit_train.core.checkpoint._lease import LEASE_FILE, LeaseHolder, read_lease
+from pipekit_train.core.checkpoint._lease import LEASE_FILE, read_lease
+from pipekit_train.core.testing import plant_lease
 
 HERE = Path(__file__).parent
 WORKER = HERE / "multihost_preemption_worker.py"
@@ -115,17 +115,7 @@ def test_a_signal_on_one_process_preempts_both_at_the_same_step(tmp_path: Path) 
     assert step_dirs(policy) == [step]  # one complete checkpoint, at the step reached
 
     assert read_lease(policy) is None  # released at the preemption
-    (tmp_path / "held" / "ckpt").mkdir(parents=True)
-    now = time.time()
-    planted = LeaseHolder(
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        token=uuid.uuid4().hex,
-        fingerprint="0" * 12,
-        started=now,
-        heartbeat=now,
-    )
-    (tmp_path / "held" / "ckpt" / LEASE_FILE).write_bytes(planted.to_bytes())
+    plant_lease(tmp_path / "held" / "ckpt", os.getpid())
     procs = _launch(tmp_path, "resume")
     outputs = _wait(procs, 300)
     assert [p.returncode for p in procs] == [0, 0], [o[-3000:] for o in outputs]

@@ -20,23 +20,9 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The worker's output directory after one launch (DDP runs and elastic resumes)."""
     out = tmp_path_factory.mktemp("ddp")
     # another run (this test process) holds `held`: the job must be refused on every rank
-    import socket
-    import time
-    import uuid
+    from pipekit_train.core.testing import plant_lease
 
-    from pipekit_train.core.checkpoint._lease import LEASE_FILE, LeaseHolder
-
-    (out / "held").mkdir()
-    now = time.time()
-    holder = LeaseHolder(
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        token=uuid.uuid4().hex,
-        fingerprint="0" * 12,
-        started=now,
-        heartbeat=now,
-    )
-    (out / "held" / LEASE_FILE).write_bytes(holder.to_bytes())
+    plant_lease(out / "held", os.getpid())
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(
         [sys.executable, str(WORKER), str(out), "ddp", "elastic"],

@@ -49,6 +49,7 @@ from ._golden_plateau import (
     plateau_loop,
     run_golden_plateau,
 )
+from ._lease import plant_lease
 from ._numpy_adapter import NumpyAdapter
 from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arrays, linear
 from ._s3 import LoopbackS3, loopback_s3
@@ -101,6 +102,7 @@ __all__ = [
     "regression_task",
     "SmallFilesystemUnavailable",
     "small_filesystem",
+    "plant_lease",
 ]
 
 

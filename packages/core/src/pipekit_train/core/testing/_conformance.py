@@ -733,23 +733,12 @@ class AdapterConformance:
     def test_a_held_location_refuses_a_second_run_before_any_work(self, tmp_path: Path) -> None:
         """One run per checkpoint location: a live holder (here: this test's parent
         process, named in a planted lease) refuses the run at once; nothing is written."""
-        import socket
-        import time
+        from pipekit_train.core.checkpoint._lease import LEASE_FILE
 
-        from pipekit_train.core.checkpoint._lease import LEASE_FILE, LeaseHolder
+        from ._lease import plant_lease
 
         directory = tmp_path / "held"
-        directory.mkdir()
-        now = time.time()
-        holder = LeaseHolder(
-            host=socket.gethostname(),
-            pid=os.getppid(),
-            token=uuid.uuid4().hex,
-            fingerprint="0" * 12,
-            started=now - 30,
-            heartbeat=now,
-        )
-        (directory / LEASE_FILE).write_bytes(holder.to_bytes())
+        holder = plant_lease(directory, os.getppid())
         rec = HookRecorder()
         policy = Checkpoint(directory, every_n_steps=2)
         with pytest.raises(LeaseError, match=rf"pid {os.getppid()}.*Stop that run"):
