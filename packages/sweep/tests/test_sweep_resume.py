@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pipekit_train.core.checkpoint import read_lease
 from pipekit_train.sweep import HyperSweep, ParameterGrid, SweepResult
 from pipekit_train.sweep._journal import params_key
 
@@ -86,10 +87,15 @@ def test_sigkilled_sweep_resumes_and_ends_like_an_uninterrupted_one(
     assert len(journal.read_text().splitlines()) == KILL_AFTER
     keys = [params_key(p) for p in GRID]
     assert _calls(killed) == keys[: KILL_AFTER + 1]  # the 4th trial was running when killed
-    # the killed trial left checkpoints (steps 10, 20) in its own folder
-    assert sorted(
-        p.name for p in (killed / "trials" / keys[KILL_AFTER] / "checkpoints").iterdir()
-    ) == ["10", "20"]
+    # the killed trial left checkpoints (steps 10, 20) in its own folder, and the lease of
+    # the killed process, which the resumed sweep (same host, dead pid) takes over
+    trial_checkpoints = killed / "trials" / keys[KILL_AFTER] / "checkpoints"
+    assert sorted(p.name for p in trial_checkpoints.iterdir()) == [
+        ".pipekit-lease.json",
+        "10",
+        "20",
+    ]
+    assert read_lease(trial_checkpoints) is not None
     with open(journal, "ab") as fh:  # and, for good measure, a torn journal line
         fh.write(b'{"key": "' + keys[KILL_AFTER].encode() + b'", "status": "ok", "val')
 
@@ -103,6 +109,7 @@ def test_sigkilled_sweep_resumes_and_ends_like_an_uninterrupted_one(
     assert resumed[KILL_AFTER].summary["resumed_from_step"] == 20  # from the trial's own checkpoint
     lines = [json.loads(line) for line in journal.read_text().splitlines()]
     assert [line["key"] for line in lines] == keys
+    assert read_lease(trial_checkpoints) is None  # released when the resumed trial ended
 
     clean = HyperSweep(
         "sweep_kill_trials:trial", GRID, "val_loss", directory=tmp_path / "clean"

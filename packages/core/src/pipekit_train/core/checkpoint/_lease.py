@@ -274,8 +274,14 @@ def may_clean(root: Path) -> bool:
         return holder is not None and holder.token in _HELD
 
 
-def read_lease(policy: Checkpoint) -> LeaseHolder | None:
-    """The holder of a checkpoint location's lease, or None when no run holds it."""
+def read_lease(policy: Checkpoint | str | os.PathLike[str]) -> LeaseHolder | None:
+    """The holder of a checkpoint location's lease, or None when no run holds it.
+
+    Args:
+        policy: the run's `Checkpoint`, or its location (a path or an fsspec URL).
+    """
+    if not isinstance(policy, Checkpoint):
+        policy = Checkpoint(os.fspath(policy))
     data = _LeaseFile(policy).read()
     return None if data is None else LeaseHolder.from_bytes(data)
 
