@@ -1,0 +1,36 @@
+"""`EquinoxModelOp.rollout`: the device rollout equals the host loop (every head, keep, chunk)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipekit_train.core import NeuralForward
+from pipekit_train.core.testing import check_device_rollout
+from pipekit_train.equinox import EquinoxModelOp
+
+
+def make_op(in_size: int, out_size: int) -> EquinoxModelOp:
+    return EquinoxModelOp(
+        "pipekit_train.equinox.testing:mlp", in_size=in_size, out_size=out_size, width=16, seed=1
+    )
+
+
+def test_device_rollout_matches_the_host_loop() -> None:
+    check_device_rollout(make_op, heads=("point",))
+
+
+@pytest.mark.slow
+def test_device_rollout_of_gaussian_and_mixture_heads() -> None:
+    check_device_rollout(make_op, heads=("gaussian", "mixture"), extras=False)
+
+
+def test_segments_reuse_one_compilation() -> None:
+    op = make_op(3, 3)
+    forward = NeuralForward(op, residual=True)
+    x = np.zeros((4, 3))
+    forward.rollout(x, 7, chunk=3)
+    forward.rollout(x, 11, chunk=3)
+    assert len(op._rollouts) == 1
+    ((_, compiled),) = op._rollouts.values()
+    assert compiled._cache_size() == 1  # one (rows, stride) for every segment length
