@@ -118,7 +118,7 @@ def equinox_rollout(
     rows = 0 if plan.keep == "last" else plan.chunk // plan.stride
 
     def run(x: Any, first: int, length: int, stride: int) -> Any:
-        x, stored, bad = segment(arrays, x, jnp.int32(length), rows, 1 if rows == 0 else stride)
+        x, stored, bad = segment(arrays, x, np.int32(length), rows, 1 if rows == 0 else stride)
         return x, (stored, length // stride if rows else 1), bad
 
     def to_bad(bad: Any) -> tuple[int, int] | None:

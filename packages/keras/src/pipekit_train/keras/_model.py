@@ -169,7 +169,7 @@ class KerasModelOp(ModelOpBase):
 
         On the jax backend each segment of at most `chunk` steps is one jitted
         `lax.fori_loop` of the core rollout step around `model.stateless_call`; on the
-        torch backend a `torch.no_grad()` loop on tensors. The step is `spec.bind`
+        torch backend a `torch.inference_mode()` loop on tensors. The step is `spec.bind`
         (normalise → model → head mean → de-normalise → residual), with the model in
         inference mode (`training=False`). `NeuralForward(op, ...).rollout(...)` calls
         this with its spec.

@@ -5,7 +5,7 @@
   training=False)`; the stored states go into a buffer on the device and the loop
   carries the first non-finite step and member. The segment length is traced, so every
   segment reuses one compilation.
-- torch backend: a `torch.no_grad()` loop of the same step (`array_api_compat.torch`)
+- torch backend: a `torch.inference_mode()` loop of the same step (`array_api_compat.torch`)
   calling the model on tensors on its device; one vectorised finiteness check and one
   copy to the host per segment.
 
@@ -116,7 +116,7 @@ def _jax(
 
     def run(x: Any, first: int, length: int, stride: int) -> Any:
         x, stored, bad = segment(
-            trainable, frozen, x, jnp.int32(length), rows, 1 if rows == 0 else stride
+            trainable, frozen, x, np.int32(length), rows, 1 if rows == 0 else stride
         )
         return x, (stored, length // stride if rows else 1), bad
 
@@ -151,7 +151,7 @@ def _torch(
     def f(z: Any) -> Any:
         return model(z, training=False)
 
-    with torch.no_grad():
+    with torch.inference_mode():
         out_shape = tuple(f(x[:1]).shape[1:])
         step = spec.bind(
             xp,

@@ -1,7 +1,7 @@
 """The device rollout of a torch module: the core rollout step in a no-grad loop on tensors.
 
-Each segment of the rollout (`pipekit_train.core.rollout._plan`) is a `torch.no_grad()`
-loop of `RolloutSpec.bind(array_api_compat.torch)`'s step (normalise → model → head mean →
+Each segment of the rollout (`pipekit_train.core.rollout._plan`) is a
+`torch.inference_mode()` loop of `RolloutSpec.bind(array_api_compat.torch)`'s step (normalise → model → head mean →
 de-normalise → residual) on the module's device, in eval mode. The states of a segment
 stay on the device; at its end one vectorised `isfinite` over them finds the first
 non-finite step and member, and the stored states come back to the host in one copy.
@@ -64,7 +64,7 @@ def torch_rollout(
     was_training = module.training
     module.eval()
     try:
-        with torch.no_grad():
+        with torch.inference_mode():
             out_shape = tuple(module(x[:1]).shape[1:])
             step = spec.bind(
                 xp,

@@ -197,7 +197,9 @@ def drive(
         NonFiniteStateError: a state became NaN or infinite; the message names the first
             bad step and ensemble member.
     """
-    rows: list[np.ndarray] = []
+    kept = plan.kept_steps
+    out: np.ndarray | None = None
+    row = 0 if plan.keep == "last" else 1
     x = device_x0
     for first, length, stride in plan.segments():
         x, stored, bad = run_segment(x, first, length, stride)
@@ -205,15 +207,19 @@ def drive(
         if where is not None:
             step, member = where
             raise non_finite_error(first + int(step), "forward", int(member))
-        if plan.keep == "last":
-            rows = [to_numpy(stored)]
-        elif length // stride:
-            rows.append(to_numpy(stored))
-    if dtype is None:
-        dtype = rows[0].dtype if rows else x0.dtype
+        if plan.keep == "last" and first + length < plan.n_steps:
+            continue
+        if length // stride:
+            block = np.asarray(to_numpy(stored))
+            if out is None:
+                out = np.empty((len(kept), *x0.shape), dtype=dtype or block.dtype)
+            out[row : row + len(block)] = block
+            row += len(block)
+    if out is None:
+        out = np.empty((len(kept), *x0.shape), dtype=dtype or x0.dtype)
     if plan.keep != "last":
-        rows.insert(0, x0[None])
-    out = np.concatenate([np.asarray(r, dtype=dtype) for r in rows], axis=0)
+        out[0] = x0
+    assert row == len(kept), (row, len(kept))
     return out[:, 0] if single else out
 
 

@@ -265,6 +265,20 @@ class RolloutSpec:
             out_mean, out_std = to(out.mean), to(out.std)
         residual, head_mean = self.residual, self.head_mean
 
+        if self.head == "point" and in_mean is not None:
+            # the common case without the head's call (torch runs this eagerly, per step)
+            if residual:
+
+                def point_residual(model_fn: Callable[[Any], Any], x: Any) -> Any:
+                    return x + (model_fn((x - in_mean) / in_std) * out_std + out_mean)
+
+                return point_residual
+
+            def point(model_fn: Callable[[Any], Any], x: Any) -> Any:
+                return model_fn((x - in_mean) / in_std) * out_std + out_mean
+
+            return point
+
         def step(model_fn: Callable[[Any], Any], x: Any) -> Any:
             inputs = x if in_mean is None else (x - in_mean) / in_std
             pred = head_mean(xp, model_fn(inputs))
