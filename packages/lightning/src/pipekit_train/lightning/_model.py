@@ -268,8 +268,8 @@ class LightningModelOp(ModelOpBase):
         """Advance a batch of states `n_steps` steps without leaving the module's device.
 
         A `torch.inference_mode()` (no-grad) loop of the core rollout step (`spec.bind`
-        on torch tensors: normalise → model → head mean → de-normalise → residual) in eval mode, in
-        segments of at most `chunk` steps; each segment's finiteness check and stored
+        on torch tensors: normalise → model → head mean → de-normalise → residual) in
+        eval mode, in segments of at most `chunk` steps; each segment's finiteness check and stored
         states come back to the host once. `NeuralForward(op, ...).rollout(...)` calls
         this with its spec.
 
