@@ -281,6 +281,11 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="a short run (run_all)")
     parser.add_argument("--json", help="also write the result rows to this JSON file")
+    parser.add_argument(
+        "--markdown",
+        help="also write the table, with the machine and the command, to this file "
+        "(benchmarks/rollout.md: run_all puts it on docs/performance.md)",
+    )
     args = parser.parse_args()
     apply_quick(parser, args, QUICK)
     rows: list[dict[str, Any]] = []
@@ -298,6 +303,40 @@ def main() -> None:
     print(table(rows))
     if args.json:
         write_rows(args.json, rows)
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(rows, args))
+
+
+def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """The table as a page section: what was run, where and when."""
+    import datetime as dt
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = " ".join(
+        [f"--steps {args.steps}", f"--rounds {args.rounds}"] + (["--quick"] if args.quick else [])
+    )
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join(
+        [
+            f"Measured with `uv run python benchmarks/bench_rollout.py {flags} --markdown "
+            f"benchmarks/rollout.md` on {when}, on {cpu} ({os.cpu_count()} cores, shared with "
+            "other jobs), CPU only. Ensemble steps per second (best of the rounds); "
+            "library ÷ hand is paired per round (median); the target is ≥ 0.9× at ensembles "
+            "of 64 and 1024. The host loop at 1024 members (and on Keras) ran a tenth of the "
+            "steps.",
+            "",
+            table(rows),
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@
   carries the first non-finite step and member. The segment length is traced, so every
   segment reuses one compilation.
 - torch backend: a `torch.inference_mode()` loop of the same step (`array_api_compat.torch`)
-  calling the model on tensors on its device; one vectorised finiteness check and one
-  copy to the host per segment.
+  calling the model on tensors on its device; one sum over the segment's states (a NaN
+  or inf makes it non-finite) checks them, and one copy brings them to the host.
 
 The plan (segments, `keep`, `chunk`) and the step are core's
 (`pipekit_train.core.rollout`), the same as the other backends'.
@@ -166,8 +166,7 @@ def _torch(
                 x = step(f, x)
                 states.append(x)
             stacked = torch.stack(states)
-            finite = torch.isfinite(stacked).reshape(length, n, -1).all(dim=-1)
-            return x, stacked[stride - 1 :: stride], finite
+            return x, stacked[stride - 1 :: stride], (stacked.sum(), stacked)
 
         def to_numpy(t: Any) -> np.ndarray:
             t = t.detach()
@@ -179,6 +178,22 @@ def _torch(
             x,
             run,
             to_numpy,
-            to_bad=lambda finite: first_bad(finite.cpu().numpy()),
+            to_bad=lambda bad: _first_bad(bad, n),
             single=single,
         )
+
+
+def _first_bad(bad: tuple[Any, Any], n: int) -> tuple[int, int] | None:
+    """`(step, member)` of a segment's first non-finite state, or None.
+
+    A NaN or inf anywhere makes the sum of the segment's states non-finite, so one
+    reduction clears a clean segment; only then (or when the sum of finite values
+    overflowed) is every state checked.
+    """
+    import torch
+
+    total, stacked = bad
+    if bool(torch.isfinite(total)):
+        return None
+    finite = torch.isfinite(stacked).reshape(stacked.shape[0], n, -1).all(dim=-1)
+    return first_bad(finite.cpu().numpy())

@@ -1,11 +1,12 @@
 """The device rollout of a torch module: the core rollout step in a no-grad loop on tensors.
 
 Each segment of the rollout (`pipekit_train.core.rollout._plan`) is a
-`torch.inference_mode()` loop of `RolloutSpec.bind(array_api_compat.torch)`'s step (normalise → model → head mean →
-de-normalise → residual) on the module's device, in eval mode. The states of a segment
-stay on the device; at its end one vectorised `isfinite` over them finds the first
-non-finite step and member, and the stored states come back to the host in one copy.
-Nothing in the loop synchronises with the host.
+`torch.inference_mode()` loop of `RolloutSpec.bind(array_api_compat.torch)`'s step
+(normalise → model → head mean → de-normalise → residual) on the module's device, in
+eval mode. The states of a segment stay on the device; at its end one sum over them (a
+NaN or inf anywhere makes it non-finite) checks them, the first non-finite step and
+member are looked for only then, and the stored states come back to the host in one
+copy. Nothing in the loop synchronises with the host.
 """
 
 from __future__ import annotations
@@ -79,8 +80,7 @@ def torch_rollout(
                     x = step(module, x)
                     states.append(x)
                 stacked = torch.stack(states)
-                finite = torch.isfinite(stacked).reshape(length, n, -1).all(dim=-1)
-                return x, stacked[stride - 1 :: stride], finite
+                return x, stacked[stride - 1 :: stride], (stacked.sum(), stacked)
 
             return drive(
                 plan,
@@ -88,8 +88,22 @@ def torch_rollout(
                 x,
                 run,
                 _to_numpy,
-                to_bad=lambda finite: first_bad(finite.cpu().numpy()),
+                to_bad=lambda bad: _first_bad(bad, n),
                 single=single,
             )
     finally:
         module.train(was_training)
+
+
+def _first_bad(bad: tuple[torch.Tensor, torch.Tensor], n: int) -> tuple[int, int] | None:
+    """`(step, member)` of a segment's first non-finite state, or None.
+
+    A NaN or inf anywhere makes the sum of the segment's states non-finite, so one
+    reduction clears a clean segment; only then (or when the sum of finite values
+    overflowed) is every state checked.
+    """
+    total, stacked = bad
+    if bool(torch.isfinite(total)):
+        return None
+    finite = torch.isfinite(stacked).reshape(stacked.shape[0], n, -1).all(dim=-1)
+    return first_bad(finite.cpu().numpy())
