@@ -59,6 +59,7 @@ D, WIDTH, DEPTH = 8, 64, 2
 TARGET = 0.9
 QUICK = {"steps": 200, "rounds": 3}
 VARIANTS = ("library", "hand", "host loop")
+LOAD_AT_START = os.getloadavg()
 
 
 def _normalizer() -> Any:
@@ -324,11 +325,12 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
         [f"--steps {args.steps}", f"--rounds {args.rounds}"] + (["--quick"] if args.quick else [])
     )
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load = ", ".join(f"{v:.1f}" for v in LOAD_AT_START)
     return "\n".join(
         [
             f"Measured with `uv run python benchmarks/bench_rollout.py {flags} --markdown "
             f"benchmarks/rollout.md` on {when}, on {cpu} ({os.cpu_count()} cores, shared with "
-            "other jobs), CPU only. Ensemble steps per second (best of the rounds); "
+            f"other jobs: load average {load} at the start), CPU only. Ensemble steps per second (best of the rounds); "
             "library ÷ hand is paired per round (median); the target is ≥ 0.9× at ensembles "
             "of 64 and 1024. The host loop at 1024 members (and on Keras) ran a tenth of the "
             "steps.",
