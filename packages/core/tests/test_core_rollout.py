@@ -22,7 +22,12 @@ from pipekit_train.core.rollout import (
     RolloutSpec,
     check_hook_steps,
 )
-from pipekit_train.core.testing import ROLLOUT_HEADS, NumpyLinearOp, host_rollout
+from pipekit_train.core.testing import (
+    ROLLOUT_HEADS,
+    NumpyLinearOp,
+    check_stochastic_rollout,
+    host_rollout,
+)
 
 FACTORY = "pipekit_train.core.testing._numpy_model:linear"
 
@@ -202,3 +207,7 @@ def test_mixture_width_layout_is_checked_before_a_rollout() -> None:
     spec.check_output((2,), (mixture_width(2, 2),))  # fits
     with pytest.raises(ConfigError, match=r"even-sized last axis\). Received: output shape \(3,\)"):
         RolloutSpec(head="gaussian").check_output((3,), (3,))
+
+
+def test_seeded_stochastic_rollouts_on_the_host() -> None:
+    check_stochastic_rollout(linear_op)

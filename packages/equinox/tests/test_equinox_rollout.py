@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pipekit_train.core import NeuralForward
-from pipekit_train.core.testing import check_device_rollout
+from pipekit_train.core.testing import check_device_rollout, check_stochastic_rollout
 from pipekit_train.equinox import EquinoxModelOp
 
 
@@ -34,3 +34,12 @@ def test_segments_reuse_one_compilation() -> None:
     assert len(op._rollouts) == 1
     ((_, compiled),) = op._rollouts.values()
     assert compiled._cache_size() == 1  # one (rows, stride) for every segment length
+
+
+def test_seeded_stochastic_rollouts_repeat_and_have_the_predicted_spread() -> None:
+    check_stochastic_rollout(make_op, heads=("gaussian",))
+
+
+@pytest.mark.slow
+def test_seeded_stochastic_rollouts_of_mixture_heads() -> None:
+    check_stochastic_rollout(make_op, heads=("mixture",))

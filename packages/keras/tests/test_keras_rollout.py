@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipekit_train.core.testing import check_device_rollout
+from pipekit_train.core.testing import check_device_rollout, check_stochastic_rollout
 from pipekit_train.keras import KerasModelOp
 
 
@@ -22,3 +22,8 @@ def test_device_rollout_matches_the_host_loop() -> None:
 @pytest.mark.slow
 def test_device_rollout_of_every_head_with_hooks_and_errors() -> None:
     check_device_rollout(make_op, heads=("gaussian", "mixture"))
+
+
+@pytest.mark.slow
+def test_seeded_stochastic_rollouts_repeat_and_have_the_predicted_spread() -> None:
+    check_stochastic_rollout(make_op)

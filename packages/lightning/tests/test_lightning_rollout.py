@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipekit_train.core import NeuralForward
-from pipekit_train.core.testing import check_device_rollout
+from pipekit_train.core.testing import check_device_rollout, check_stochastic_rollout
 from pipekit_train.lightning import LightningModelOp
 
 
@@ -30,3 +30,7 @@ def test_rollout_keeps_the_training_mode_and_takes_tensors() -> None:
     got = forward.rollout(x, 5, keep="last")
     assert op.model.training and got.shape == (1, 4, 3) and got.dtype == np.float32
     np.testing.assert_allclose(got[0], forward.rollout(x.numpy(), 5)[-1], rtol=1e-6)
+
+
+def test_seeded_stochastic_rollouts_repeat_and_have_the_predicted_spread() -> None:
+    check_stochastic_rollout(make_op)

@@ -222,6 +222,8 @@ class EquinoxModelOp(ModelOpBase):
         spec: RolloutSpec | None = None,
         keep: str | int = "all",
         chunk: int | None = None,
+        stochastic: bool = False,
+        seed: int = 0,
     ) -> np.ndarray:
         """Advance a batch of states `n_steps` steps without leaving the device.
 
@@ -236,6 +238,10 @@ class EquinoxModelOp(ModelOpBase):
             spec: the step's normalizer, residual and head (None: `next = model(state)`).
             keep: `"all"` (steps `0..n`), an int `k` (steps `0, k, 2k, ...`) or `"last"`.
             chunk: the most steps per compiled segment (None: bounded by memory).
+            stochastic: draw each step from the predicted distribution (Gaussian and
+                mixture heads) instead of taking its mean.
+            seed: the seed of the draws (`jax.random.fold_in(key(seed), step)`: the same
+                seed gives the same rollout, whatever `chunk`).
 
         Returns:
             The stored states in the model's dtype, `(len(kept), n, *state)` (no `n` axis
@@ -255,7 +261,16 @@ class EquinoxModelOp(ModelOpBase):
 
         cache = self.__dict__.setdefault("_rollouts", {})
         return equinox_rollout(
-            self._tree(), forward, cache, state, n_steps, spec=spec, keep=keep, chunk=chunk
+            self._tree(),
+            forward,
+            cache,
+            state,
+            n_steps,
+            spec=spec,
+            keep=keep,
+            chunk=chunk,
+            stochastic=stochastic,
+            seed=seed,
         )
 
     # -- weights -----------------------------------------------------------------------

@@ -164,6 +164,8 @@ class KerasModelOp(ModelOpBase):
         spec: RolloutSpec | None = None,
         keep: str | int = "all",
         chunk: int | None = None,
+        stochastic: bool = False,
+        seed: int = 0,
     ) -> np.ndarray:
         """Advance a batch of states `n_steps` steps without leaving the backend's device.
 
@@ -180,6 +182,10 @@ class KerasModelOp(ModelOpBase):
             spec: the step's normalizer, residual and head (None: `next = model(state)`).
             keep: `"all"` (steps `0..n`), an int `k` (steps `0, k, 2k, ...`) or `"last"`.
             chunk: the most steps per segment (None: bounded by memory).
+            stochastic: draw each step from the predicted distribution (Gaussian and
+                mixture heads) instead of taking its mean.
+            seed: the seed of the draws (jax: `fold_in(key(seed), step)`; torch: a
+                seeded `torch.Generator`).
 
         Returns:
             The stored states in the model's compute dtype, `(len(kept), n, *state)` (no
@@ -192,7 +198,15 @@ class KerasModelOp(ModelOpBase):
         """
         cache = self.__dict__.setdefault("_rollouts", {})
         return keras_rollout(
-            self.model, state, n_steps, cache=cache, spec=spec, keep=keep, chunk=chunk
+            self.model,
+            state,
+            n_steps,
+            cache=cache,
+            spec=spec,
+            keep=keep,
+            chunk=chunk,
+            stochastic=stochastic,
+            seed=seed,
         )
 
     def serialize_weights(self) -> bytes:

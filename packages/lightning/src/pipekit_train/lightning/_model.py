@@ -264,6 +264,8 @@ class LightningModelOp(ModelOpBase):
         spec: RolloutSpec | None = None,
         keep: str | int = "all",
         chunk: int | None = None,
+        stochastic: bool = False,
+        seed: int = 0,
     ) -> np.ndarray:
         """Advance a batch of states `n_steps` steps without leaving the module's device.
 
@@ -279,6 +281,10 @@ class LightningModelOp(ModelOpBase):
             spec: the step's normalizer, residual and head (None: `next = model(state)`).
             keep: `"all"` (steps `0..n`), an int `k` (steps `0, k, 2k, ...`) or `"last"`.
             chunk: the most steps per segment (None: bounded by memory).
+            stochastic: draw each step from the predicted distribution (Gaussian and
+                mixture heads) instead of taking its mean.
+            seed: the seed of the `torch.Generator` of the draws (the same seed gives
+                the same rollout, whatever `chunk`).
 
         Returns:
             The stored states in the module's dtype, `(len(kept), n, *state)` (no `n`
@@ -299,6 +305,8 @@ class LightningModelOp(ModelOpBase):
             spec=spec,
             keep=keep,
             chunk=chunk,
+            stochastic=stochastic,
+            seed=seed,
         )
 
     def serialize_weights(self) -> bytes:

@@ -4,6 +4,7 @@ per-step function written once against the array API (`RolloutSpec`) and the seg
 plan every backend's `model_op.rollout` runs (`RolloutPlan`, `drive`)."""
 
 from ._cycle import Cycle, NeuralForward
+from ._loops import jax_rollout, torch_rollout
 from ._plan import (
     SEGMENT_BYTES,
     RolloutPlan,
@@ -25,6 +26,8 @@ __all__ = [
     "check_hook_steps",
     "drive",
     "first_bad",
+    "jax_rollout",
     "non_finite_error",
     "prepare_rollout",
+    "torch_rollout",
 ]

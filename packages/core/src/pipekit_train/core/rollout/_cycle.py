@@ -356,6 +356,8 @@ class NeuralForward:
         *,
         keep: str | int = "all",
         chunk: int | None = None,
+        stochastic: bool = False,
+        seed: int = 0,
     ) -> np.ndarray:
         """Advance one state or a batch (an ensemble) `n_steps` steps on the model's device.
 
@@ -367,6 +369,14 @@ class NeuralForward:
         Without one (or with a normalizer other than the core `Normalizer`) the same
         steps run on the host with `self(state)`.
 
+        **Stochastic ensembles.** With `stochastic=True` (Gaussian and mixture heads) each
+        step draws every member's next state from its predicted distribution, so the
+        ensemble's spread is the model's own uncertainty. The draws come from the
+        backend's generator seeded with `seed` (jax: `fold_in(key(seed), step)`; torch: a
+        seeded `torch.Generator`; the host path: `np.random.default_rng(seed)` with
+        `distribution(state).sample`): the same seed repeats the rollout exactly on the
+        same backend and device, whatever `chunk`.
+
         Args:
             state: one state `(*state)` or a batch `(n, *state)`.
             n_steps: the number of steps.
@@ -374,15 +384,18 @@ class NeuralForward:
                 2k, ...`) or `"last"` (step `n` only).
             chunk: the most steps per device segment (None: as many as keep one
                 segment's stored states under 64 MiB).
+            stochastic: sample each step from the predicted distribution (refused on a
+                point head).
+            seed: the seed of the draws (a non-negative int).
 
         Returns:
             The states at the kept steps, `(len(kept), n, *state)` (no `n` axis for one
             state), in the model's dtype on the device path.
 
         Raises:
-            ConfigError: a state of the wrong shape or not finite, bad `n_steps`, `keep`
-                or `chunk`, or a model whose output does not fit the state (all before
-                any step).
+            ConfigError: a state of the wrong shape or not finite, bad `n_steps`, `keep`,
+                `chunk` or `seed`, a stochastic rollout on a point head, or a model whose
+                output does not fit the state (all before any step).
             NonFiniteStateError: a state became NaN/inf; names the first step and member.
 
         Examples:
@@ -394,22 +407,50 @@ class NeuralForward:
         """
         if self.on_device:
             return self.model_op.rollout(  # type: ignore[attr-defined]  # checked by on_device
-                state, n_steps, spec=self.rollout_spec(), keep=keep, chunk=chunk
+                state,
+                n_steps,
+                spec=self.rollout_spec(),
+                keep=keep,
+                chunk=chunk,
+                stochastic=stochastic,
+                seed=seed,
             )
-        return self._host_rollout(state, n_steps, keep=keep, chunk=chunk)
+        return self._host_rollout(
+            state, n_steps, keep=keep, chunk=chunk, stochastic=stochastic, seed=seed
+        )
 
     def _host_rollout(
-        self, state: Any, n_steps: int, *, keep: str | int, chunk: int | None
+        self,
+        state: Any,
+        n_steps: int,
+        *,
+        keep: str | int,
+        chunk: int | None,
+        stochastic: bool,
+        seed: int,
     ) -> np.ndarray:
         spec, x0, single, plan = prepare_rollout(
-            state, n_steps, self.rollout_spec(), keep, chunk, itemsize=8
+            state,
+            n_steps,
+            self.rollout_spec(),
+            keep,
+            chunk,
+            itemsize=8,
+            stochastic=stochastic,
+            seed=seed,
         )
         n = x0.shape[0]
+        rng = np.random.default_rng(seed)
+
+        def advance(x: np.ndarray) -> np.ndarray:
+            if stochastic:
+                return np.asarray(self.distribution(x).sample(rng))
+            return np.asarray(self(x))
 
         def run(x: np.ndarray, first: int, length: int, stride: int) -> Any:
             stored = []
             for i in range(1, length + 1):
-                x = np.asarray(self(x))
+                x = advance(x)
                 if x.shape != x0.shape:
                     raise ConfigError(
                         "`forward` must return a state of the input's shape. Received: shape "

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from pipekit_train.core._checks import check_seed
 from pipekit_train.core._errors import ConfigError
 
 from ._step import non_finite_error
@@ -239,8 +240,13 @@ def prepare_rollout(
     chunk: Any,
     *,
     itemsize: int = 4,
+    stochastic: Any = False,
+    seed: Any = 0,
 ) -> tuple[Any, np.ndarray, bool, RolloutPlan]:
     """Validate a device rollout's arguments before any work.
+
+    `stochastic` must be a bool (True: sample each step; refused on a point head) and
+    `seed` a valid seed.
 
     Returns:
         `(spec, x0, single, plan)`: the `RolloutSpec` (a plain one for `spec=None`), the
@@ -258,6 +264,13 @@ def prepare_rollout(
             "`spec` must be a `RolloutSpec` (what `NeuralForward.rollout_spec()` returns) or "
             f"None. Received: spec={type(spec).__name__}."
         )
+    if not isinstance(stochastic, bool):
+        raise ConfigError(
+            f"`stochastic` must be True or False. Received: stochastic={stochastic!r}."
+        )
+    if stochastic:
+        spec.check_stochastic()
+    check_seed(seed)
     x0 = spec.check_state(state)
     single = x0.shape[0] == 1 and np.ndim(state) == spec.state_ndim
     plan = RolloutPlan.create(n_steps, keep, chunk, batch_bytes=int(x0.size) * itemsize)

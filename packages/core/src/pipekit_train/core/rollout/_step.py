@@ -221,6 +221,68 @@ class RolloutSpec:
             )
         return self._maps[cache_key]
 
+    # -- sampling --------------------------------------------------------------------------
+    def check_stochastic(self) -> None:
+        """Refuse a stochastic rollout on a point head (it predicts no distribution).
+
+        Raises:
+            ConfigError: `head="point"`.
+        """
+        if self.head == "point":
+            raise ConfigError(
+                "A stochastic rollout samples each step from the predicted distribution, so "
+                "it needs a Gaussian or mixture head. Received: head='point'. Construct "
+                "NeuralForward(..., head='gaussian') (or head='mixture', n_components=K) for "
+                "a model trained with `gaussian_nll` (`mixture_nll`), or roll out the mean."
+            )
+
+    def noise_shapes(self, n: int, out_shape: tuple[int, ...]) -> dict[str, tuple[int, ...] | None]:
+        """The shapes of one step's random draws for `n` states: `{"normal", "uniform"}`."""
+        mean = self.mean_shape(out_shape)
+        k = (self.head_options or {}).get("n_components", 1)
+        return {
+            "normal": (n, *mean),
+            "uniform": (n, int(k)) if self.head == "mixture" else None,
+        }
+
+    def _sampler(self, xp: Any, components: Any) -> Callable[[Any, Any, Any], Any]:
+        """`sample(out, normal, uniform)`: a draw from the raw output's distribution,
+        in normalised units."""
+        if self.head == "gaussian":
+
+            def gaussian(out: Any, normal: Any, uniform: Any) -> Any:
+                k = out.shape[-1] // 2
+                return out[..., :k] + xp.exp(0.5 * out[..., k:]) * normal
+
+            return gaussian
+        assert self.head_options is not None
+        n_comp, cov = self.head_options["n_components"], self.head_options["covariance"]
+
+        def mixture(out: Any, normal: Any, uniform: Any) -> Any:
+            d = mixture_dim(int(out.shape[-1]), n_comp, cov)
+            assert d is not None
+            logits, means, log_scales, lower = layout.split(xp, out, n_comp, d, cov)
+            gumbel = -xp.log(-xp.log(uniform))  # Gumbel-max: a draw of the component
+            chosen = xp.argmax(layout.log_softmax(xp, logits) + gumbel, axis=-1)
+            one_hot = xp.astype(
+                xp.expand_dims(xp.astype(chosen, out.dtype), axis=-1) == components, out.dtype
+            )
+            pick = xp.expand_dims(one_hot, axis=-1)
+            mu = xp.sum(pick * means, axis=-2)
+            scale = xp.exp(xp.sum(pick * log_scales, axis=-2))
+            if lower is None:
+                return mu + scale * normal
+            low = xp.sum(pick * lower, axis=-2)  # the chosen Cholesky factor's lower entries
+            rows = []
+            for i in range(d):  # (L @ normal)_i, row by row (d is small)
+                zi = scale[..., i] * normal[..., i]
+                for j in range(i):
+                    zi = zi + low[..., i * (i - 1) // 2 + j] * normal[..., j]
+                rows.append(zi)
+            return mu + xp.stack(rows, axis=-1)
+
+        return mixture
+
     # -- the step --------------------------------------------------------------------------
     def head_mean(self, xp: Any, out: Any) -> Any:
         """The prediction (the head's mean) of a batch of raw outputs, in normalised units."""
@@ -243,8 +305,16 @@ class RolloutSpec:
         state_shape: tuple[int, ...],
         out_shape: tuple[int, ...],
         constant: Callable[[np.ndarray], Any] | None = None,
-    ) -> Callable[[Callable[[Any], Any], Any], Any]:
+        stochastic: bool = False,
+    ) -> Callable[..., Any]:
         """The step `step(model_fn, x) -> next x` for arrays of namespace `xp`.
+
+        With `stochastic=True` the step draws the next state from the predicted
+        distribution instead of taking its mean: `step(model_fn, x, normal, uniform)`,
+        where the backend passes standard normal draws of shape `noise_shapes(n, ...)
+        ["normal"]` and, for a mixture, uniform draws in `[0, 1)` of shape
+        `noise_shapes(...)["uniform"]` (the component is chosen by the Gumbel-max trick).
+        The array API has no random numbers, so the backend's own generator makes them.
 
         Args:
             xp: the array-API namespace of the states.
@@ -252,11 +322,15 @@ class RolloutSpec:
             out_shape: the shape of the model's output for one state.
             constant: turns a float64 numpy constant into an array of the states' library,
                 dtype and device (default: `xp.asarray`).
+            stochastic: sample each step (Gaussian and mixture heads).
 
         Raises:
-            ConfigError: the output does not fit the head or the state (before any step).
+            ConfigError: the output does not fit the head or the state, or a stochastic
+                step on a point head (before any step).
         """
         self.check_output(state_shape, out_shape)
+        if stochastic:
+            self.check_stochastic()
         to = constant or xp.asarray
         into, out = self.maps(tuple(state_shape), self.mean_shape(out_shape))
         in_mean = in_std = out_mean = out_std = None
@@ -264,6 +338,22 @@ class RolloutSpec:
             in_mean, in_std = to(into.mean), to(into.std)
             out_mean, out_std = to(out.mean), to(out.std)
         residual, head_mean = self.residual, self.head_mean
+
+        if stochastic:
+            k = (self.head_options or {}).get("n_components", 1)
+            components = to(np.arange(k, dtype=np.float64))
+            sample = self._sampler(xp, components)
+
+            def stochastic_step(
+                model_fn: Callable[[Any], Any], x: Any, normal: Any, uniform: Any
+            ) -> Any:
+                inputs = x if in_mean is None else (x - in_mean) / in_std
+                pred = sample(model_fn(inputs), normal, uniform)
+                if out_mean is not None:
+                    pred = pred * out_std + out_mean
+                return x + pred if residual else pred
+
+            return stochastic_step
 
         if self.head == "point" and in_mean is not None:
             # the common case without the head's call (torch runs this eagerly, per step)

@@ -53,7 +53,12 @@ from ._golden_plateau import (
 )
 from ._numpy_adapter import NumpyAdapter
 from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arrays, linear
-from ._rollout import ROLLOUT_HEADS, check_device_rollout, host_rollout
+from ._rollout import (
+    ROLLOUT_HEADS,
+    check_device_rollout,
+    check_stochastic_rollout,
+    host_rollout,
+)
 from ._s3 import LoopbackS3, loopback_s3
 from ._smallfs import SmallFilesystemUnavailable, small_filesystem
 from ._tasks import damped_oscillator_step, oscillator_task, regression_task
@@ -61,6 +66,7 @@ from ._tasks import damped_oscillator_step, oscillator_task, regression_task
 __all__ = [
     "ROLLOUT_HEADS",
     "check_device_rollout",
+    "check_stochastic_rollout",
     "host_rollout",
     "PLATEAU_CASES",
     "PLATEAU_STEPS",

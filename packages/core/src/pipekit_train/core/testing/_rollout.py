@@ -21,7 +21,12 @@ from pipekit_train.core.losses._mixture import mixture_width
 from pipekit_train.core.rollout._cycle import Cycle, NeuralForward
 from pipekit_train.core.rollout._step import NonFiniteStateError
 
-__all__ = ["ROLLOUT_HEADS", "check_device_rollout", "host_rollout"]
+__all__ = [
+    "ROLLOUT_HEADS",
+    "check_device_rollout",
+    "check_stochastic_rollout",
+    "host_rollout",
+]
 
 #: `(head, NeuralForward options, output width for a state of d values)` the checks run.
 ROLLOUT_HEADS: tuple[tuple[str, dict[str, Any], Callable[[int], int]], ...] = (
@@ -177,3 +182,74 @@ def check_device_rollout(
         assert exc.step == 2 and exc.member == 0, str(exc)
     else:
         raise AssertionError("a diverging rollout did not raise NonFiniteStateError")
+
+
+def _moments(dist: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The mean and per-value variance of a `Gaussian` or `Mixture` (original units)."""
+    if hasattr(dist, "std"):
+        return np.asarray(dist.mean), np.asarray(dist.std) ** 2
+    second = np.einsum(
+        "...k,...kd->...d",
+        dist.weights,
+        np.diagonal(dist.covariances, axis1=-2, axis2=-1) + dist.means**2,
+    )
+    return dist.mean, second - dist.mean**2
+
+
+def check_stochastic_rollout(
+    make_op: Callable[[int, int], Any],
+    *,
+    d: int = 2,
+    members: int = 4000,
+    heads: tuple[str, ...] = ("gaussian", "mixture"),
+) -> None:
+    """Check seeded stochastic rollouts on the operators `make_op(in_size, out_size)` builds.
+
+    For each head: the same seed repeats the rollout exactly (also in other segments and
+    with `keep="last"`), another seed does not; one step of an ensemble started from one
+    state has the predicted distribution's mean and variance (to 6 standard errors); a
+    point head is refused before any work.
+
+    Raises:
+        AssertionError: a check failed.
+    """
+    rng = np.random.default_rng(5)
+    norm = _normalizer(d, rng)
+    x = rng.uniform(-1, 1, (6, d))
+    for head, options, width in ROLLOUT_HEADS:
+        if head not in heads:
+            continue
+        forward = NeuralForward(
+            make_op(d, width(d)), normalizer=norm, residual=True, head=head, **options
+        )
+        first = forward.rollout(x, 9, stochastic=True, seed=3)
+        np.testing.assert_array_equal(forward.rollout(x, 9, stochastic=True, seed=3), first)
+        np.testing.assert_allclose(
+            forward.rollout(x, 9, stochastic=True, seed=3, chunk=4), first, rtol=1e-6, atol=1e-7
+        )
+        np.testing.assert_allclose(
+            forward.rollout(x, 9, stochastic=True, seed=3, keep="last"),
+            first[-1:],
+            rtol=1e-6,
+            atol=1e-7,
+        )
+        assert not np.allclose(forward.rollout(x, 9, stochastic=True, seed=4), first), head
+        assert not np.allclose(first, forward.rollout(x, 9)), head  # not the mean rollout
+        # one step from one state: the draws have the predicted distribution's moments
+        ensemble = np.repeat(x[:1], members, axis=0)
+        draws = forward.rollout(ensemble, 1, stochastic=True, seed=0, keep="last")[0]
+        mean, var = _moments(forward.distribution(x[0]))
+        se = np.sqrt(var / members)
+        assert np.all(np.abs(draws.mean(axis=0) - mean) < 6 * se + 1e-6), (
+            head,
+            draws.mean(0),
+            mean,
+        )
+        np.testing.assert_allclose(draws.var(axis=0), var, rtol=0.15, err_msg=head)
+    point = NeuralForward(make_op(d, d), normalizer=norm, residual=True)
+    try:
+        point.rollout(x, 3, stochastic=True)
+    except ConfigError as exc:
+        assert "needs a Gaussian or mixture head. Received: head='point'" in str(exc), str(exc)
+    else:
+        raise AssertionError("a stochastic rollout of a point head was not refused")
