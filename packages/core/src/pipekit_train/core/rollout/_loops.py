@@ -104,8 +104,9 @@ def jax_rollout(
                 bad_step = jnp.where(newly, i + 1, bad_step)
                 bad_member = jnp.where(newly, jnp.argmin(ok.astype(jnp.int32)), bad_member)
                 if rows:
-                    s = i + 1
-                    slot = jnp.where(s % stride == 0, s // stride - 1, s // stride)
+                    s = i + 1  # the state of step s goes to slot s // stride - 1; the
+                    # steps between go to the next slot, which the next kept step overwrites
+                    slot = i if stride == 1 else jnp.where(s % stride, s // stride, s // stride - 1)
                     buf = lax.dynamic_update_index_in_dim(buf, x, slot, 0)
                 return x, buf, bad_step, bad_member
 
