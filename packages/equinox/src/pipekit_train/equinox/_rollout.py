@@ -63,7 +63,17 @@ def equinox_rollout(
         stochastic: as for `EquinoxModelOp.rollout`.
         seed: as for `EquinoxModelOp.rollout`.
     """
-    dtype = _float_dtype(tree)
+    parts = tree if isinstance(tree, tuple) else (tree,)
+    held = cache.get("tree")  # the partition of the last tree (a model changes rarely)
+    if (
+        held is None
+        or len(held[0]) != len(parts)
+        or any(a is not b for a, b in zip(held[0], parts, strict=True))
+    ):
+        arrays, static = eqx.partition(tree, eqx.is_array)
+        held = (parts, arrays, static, _float_dtype(tree), jax.tree_util.tree_structure(tree))
+        cache["tree"] = held
+    _, arrays, static, dtype, structure = held
     spec, x0, single, plan = prepare_rollout(
         state,
         n_steps,
@@ -74,7 +84,6 @@ def equinox_rollout(
         stochastic=stochastic,
         seed=seed,
     )
-    arrays, static = eqx.partition(tree, eqx.is_array)
     return jax_rollout(
         jax,
         lambda params: forward(eqx.combine(params, static)),
@@ -84,7 +93,7 @@ def equinox_rollout(
         plan,
         dtype=dtype,
         cache=cache,
-        cache_key=jax.tree_util.tree_structure(tree),
+        cache_key=structure,
         single=single,
         stochastic=stochastic,
         seed=seed,

@@ -117,7 +117,7 @@ def jax_rollout(
         segment = jax.jit(run_segment, static_argnames=("rows", "stride"))
         cache[key] = (spec, segment)
     rows = 0 if plan.keep == "last" else plan.chunk // plan.stride
-    rng = jax.random.key(seed)
+    rng = jax.random.key(seed) if stochastic else None  # no key to make per call
 
     def run(x: Any, first: int, length: int, stride: int) -> Any:
         x, stored, bad = segment(
