@@ -57,6 +57,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 #: The tables `scripts/gpu_check.py --output benchmarks/gpu-check.md` wrote on a GPU machine.
 GPU_RESULTS = HERE / "gpu-check.md"
+#: The ensemble-rollout table `bench_rollout.py --markdown benchmarks/rollout.md` wrote.
+ROLLOUT_RESULTS = HERE / "rollout.md"
 FIELDS = ("benchmark", "case", "metric", "value", "unit", "ratio", "target", "ok")
 LIBRARIES = (
     "pipekit-train-core",
@@ -357,12 +359,30 @@ def render(
     lines.append(f"| Load average (1, 5, 15 min) at the end | {_load()} |")
     lines.append(f"| Run time | {timing} |")
     lines.append("")
+    lines += rollout_section()
     lines += gpu_section()
     if raw:
         lines += ["## Output of scripts without `--json`", ""]
         for res in raw:
             lines += [f"### `{res['script']}`", "", "```text", res["stdout"], "```", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def rollout_section() -> list[str]:
+    """The page's "Ensemble rollouts" section: `benchmarks/rollout.md` when it exists."""
+    if not ROLLOUT_RESULTS.exists():
+        return []
+    return [
+        "## Ensemble rollouts",
+        "",
+        "`NeuralForward.rollout` (what `Cycle` runs when no per-step hook needs the host)",
+        "against a hand-written rollout of the same 8 → 64 → 64 → 8 MLP emulator on each",
+        "backend, and the host loop (`Cycle` with a per-step hook), from",
+        "`benchmarks/bench_rollout.py` (see its docstring):",
+        "",
+        ROLLOUT_RESULTS.read_text().strip(),
+        "",
+    ]
 
 
 def gpu_section() -> list[str]:

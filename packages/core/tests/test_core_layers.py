@@ -125,6 +125,7 @@ SHARED_FILES = (
     "_grad_norm.py",  # the grad_norm metric
     "_fetch.py",  # device values to the host
     "_entry.py",  # the pipekit_train.backends entry point
+    "_rollout.py",  # the device rollout (model_op.rollout)
     "testing.py",  # factories for tests and examples
 )
 

@@ -18,7 +18,9 @@ from jaxtyping import Array, PRNGKeyArray, PyTree
 
 import equinox as eqx
 from pipekit_train.core import ConfigError, ModelOpBase
+from pipekit_train.core.rollout import RolloutSpec
 
+from ._rollout import equinox_rollout
 from ._weights import tree_from_bytes, tree_to_bytes
 
 __all__ = ["EquinoxModelOp", "apply_model", "has_stochastic_layers", "takes_key"]
@@ -131,6 +133,7 @@ class EquinoxModelOp(ModelOpBase):
         self.batched = batched
         self.model_state: eqx.nn.State | None = None
         self._infer: Callable[[np.ndarray], Any] | None = None
+        self._rollouts: dict[Any, Any] = {}
         super().__init__(factory, seed=seed, **kwargs)
 
     # -- building ----------------------------------------------------------------------
@@ -182,6 +185,7 @@ class EquinoxModelOp(ModelOpBase):
         if model_state is not None:
             new.model_state = model_state
         new._infer = None
+        new._rollouts = {}
         return new
 
     # -- inference ---------------------------------------------------------------------
@@ -210,6 +214,65 @@ class EquinoxModelOp(ModelOpBase):
             x = x.astype(np.float32)
         return np.asarray(self._infer(x))
 
+    def rollout(
+        self,
+        state: Any,
+        n_steps: int,
+        *,
+        spec: RolloutSpec | None = None,
+        keep: str | int = "all",
+        chunk: int | None = None,
+        stochastic: bool = False,
+        seed: int = 0,
+    ) -> np.ndarray:
+        """Advance a batch of states `n_steps` steps without leaving the device.
+
+        Each segment of at most `chunk` steps is one jitted `lax.fori_loop` over the core
+        rollout step (`spec.bind(jax.numpy)`: normalise → model → head mean →
+        de-normalise → residual), in inference mode; the finiteness check runs inside it.
+        `NeuralForward(op, ...).rollout(...)` calls this with its spec.
+
+        Args:
+            state: one state or a batch `(n, *state)` (numpy or jax).
+            n_steps: the number of steps.
+            spec: the step's normalizer, residual and head (None: `next = model(state)`).
+            keep: `"all"` (steps `0..n`), an int `k` (steps `0, k, 2k, ...`) or `"last"`.
+            chunk: the most steps per compiled segment (None: bounded by memory).
+            stochastic: draw each step from the predicted distribution (Gaussian and
+                mixture heads) instead of taking its mean.
+            seed: the seed of the draws (`jax.random.fold_in(key(seed), step)`: the same
+                seed gives the same rollout, whatever `chunk`).
+
+        Returns:
+            The stored states in the model's dtype, `(len(kept), n, *state)` (no `n` axis
+            for one state).
+
+        Raises:
+            ConfigError: bad arguments, or a model output that does not fit the state
+                (before any step).
+            NonFiniteStateError: a state became NaN/inf (names the first step and member).
+        """
+        stateful, batched = self.model_state is not None, self.batched
+
+        def forward(tree: PyTree) -> Callable[[Array], Array]:
+            model, layer_state = tree if stateful else (tree, None)
+            model = eqx.nn.inference_mode(model)
+            return lambda x: apply_model(model, x, layer_state, None, batched=batched)[0]
+
+        cache = self.__dict__.setdefault("_rollouts", {})
+        return equinox_rollout(
+            self._tree(),
+            forward,
+            cache,
+            state,
+            n_steps,
+            spec=spec,
+            keep=keep,
+            chunk=chunk,
+            stochastic=stochastic,
+            seed=seed,
+        )
+
     # -- weights -----------------------------------------------------------------------
     def serialize_weights(self) -> bytes:
         """The weights (and layer state) via `eqx.tree_serialise_leaves`: same weights, same bytes."""
@@ -222,3 +285,4 @@ class EquinoxModelOp(ModelOpBase):
         else:
             self.model, self.model_state = tree
         self._infer = None
+        self._rollouts = {}

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from pipekit_train.core import ConfigError, ModelOpBase
+from pipekit_train.core.rollout import RolloutSpec
 
 from . import _weights
 from ._keras_backend import backend_name
+from ._rollout import keras_rollout
 
 if TYPE_CHECKING:
     import keras
@@ -153,6 +155,59 @@ class KerasModelOp(ModelOpBase):
         else:
             out = self.model.predict(x, batch_size=_PREDICT_CHUNK, verbose=0)
         return np.asarray(out)
+
+    def rollout(
+        self,
+        state: Any,
+        n_steps: int,
+        *,
+        spec: RolloutSpec | None = None,
+        keep: str | int = "all",
+        chunk: int | None = None,
+        stochastic: bool = False,
+        seed: int = 0,
+    ) -> np.ndarray:
+        """Advance a batch of states `n_steps` steps without leaving the backend's device.
+
+        On the jax backend each segment of at most `chunk` steps is one jitted
+        `lax.fori_loop` of the core rollout step around `model.stateless_call`; on the
+        torch backend a `torch.inference_mode()` loop on tensors. The step is `spec.bind`
+        (normalise → model → head mean → de-normalise → residual), with the model in
+        inference mode (`training=False`). `NeuralForward(op, ...).rollout(...)` calls
+        this with its spec.
+
+        Args:
+            state: one state or a batch `(n, *state)`.
+            n_steps: the number of steps.
+            spec: the step's normalizer, residual and head (None: `next = model(state)`).
+            keep: `"all"` (steps `0..n`), an int `k` (steps `0, k, 2k, ...`) or `"last"`.
+            chunk: the most steps per segment (None: bounded by memory).
+            stochastic: draw each step from the predicted distribution (Gaussian and
+                mixture heads) instead of taking its mean.
+            seed: the seed of the draws (jax: `fold_in(key(seed), step)`; torch: a
+                seeded `torch.Generator`).
+
+        Returns:
+            The stored states in the model's compute dtype, `(len(kept), n, *state)` (no
+            `n` axis for one state).
+
+        Raises:
+            ConfigError: bad arguments, or a model output that does not fit the state
+                (before any step).
+            NonFiniteStateError: a state became NaN/inf (names the first step and member).
+        """
+        cache = self.__dict__.setdefault("_rollouts", {})
+        return keras_rollout(
+            self.model,
+            state,
+            n_steps,
+            cache=cache,
+            spec=spec,
+            keep=keep,
+            chunk=chunk,
+            stochastic=stochastic,
+            seed=seed,
+        )
 
     def serialize_weights(self) -> bytes:
         """The weights as deterministic safetensors bytes (keys `w/<index>`)."""

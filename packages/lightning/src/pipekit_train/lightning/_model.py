@@ -11,8 +11,10 @@ import torch
 
 from pipekit_train.core import ConfigError, ModelOpBase
 from pipekit_train.core.adapter import check_seed
+from pipekit_train.core.rollout import RolloutSpec
 from pipekit_train.core.utils import object_path
 
+from ._rollout import torch_rollout
 from ._weights import decode_state_dict, encode_state_dict
 
 __all__ = ["LightningModelOp", "is_lightning_module"]
@@ -253,6 +255,59 @@ class LightningModelOp(ModelOpBase):
         With `layout="channels_last"`, 4-D inputs and outputs are `(N, H, W, C)`.
         """
         return predict(self.model, inputs)
+
+    def rollout(
+        self,
+        state: Any,
+        n_steps: int,
+        *,
+        spec: RolloutSpec | None = None,
+        keep: str | int = "all",
+        chunk: int | None = None,
+        stochastic: bool = False,
+        seed: int = 0,
+    ) -> np.ndarray:
+        """Advance a batch of states `n_steps` steps without leaving the module's device.
+
+        A `torch.inference_mode()` (no-grad) loop of the core rollout step (`spec.bind`
+        on torch tensors: normalise → model → head mean → de-normalise → residual) in
+        eval mode, in segments of at most `chunk` steps; each segment's finiteness check and stored
+        states come back to the host once. `NeuralForward(op, ...).rollout(...)` calls
+        this with its spec.
+
+        Args:
+            state: one state or a batch `(n, *state)` (numpy or a tensor).
+            n_steps: the number of steps.
+            spec: the step's normalizer, residual and head (None: `next = model(state)`).
+            keep: `"all"` (steps `0..n`), an int `k` (steps `0, k, 2k, ...`) or `"last"`.
+            chunk: the most steps per segment (None: bounded by memory).
+            stochastic: draw each step from the predicted distribution (Gaussian and
+                mixture heads) instead of taking its mean.
+            seed: the seed of the `torch.Generator` of the draws (the same seed gives
+                the same rollout, whatever `chunk`).
+
+        Returns:
+            The stored states in the module's dtype, `(len(kept), n, *state)` (no `n`
+            axis for one state).
+
+        Raises:
+            ConfigError: bad arguments, or a model output that does not fit the state
+                (before any step).
+            NonFiniteStateError: a state became NaN/inf (names the first step and member).
+        """
+        dtype, device = module_dtype(self.model)
+        return torch_rollout(
+            self.model,
+            state,
+            n_steps,
+            dtype=dtype,
+            device=device,
+            spec=spec,
+            keep=keep,
+            chunk=chunk,
+            stochastic=stochastic,
+            seed=seed,
+        )
 
     def serialize_weights(self) -> bytes:
         """The state dict as safetensors bytes (deterministic, tied weights stored once)."""

@@ -1,2 +1,33 @@
-"""Rollouts: a trained emulator used as a forward operator (`NeuralForward`) and the closed
-loop that advances a state with one (`Cycle`)."""
+"""Rollouts: a trained emulator used as a forward operator (`NeuralForward`), the closed
+loop that advances a state with one (`Cycle`), and the pieces of a device rollout: the
+per-step function written once against the array API (`RolloutSpec`) and the segment
+plan every backend's `model_op.rollout` runs (`RolloutPlan`, `drive`)."""
+
+from ._cycle import Cycle, NeuralForward
+from ._loops import jax_rollout, torch_rollout
+from ._plan import (
+    SEGMENT_BYTES,
+    RolloutPlan,
+    check_hook_steps,
+    drive,
+    first_bad,
+    prepare_rollout,
+)
+from ._step import AffineMap, NonFiniteStateError, RolloutSpec, non_finite_error
+
+__all__ = [
+    "SEGMENT_BYTES",
+    "AffineMap",
+    "Cycle",
+    "NeuralForward",
+    "NonFiniteStateError",
+    "RolloutPlan",
+    "RolloutSpec",
+    "check_hook_steps",
+    "drive",
+    "first_bad",
+    "jax_rollout",
+    "non_finite_error",
+    "prepare_rollout",
+    "torch_rollout",
+]

@@ -13,17 +13,16 @@ from typing import Any
 
 import numpy as np
 
-from pipekit_train.core._errors import ConfigError, PipekitError
+from pipekit_train.core._errors import ConfigError
 from pipekit_train.core._imports import object_path
 from pipekit_train.core.data._normalizer import normalizer_to_dict
 from pipekit_train.core.model._heads import Gaussian, check_head, check_head_options
 from pipekit_train.core.model._mixture import Mixture, mixture_from_output
 
+from ._plan import check_hook_steps, drive, prepare_rollout
+from ._step import NonFiniteStateError, RolloutSpec, non_finite_error
+
 __all__ = ["Cycle", "NeuralForward", "NonFiniteStateError"]
-
-
-class NonFiniteStateError(PipekitError, FloatingPointError):
-    """A `Cycle` state became NaN or infinite (the rollout diverged)."""
 
 
 def _describe(obj: Any) -> Any:
@@ -307,6 +306,165 @@ class NeuralForward:
             pred = self._add_state(batch, self._invert(np.asarray(self._model(batch))))
         return pred[0] if single else pred
 
+    # -- multi-step rollouts ---------------------------------------------------------------
+    def rollout_spec(self) -> RolloutSpec:
+        """The `RolloutSpec` of this forward (normalizer, residual, head, keys), the per-step
+        definition every device rollout runs."""
+        key = (
+            id(self.normalizer),
+            self.residual,
+            self.head,
+            repr(self.head_options),
+            self.state_key,
+            self.output_key,
+            self.state_ndim,
+        )
+        cached = getattr(self, "_spec", None)
+        if cached is None or cached[0] != key or cached[1].normalizer is not self.normalizer:
+            spec = RolloutSpec(
+                normalizer=self.normalizer,
+                residual=self.residual,
+                head=self.head,
+                head_options=self.head_options,
+                state_key=self.state_key,
+                output_key=self.output_key,
+                state_ndim=self.state_ndim,
+            )
+            self._spec = cached = (key, spec)
+        return cached[1]
+
+    @property
+    def on_device(self) -> bool:
+        """Whether `rollout` runs on the model's device: the model operator has a
+        `rollout` method and the normalizer is `None` or the core `Normalizer` (mean/std
+        for the state and output keys). Otherwise `rollout` loops on the host."""
+        if not callable(getattr(self.model_op, "rollout", None)):
+            return False
+        if self.normalizer is None:
+            return True
+        means = getattr(self.normalizer, "mean", None)
+        stds = getattr(self.normalizer, "std", None)
+        return all(
+            isinstance(m, dict) and self.state_key in m and self.output_key in m
+            for m in (means, stds)
+        )
+
+    def rollout(
+        self,
+        state: Any,
+        n_steps: int,
+        *,
+        keep: str | int = "all",
+        chunk: int | None = None,
+        stochastic: bool = False,
+        seed: int = 0,
+    ) -> np.ndarray:
+        """Advance one state or a batch (an ensemble) `n_steps` steps on the model's device.
+
+        With a model operator that has a device rollout (`EquinoxModelOp`,
+        `LightningModelOp`, `KerasModelOp`) the states stay on the device: one compiled
+        loop (jax) or one no-grad loop on tensors (torch) per segment of at most `chunk`
+        steps, the finiteness check included; the states `keep` asks for come back.
+        Point heads step with the prediction, Gaussian and mixture heads with the mean.
+        Without one (or with a normalizer other than the core `Normalizer`) the same
+        steps run on the host with `self(state)`.
+
+        **Stochastic ensembles.** With `stochastic=True` (Gaussian and mixture heads) each
+        step draws every member's next state from its predicted distribution, so the
+        ensemble's spread is the model's own uncertainty. The draws come from the
+        backend's generator seeded with `seed` (jax: `fold_in(key(seed), step)`; torch: a
+        seeded `torch.Generator`; the host path: `np.random.default_rng(seed)` with
+        `distribution(state).sample`): the same seed repeats the rollout exactly on the
+        same backend and device, whatever `chunk`.
+
+        Args:
+            state: one state `(*state)` or a batch `(n, *state)`.
+            n_steps: the number of steps.
+            keep: `"all"` (steps `0..n`, as `Cycle` returns), an int `k` (steps `0, k,
+                2k, ...`) or `"last"` (step `n` only).
+            chunk: the most steps per device segment (None: as many as keep one
+                segment's stored states under 64 MiB).
+            stochastic: sample each step from the predicted distribution (refused on a
+                point head).
+            seed: the seed of the draws (a non-negative int).
+
+        Returns:
+            The states at the kept steps, `(len(kept), n, *state)` (no `n` axis for one
+            state), in the model's dtype on the device path.
+
+        Raises:
+            ConfigError: a state of the wrong shape or not finite, bad `n_steps`, `keep`,
+                `chunk` or `seed`, a stochastic rollout on a point head, or a model whose
+                output does not fit the state (all before any step).
+            NonFiniteStateError: a state became NaN/inf; names the first step and member.
+
+        Examples:
+            ```python
+            forward = NeuralForward(op, normalizer=norm, residual=True)
+            ensemble = x0 + 0.01 * rng.standard_normal((64, 8))
+            last = forward.rollout(ensemble, 100_000, keep="last")  # (1, 64, 8)
+            ```
+        """
+        if self.on_device:
+            return self.model_op.rollout(  # type: ignore[attr-defined]  # checked by on_device
+                state,
+                n_steps,
+                spec=self.rollout_spec(),
+                keep=keep,
+                chunk=chunk,
+                stochastic=stochastic,
+                seed=seed,
+            )
+        return self._host_rollout(
+            state, n_steps, keep=keep, chunk=chunk, stochastic=stochastic, seed=seed
+        )
+
+    def _host_rollout(
+        self,
+        state: Any,
+        n_steps: int,
+        *,
+        keep: str | int,
+        chunk: int | None,
+        stochastic: bool,
+        seed: int,
+    ) -> np.ndarray:
+        spec, x0, single, plan = prepare_rollout(
+            state,
+            n_steps,
+            self.rollout_spec(),
+            keep,
+            chunk,
+            itemsize=8,
+            stochastic=stochastic,
+            seed=seed,
+        )
+        n = x0.shape[0]
+        rng = np.random.default_rng(seed)
+
+        def advance(x: np.ndarray) -> np.ndarray:
+            if stochastic:
+                return np.asarray(self.distribution(x).sample(rng))
+            return np.asarray(self(x))
+
+        def run(x: np.ndarray, first: int, length: int, stride: int) -> Any:
+            stored = []
+            for i in range(1, length + 1):
+                x = advance(x)
+                if x.shape != x0.shape:
+                    raise ConfigError(
+                        "`forward` must return a state of the input's shape. Received: shape "
+                        f"{x.shape} at step {first + i}, expected {x0.shape}."
+                    )
+                ok = np.isfinite(x).reshape(n, -1).all(axis=1)
+                if not ok.all():
+                    return x, None, (i, int(np.argmin(ok)))
+                if i % stride == 0:
+                    stored.append(x)
+            return x, np.stack(stored) if stored else x[:0][None], None
+
+        return drive(plan, x0, x0, run, np.asarray, single=single)
+
     def get_config(self) -> dict[str, Any]:
         """JSON description: the model's config, the normalizer's JSON and the options."""
         model_config = (
@@ -339,16 +497,38 @@ class Cycle:
     A `StatefulOperator`: `run(state)` returns an array of shape `(n_steps + 1, *state.shape)`
     whose row 0 is the initial state and row `k` the state after step `k` (after the hook).
 
+    **The device path.** With a `NeuralForward` whose model operator rolls out on its
+    device (`NeuralForward.on_device`), `run` hands the steps to `forward.rollout`: the
+    state (an ensemble, too) stays on the device, the finiteness check runs there, and
+    the trajectory comes back once per segment. It takes this path whenever nothing
+    needs the host every step: no hook, or a hook at given steps (`hook_steps`), where
+    the segments between those steps run on the device. A per-step hook (`hook` without
+    `hook_steps`) or any other forward runs the host loop.
+
     Args:
         forward: any callable state → next state of the same shape (a simulator, a
             `NeuralForward` on any backend).
         n_steps: the number of steps (a positive int).
         hook: optional `hook(step, state) -> state | None`, called after each step
-            (`step` = 1..n_steps) with the new state; a returned array replaces the state
-            (e.g. after assimilating an observation), `None` keeps it.
+            (`step` = 1..n_steps), or only at `hook_steps`, with the new state; a returned
+            array replaces the state (e.g. after assimilating an observation), `None`
+            keeps it.
+        hook_steps: where the hook runs: an int `m` (every `m` steps) or increasing steps
+            in `[1, n_steps]` (observation times). None: every step.
 
     Raises:
-        NonFiniteStateError: (from `run`) a state became NaN/inf; the message names the step.
+        ConfigError: bad arguments (`hook_steps` outside `[1, n_steps]`, not increasing,
+            or without a hook).
+        NonFiniteStateError: (from `run`) a state became NaN/inf; the message names the
+            step (and, for an ensemble, the first bad member).
+
+    Examples:
+        ```python
+        def analysis(step, ensemble):  # e.g. an ensemble Kalman filter update, in numpy
+            return ensemble + gain @ (observations[step] - ensemble)
+
+        forecast = Cycle(forward, n_steps=500, hook=analysis, hook_steps=25).run(ensemble)
+        ```
     """
 
     def __init__(
@@ -356,6 +536,8 @@ class Cycle:
         forward: Callable[[np.ndarray], Any],
         n_steps: int,
         hook: Callable[[int, np.ndarray], Any] | None = None,
+        *,
+        hook_steps: Any = None,
     ):
         if not callable(forward):
             raise ConfigError(
@@ -367,9 +549,26 @@ class Cycle:
             raise ConfigError(
                 f"`hook` must be a callable hook(step, state) or None. Received: hook={hook!r}."
             )
+        if hook_steps is not None and hook is None:
+            raise ConfigError(
+                f"`hook_steps` needs a `hook`. Received: hook=None, hook_steps={hook_steps!r}. "
+                "Pass hook=..., or leave hook_steps out."
+            )
         self.forward = forward
         self.n_steps = int(n_steps)
         self.hook = hook
+        self.hook_steps: list[int] | None = (
+            None if hook_steps is None else check_hook_steps(hook_steps, self.n_steps)
+        )
+
+    @property
+    def on_device(self) -> bool:
+        """Whether `run` takes the device path (see the class docstring)."""
+        return (
+            isinstance(self.forward, NeuralForward)
+            and self.forward.on_device
+            and (self.hook is None or self.hook_steps is not None)
+        )
 
     def run(self, state: Any) -> np.ndarray:
         """Roll the state forward `n_steps` times and return the trajectory.
@@ -379,7 +578,8 @@ class Cycle:
                 are promoted to float64.
 
         Returns:
-            The trajectory, shape `(n_steps + 1, *state.shape)`, including the initial state.
+            The trajectory, shape `(n_steps + 1, *state.shape)`, including the initial
+            state, in the initial state's (floating) dtype.
 
         Raises:
             ConfigError: the initial state is not finite or a step changes the shape.
@@ -394,41 +594,77 @@ class Cycle:
             )
         trajectory = np.empty((self.n_steps + 1, *x0.shape), dtype=x0.dtype)
         trajectory[0] = x0
+        batched = isinstance(self.forward, NeuralForward) and x0.ndim == self.forward.state_ndim + 1
+        if self.on_device:
+            return self._run_on_device(trajectory, batched)
+        hook_at = None if self.hook_steps is None else set(self.hook_steps)
         current = trajectory[0].copy()  # never hand the caller's array to `forward`
         for step in range(1, self.n_steps + 1):
             nxt = np.asarray(self.forward(current))
-            nxt = self._check(nxt, x0.shape, step, "forward")
-            if self.hook is not None:
-                hooked = self.hook(step, nxt)
-                if hooked is not None:
-                    nxt = self._check(np.asarray(hooked), x0.shape, step, "hook")
+            nxt = self._check(nxt, x0.shape, step, "forward", batched)
+            if self.hook is not None and (hook_at is None or step in hook_at):
+                nxt = self._call_hook(step, nxt, x0.shape, batched)
             trajectory[step] = nxt
             current = trajectory[step].copy()  # the forward may not alias the trajectory
         return trajectory
 
+    def _run_on_device(self, trajectory: np.ndarray, batched: bool) -> np.ndarray:
+        forward = self.forward
+        assert isinstance(forward, NeuralForward)
+        stops = [*(self.hook_steps or []), self.n_steps]
+        start = 0
+        for stop in dict.fromkeys(stops):  # the last hook step may be n_steps itself
+            if stop > start:
+                try:
+                    segment = forward.rollout(trajectory[start], stop - start, keep="all")
+                except NonFiniteStateError as exc:
+                    member = exc.member if batched else None
+                    raise non_finite_error(start + (exc.step or 1), "forward", member) from None
+                trajectory[start + 1 : stop + 1] = segment[1:]
+            if self.hook_steps is not None and stop in self.hook_steps:
+                shape = trajectory.shape[1:]
+                trajectory[stop] = self._call_hook(stop, trajectory[stop].copy(), shape, batched)
+            start = stop
+        return trajectory
+
+    def _call_hook(
+        self, step: int, state: np.ndarray, shape: tuple[int, ...], batched: bool
+    ) -> np.ndarray:
+        assert self.hook is not None
+        hooked = self.hook(step, state)
+        if hooked is None:
+            return state
+        return self._check(np.asarray(hooked), shape, step, "hook", batched)
+
     @staticmethod
-    def _check(x: np.ndarray, shape: tuple[int, ...], step: int, who: str) -> np.ndarray:
+    def _check(
+        x: np.ndarray, shape: tuple[int, ...], step: int, who: str, batched: bool = False
+    ) -> np.ndarray:
         if x.shape != shape:
             raise ConfigError(
                 f"`{who}` must return a state of the input's shape. Received: shape {x.shape} "
                 f"at step {step}, expected {shape}."
             )
-        if not np.all(np.isfinite(x)):
-            raise NonFiniteStateError(
-                f"The state became non-finite (NaN or inf) at step {step} (after `{who}`). "
-                "The forward operator diverged; use a smaller time step, a stabler model or "
-                "fewer steps."
-            )
+        finite = np.isfinite(x)
+        if not np.all(finite):
+            member = None
+            if batched:
+                member = int(np.argmin(finite.reshape(shape[0], -1).all(axis=1)))
+            raise non_finite_error(step, who, member)
         return x
 
     def get_config(self) -> dict[str, Any]:
-        """JSON description: `n_steps` and descriptions of `forward` and `hook`."""
-        return {
+        """JSON description: `n_steps` and descriptions of `forward` and `hook` (and
+        `hook_steps` when given)."""
+        config = {
             "type": object_path(type(self)),
             "n_steps": self.n_steps,
             "forward": _describe(self.forward),
             "hook": _describe(self.hook),
         }
+        if self.hook_steps is not None:
+            config["hook_steps"] = list(self.hook_steps)
+        return config
 
     def __repr__(self) -> str:
         return f"Cycle({self.forward!r}, n_steps={self.n_steps})"

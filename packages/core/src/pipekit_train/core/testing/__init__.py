@@ -8,6 +8,8 @@
   registry tests (development dependencies `moto[server]`, `boto3`, `s3fs`).
 - `small_filesystem`: a tiny tmpfs mounted for a test (root only) that fills up like a
   full disk.
+- `check_device_rollout`, `host_rollout`: the checks every backend's device rollout
+  (`model_op.rollout`) passes against the host loop.
 - `run_golden`, `compare_golden`, `GOLDEN_CASES`, ...: the cross-backend golden-run suite
   (the same description and initial weights give the same loss curve on every backend);
   `run_golden_field`, `GOLDEN_FIELD_CASES`: its conv-net cases on channels-last fields;
@@ -52,11 +54,21 @@ from ._golden_plateau import (
 from ._lease import plant_lease
 from ._numpy_adapter import NumpyAdapter
 from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arrays, linear
+from ._rollout import (
+    ROLLOUT_HEADS,
+    check_device_rollout,
+    check_stochastic_rollout,
+    host_rollout,
+)
 from ._s3 import LoopbackS3, loopback_s3
 from ._smallfs import SmallFilesystemUnavailable, small_filesystem
 from ._tasks import damped_oscillator_step, oscillator_task, regression_task
 
 __all__ = [
+    "ROLLOUT_HEADS",
+    "check_device_rollout",
+    "check_stochastic_rollout",
+    "host_rollout",
     "PLATEAU_CASES",
     "PLATEAU_STEPS",
     "PLATEAU_VALIDATE_EVERY",

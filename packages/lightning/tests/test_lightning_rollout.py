@@ -1,0 +1,36 @@
+"""`LightningModelOp.rollout`: the no-grad device loop equals the host loop (every head, keep, chunk)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipekit_train.core import NeuralForward
+from pipekit_train.core.testing import check_device_rollout, check_stochastic_rollout
+from pipekit_train.lightning import LightningModelOp
+
+
+def make_op(in_size: int, out_size: int) -> LightningModelOp:
+    return LightningModelOp(
+        "pipekit_train.lightning.testing:mlp", in_size=in_size, out_size=out_size, width=16, seed=1
+    )
+
+
+@pytest.mark.parametrize("heads", [("point",), ("gaussian", "mixture")])
+def test_device_rollout_matches_the_host_loop(heads: tuple[str, ...]) -> None:
+    check_device_rollout(make_op, heads=heads, extras=heads == ("point",))
+
+
+def test_rollout_keeps_the_training_mode_and_takes_tensors() -> None:
+    op = make_op(3, 3)
+    op.model.train()
+    forward = NeuralForward(op, residual=True)
+    x = torch.zeros(4, 3)
+    got = forward.rollout(x, 5, keep="last")
+    assert op.model.training and got.shape == (1, 4, 3) and got.dtype == np.float32
+    np.testing.assert_allclose(got[0], forward.rollout(x.numpy(), 5)[-1], rtol=1e-6)
+
+
+def test_seeded_stochastic_rollouts_repeat_and_have_the_predicted_spread() -> None:
+    check_stochastic_rollout(make_op)
