@@ -28,6 +28,7 @@ RANKS: dict[str, int] = {
     "data": 1,
     "losses": 1,
     "metrics": 1,
+    "diagnostics": 1,
     "callbacks": 1,
     "writers": 1,
     "spec": 2,

@@ -8,7 +8,7 @@ authors. It never imports a backend framework.
 
 from typing import Any as _Any
 
-from . import adapter, callbacks, data, losses, metrics, registry, writers
+from . import adapter, callbacks, data, diagnostics, losses, metrics, registry, writers
 from ._errors import CheckpointError, ConfigError, IntegrityError, PipekitError
 from .callbacks import (
     Callback,
@@ -145,6 +145,7 @@ __all__ = [
     "WandbWriter",
     "callbacks",
     "data",
+    "diagnostics",
     "evaluate",
     "losses",
     "lr_find",
