@@ -53,6 +53,7 @@ from .registry import (
 )
 from .rollout._cycle import Cycle, NeuralForward, NonFiniteStateError
 from .run._artifact import TrainingArtifact
+from .run._calibration import CalibrationMonitor
 from .run._context import RunState
 from .run._evaluation import evaluate
 from .run._history import History
@@ -89,6 +90,7 @@ __all__ = [
     "AsyncWriter",
     "BatchIterator",
     "CachedDataset",
+    "CalibrationMonitor",
     "Callback",
     "Checkpoint",
     "CheckpointError",

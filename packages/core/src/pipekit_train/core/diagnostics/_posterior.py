@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pipekit_train.core._checks import check_seed, positive_int
+from pipekit_train.core._checks import check_seed, is_int, positive_int
 from pipekit_train.core._errors import ConfigError
 
 from ._coverage import CoverageCurve, central_coverage, hpd_coverage
@@ -35,7 +35,12 @@ from ._inputs import (
 from ._sbc import SBCCheck, check_sbc, sbc_ranks
 from ._tarp import TARPResult, tarp
 
-__all__ = ["CalibrationReport", "posterior_samples", "run_calibration"]
+__all__ = [
+    "CalibrationReport",
+    "check_calibration_options",
+    "posterior_samples",
+    "run_calibration",
+]
 
 
 def _check_posterior(posterior: Any) -> None:
@@ -180,6 +185,30 @@ class CalibrationReport:
         return paths
 
 
+def check_calibration_options(
+    num_simulations: int, *, num_samples: Any, seed: Any, alpha: Any, tolerance: Any
+) -> None:
+    """Refuse, before any draw, what `run_calibration` cannot work with.
+
+    Raises:
+        ConfigError: fewer than 20 simulations or draws, a bad seed, `alpha` or `tolerance`.
+    """
+    if num_simulations < MIN_SIMULATIONS:
+        raise ConfigError(
+            f"Calibration diagnostics need at least {MIN_SIMULATIONS} simulations. Received: "
+            f"num_simulations={num_simulations}. Simulate more (a few hundred give a usable "
+            "test)."
+        )
+    if not is_int(num_samples) or num_samples < MIN_POSTERIOR_SAMPLES:
+        raise ConfigError(
+            f"`num_samples` must be an int >= {MIN_POSTERIOR_SAMPLES}. Received: "
+            f"num_samples={num_samples!r}. Use 100 or more."
+        )
+    check_seed(seed)
+    check_probability("alpha", alpha)
+    check_probability("tolerance", tolerance)
+
+
 def run_calibration(
     posterior: Any,
     theta: Any,
@@ -222,20 +251,10 @@ def run_calibration(
             "`theta` must be (num_simulations, num_parameters) with one row per observation "
             f"in `x`. Received: theta.shape={np.shape(theta)}, x.shape={xs.shape}."
         )
-    if len(t) < MIN_SIMULATIONS:
-        raise ConfigError(
-            f"Calibration diagnostics need at least {MIN_SIMULATIONS} simulations. Received: "
-            f"num_simulations={len(t)}. Simulate more (a few hundred give a usable test)."
-        )
-    if not isinstance(num_samples, int) or num_samples < MIN_POSTERIOR_SAMPLES:
-        raise ConfigError(
-            f"`num_samples` must be an int >= {MIN_POSTERIOR_SAMPLES}. Received: "
-            f"num_samples={num_samples!r}. Use 100 or more."
-        )
-    seed = check_seed(seed)
+    check_calibration_options(
+        len(t), num_samples=num_samples, seed=seed, alpha=alpha, tolerance=tolerance
+    )
     batch_size = positive_int("batch_size", batch_size)
-    check_probability("alpha", alpha)
-    check_probability("tolerance", tolerance)
     rng = np.random.default_rng(seed)
     draws, lp_draws, lp_theta = [], [], []
     has_log_prob = True
