@@ -126,6 +126,7 @@ SHARED_FILES = (
     "_grad_norm.py",  # the grad_norm metric
     "_fetch.py",  # device values to the host
     "_entry.py",  # the pipekit_train.backends entry point
+    "_embeddings.py",  # embedding networks (deep_set), one architecture on every backend
     "testing.py",  # factories for tests and examples
 )
 
