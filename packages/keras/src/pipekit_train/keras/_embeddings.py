@@ -72,7 +72,7 @@ def deep_set(
     configure()
     import keras
 
-    from .testing import dense
+    from ._layers import dense
 
     inputs = keras.Input((None, point_size))
     h, fan_in = inputs, point_size
