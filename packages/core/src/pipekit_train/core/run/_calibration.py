@@ -165,9 +165,10 @@ class CalibrationMonitor:
             )
         if not isinstance(prefix, str):
             raise ConfigError(f"`prefix` must be a string. Received: prefix={prefix!r}.")
-        self.x, self.theta = x, t
-        self.every_n_steps = int(every_n_steps)
-        self.prefix = prefix
+        self.x: np.ndarray = x
+        self.theta: np.ndarray = t
+        self.every_n_steps: int = int(every_n_steps)
+        self.prefix: str = prefix
         self._options: dict[str, Any] = {
             "num_samples": num_samples,
             "seed": seed,
