@@ -326,3 +326,29 @@ def test_plots_are_written_as_png(reports, tmp_path: Path) -> None:
 def test_module_docstring_example_runs() -> None:
     result = doctest.testmod(diagnostics, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_tarp_with_given_references_and_units_that_differ(simulations) -> None:
+    theta, x = simulations
+    samples = posterior_samples(posterior(), x, 100, seed=5)
+    scale = np.array([1.0, 100.0, 0.01])  # parameters in very different units
+    refs = np.random.default_rng(6).uniform(-1, 1, theta.shape)
+    base = tarp(samples, theta, references=refs)
+    scaled = tarp(samples * scale, theta * scale, references=refs * scale)
+    # z-scored distances: rescaling a parameter changes nothing
+    np.testing.assert_allclose(scaled.ecp, base.ecp)
+    assert base.passed() and abs(base.atc) < 0.03
+    narrow = posterior_samples(posterior(0.5), x, 100, seed=5)
+    assert tarp(narrow, theta, references=refs).atc < -0.03
+
+
+def test_check_sbc_with_chosen_bins_and_names(simulations) -> None:
+    theta, x = simulations
+    ranks = sbc_ranks(posterior_samples(posterior(), x, 99, seed=7), theta)
+    check = check_sbc(ranks, 99, bins=10, parameter_names=["a", "b", "c"])
+    assert check.bins == 10 and check.parameter_names == ("a", "b", "c")
+    assert check.ecdf_difference.shape == (len(check.points), 3)
+    assert np.all(check.band_lower < 0) and np.all(check.band_upper > 0)
+    assert set(check.metrics()) == {"sbc_chi2_pvalue_min", "sbc_ks_pvalue_min", "sbc_inside_band"}
+    with pytest.raises(ConfigError, match="bins=1"):
+        check_sbc(ranks, 99, bins=1)

@@ -42,7 +42,7 @@ def test_permuting_the_points_leaves_the_output_unchanged(pooling: str) -> None:
     # not a constant: moving one point, or swapping a point's coordinates, changes it
     moved = x.copy()
     moved[:, 0] += 1.0
-    assert np.abs(np.asarray(op(moved)) - out).min() > 1e-4
+    assert np.abs(np.asarray(op(moved)) - out).max(axis=1).min() > 1e-4  # every set changes
     assert np.abs(np.asarray(op(np.ascontiguousarray(x[:, :, ::-1]))) - out).max() > 1e-3
 
 
