@@ -28,6 +28,7 @@ RANKS: dict[str, int] = {
     "data": 1,
     "losses": 1,
     "metrics": 1,
+    "diagnostics": 1,
     "callbacks": 1,
     "writers": 1,
     "spec": 2,
@@ -126,6 +127,7 @@ SHARED_FILES = (
     "_fetch.py",  # device values to the host
     "_entry.py",  # the pipekit_train.backends entry point
     "_rollout.py",  # the device rollout (model_op.rollout)
+    "_embeddings.py",  # embedding networks (deep_set), one architecture on every backend
     "testing.py",  # factories for tests and examples
 )
 

@@ -8,7 +8,7 @@ authors. It never imports a backend framework.
 
 from typing import Any as _Any
 
-from . import adapter, callbacks, data, losses, metrics, registry, writers
+from . import adapter, callbacks, data, diagnostics, losses, metrics, registry, writers
 from ._errors import CheckpointError, ConfigError, IntegrityError, PipekitError
 from .callbacks import (
     Callback,
@@ -58,6 +58,7 @@ from .registry import (
 from .rollout._cycle import Cycle, NeuralForward, NonFiniteStateError
 from .rollout._validation import RolloutReport, rollout_validation
 from .run._artifact import TrainingArtifact
+from .run._calibration import CalibrationMonitor
 from .run._context import RunState
 from .run._evaluation import evaluate
 from .run._history import History
@@ -94,6 +95,7 @@ __all__ = [
     "AsyncWriter",
     "BatchIterator",
     "CachedDataset",
+    "CalibrationMonitor",
     "Callback",
     "Checkpoint",
     "CheckpointError",
@@ -154,6 +156,7 @@ __all__ = [
     "WandbWriter",
     "callbacks",
     "data",
+    "diagnostics",
     "evaluate",
     "losses",
     "lr_find",

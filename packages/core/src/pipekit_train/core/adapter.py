@@ -30,6 +30,8 @@ classes here and uses the shared machinery, and imports nothing private from cor
   `TrainingLoop(log_grad_norm=True)`, one definition for every backend).
 - **Helpers**: `adjusts_learning_rate` (whether a plan's callbacks change the rate
   through the run's learning-rate scale), `is_core_dataset`, `check_seed`.
+- **Embedding networks**: `check_deep_set_options` and `deep_set_shape_error`, the checks
+  every backend's `deep_set` factory shares.
 
 See the "Writing an adapter" page of the docs for a walk-through.
 """
@@ -47,6 +49,8 @@ from .contract._adapter import Adapter, Capabilities, NotSupportedError, StepBac
 from .contract._backends import BackendEntry
 from .data import is_core_dataset
 from .metrics._grad_norm import GRAD_NORM, global_grad_norm
+from .model._embeddings import check_deep_set_options
+from .model._embeddings import set_shape_error as deep_set_shape_error
 from .run._lifecycle import RunLifecycle
 from .spec._lr_scale import adjusts_learning_rate
 from .spec._optimizer import (
@@ -89,8 +93,10 @@ __all__ = [
     "TornCheckpointWarning",
     "TornStepError",
     "canonical_precision",
+    "check_deep_set_options",
     "check_seed",
     "check_schedule",
+    "deep_set_shape_error",
     "is_core_dataset",
     "learning_rate_at",
     "open_store",

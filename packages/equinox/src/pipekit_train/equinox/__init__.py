@@ -18,15 +18,27 @@ artifact = loop.run()
   precision, Orbax checkpoints, sharding).
 - `TrainState`: model, optimizer state, step, PRNG key, layer state, loss scale.
 - `ShardingSpec`: mesh + model/data partition specs.
+- `deep_set` / `DeepSet`: a permutation-invariant embedding for sets of i.i.d. points,
+  usable with any head (a model factory: `"pipekit_train.equinox:deep_set"`).
 """
 
 import importlib.metadata as _metadata
 
 from ._adapter import Equinox as Equinox
+from ._embeddings import DeepSet as DeepSet
+from ._embeddings import deep_set as deep_set
 from ._model import EquinoxModelOp as EquinoxModelOp
 from ._sharding import ShardingSpec as ShardingSpec
 from ._state import TrainState as TrainState
 
 __version__ = _metadata.version("pipekit-train-equinox")
 
-__all__ = ["Equinox", "EquinoxModelOp", "ShardingSpec", "TrainState", "__version__"]
+__all__ = [
+    "DeepSet",
+    "Equinox",
+    "EquinoxModelOp",
+    "ShardingSpec",
+    "TrainState",
+    "__version__",
+    "deep_set",
+]

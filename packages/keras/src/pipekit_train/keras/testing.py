@@ -19,6 +19,7 @@ import numpy as np
 from pipekit_train.core import model_factory
 
 from ._keras_backend import configure
+from ._layers import dense
 
 __all__ = [
     "conv2d",
@@ -32,23 +33,6 @@ __all__ = [
     "mlp_weights",
     "periodic_pad",
 ]
-
-
-def dense(units: int, fan_in: int, activation: str | None = None) -> Any:
-    """A `Dense` layer initialised like torch and Equinox: uniform `±1/sqrt(fan_in)`.
-
-    Keras's default (Glorot-uniform kernel, zero bias) is another family; this one keeps a
-    model's starting point comparable across backends.
-    """
-    import keras
-
-    bound = 1.0 / math.sqrt(fan_in)
-    return keras.layers.Dense(
-        units,
-        activation=activation,
-        kernel_initializer=keras.initializers.RandomUniform(-bound, bound),
-        bias_initializer=keras.initializers.RandomUniform(-bound, bound),
-    )
 
 
 @model_factory

@@ -7,6 +7,8 @@
   run loop (no Lightning loop; `lightning` is never imported), with fused steps.
 - `LightningModelOp(factory, seed=..., **kwargs)`: a `torch.nn.Module` as a model
   operator (numpy in, numpy out; safetensors weights).
+- `deep_set` / `DeepSet`: a permutation-invariant embedding for sets of i.i.d. points,
+  usable with any head (a model factory: `"pipekit_train.lightning:deep_set"`).
 
 `import pipekit_train.lightning` does not import lightning itself; training with
 `Lightning()` does, training with `Torch()` never does.
@@ -16,10 +18,19 @@ from typing import Any as _Any
 
 from ._adapter import Lightning
 from ._compile import CompileFallbackWarning
+from ._embeddings import DeepSet, deep_set
 from ._model import LightningModelOp
 from ._torch import Torch
 
-__all__ = ["CompileFallbackWarning", "Lightning", "LightningModelOp", "Torch", "__version__"]
+__all__ = [
+    "CompileFallbackWarning",
+    "DeepSet",
+    "Lightning",
+    "LightningModelOp",
+    "Torch",
+    "__version__",
+    "deep_set",
+]
 
 
 def __getattr__(name: str) -> _Any:

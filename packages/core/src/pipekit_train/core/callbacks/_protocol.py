@@ -65,6 +65,16 @@ class RunStateView(Protocol):
         """Whether the process writes to a terminal."""
         ...
 
+    @property
+    def normalizer(self) -> Any:
+        """The run's `Normalizer`, or None."""
+        ...
+
+    def predict(self, batch: Mapping[str, Any]) -> Any:
+        """The model's predictions for a numpy batch (in the model's units) with the
+        current weights, through validation's evaluator."""
+        ...
+
     def log(self, metrics: Mapping[str, float]) -> None:
         """Send extra metrics to the writers at the current step."""
         ...

@@ -88,7 +88,12 @@ class TrainingArtifact:
         }
 
     def evaluate(
-        self, data: Any, *, metrics: Any = None, batch_size: int | None = None
+        self,
+        data: Any,
+        *,
+        metrics: Any = None,
+        batch_size: int | None = None,
+        calibration: bool | Mapping[str, Any] = False,
     ) -> dict[str, float]:
         """The run's loss and metrics on `data` (e.g. a held-out test set).
 
@@ -96,6 +101,13 @@ class TrainingArtifact:
         test_metrics = artifact.evaluate(test, metrics=["mae"])  # {"loss": ..., "mae": ...}
         artifact.register(registry, "emulator", test_metrics=test_metrics)
         ```
+
+        With `calibration=True` (a posterior: a run trained with `gaussian_nll` or
+        `mixture_nll`, `data` held-out simulations with `x` and `y` the parameters) the
+        calibration diagnostics' scalars are added (`sbc_chi2_pvalue_min`,
+        `coverage_hpd_68`, `tarp_atc`, `calibrated`, …; see `calibration`); a dict
+        passes options to `calibration` (`{"num_samples": 500, "seed": 1}`). Registered
+        as `test_metrics` they land in the registry record.
 
         Computed with core's loss and metric definitions on the trained operator's own
         predictions (`artifact.model(x)` on numpy), in the units validation used (the
@@ -107,11 +119,24 @@ class TrainingArtifact:
             data: a sized pipekit dataset whose samples hold `x` and `y`.
             metrics: metric names or callables; default: the run's metrics.
             batch_size: rows per prediction call; default: the run's batch size.
+            calibration: add the calibration diagnostics (True, or a dict of options for
+                `calibration()`).
 
         Returns:
             `{"loss": ..., <metric>: ...}` as floats.
         """
         from ._evaluation import evaluate
+
+        options: dict[str, Any] | None = None
+        if calibration is True:
+            options = {}
+        elif isinstance(calibration, Mapping):
+            options = dict(calibration)
+        elif calibration is not False:
+            raise ConfigError(
+                "`calibration` must be True, False or a dict of options for "
+                f"artifact.calibration(). Received: calibration={calibration!r}."
+            )
 
         loss = self.plan.get("loss")
         if not isinstance(loss, dict) or not ({"name", "import_path"} & set(loss)):
@@ -124,13 +149,88 @@ class TrainingArtifact:
             metrics = _plan_metrics(self.plan.get("metrics") or {})
         if batch_size is None:
             batch_size = int(self.plan.get("batch_size") or 256)
-        return evaluate(
+        if options is not None:
+            report = self.calibration(data, **options)  # refuses bad input before the loss
+        out = evaluate(
             self.model,
             data,
             loss=loss,
             metrics=metrics,
             batch_size=batch_size,
             normalizer=self.normalizer,
+        )
+        if options is not None:
+            out.update(report.metrics())
+        return out
+
+    def posterior(self, *, state_ndim: int = 1) -> Any:
+        """The trained model as a posterior: a `NeuralForward` whose `distribution(x)` is
+        a `Gaussian` or `Mixture` over the parameters, in their units (the head from the
+        run's loss: `gaussian_nll` or `mixture_nll`).
+
+        Args:
+            state_ndim: the axes of one observation (2 for a set of points `(n, d)`).
+
+        Raises:
+            ConfigError: the run's loss implies no distribution.
+        """
+        from ._calibration import posterior_forward
+
+        return posterior_forward(
+            self.model, self.normalizer, self.plan.get("loss"), state_ndim=state_ndim
+        )
+
+    def calibration(
+        self,
+        data: Any,
+        *,
+        num_samples: int = 200,
+        seed: int = 0,
+        alpha: float = 0.05,
+        tolerance: float = 0.05,
+        parameter_names: Any = None,
+    ) -> Any:
+        """SBC, expected coverage and TARP of the trained posterior on held-out simulations.
+
+        ```python
+        report = artifact.calibration(test, num_samples=200)
+        report.passed, report.metrics()          # scalars for a writer or the registry
+        report.plot("figures/calibration")       # sbc.png, coverage.png, tarp.png
+        ```
+
+        Args:
+            data: held-out simulations: a sized pipekit dataset with `x` (observations)
+                and `y` (the parameters they were simulated from, drawn from the prior).
+            num_samples: posterior draws per simulation.
+            seed: seeds the draws, the SBC band and TARP's reference points.
+            alpha: the level of the SBC band and the KS tests.
+            tolerance: the accepted coverage error at 50/68/95% for `passed`.
+            parameter_names: names for the plots.
+
+        Returns:
+            A `pipekit_train.core.diagnostics.CalibrationReport`.
+
+        Raises:
+            ConfigError: a run whose loss implies no posterior, `data` without `x`/`y`,
+                fewer than 20 simulations or draws.
+        """
+        from pipekit_train.core.diagnostics import run_calibration
+
+        from ._calibration import check_posterior_loss, posterior_forward, simulations_of
+
+        loss = self.plan.get("loss")
+        check_posterior_loss(loss)
+        x, theta = simulations_of(data)
+        forward = posterior_forward(self.model, self.normalizer, loss, state_ndim=x.ndim - 1)
+        return run_calibration(
+            forward,
+            theta,
+            x,
+            num_samples=num_samples,
+            seed=seed,
+            alpha=alpha,
+            tolerance=tolerance,
+            parameter_names=parameter_names,
         )
 
     def register(

@@ -112,6 +112,9 @@ class RunContext:
         )
         self._t_start = time.perf_counter()
         self._steps_at_start = 0
+        #: `batch -> predictions` with the current weights (bound by the lifecycle when
+        #: the adapter hands over its evaluator; None for drivers without one).
+        self.predict: Callable[[Mapping[str, Any]], np.ndarray] | None = None
 
     # -- data --------------------------------------------------------------------------
     def train_batches(

@@ -35,6 +35,8 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from pipekit_train.core._errors import CheckpointError
 from pipekit_train.core.checkpoint._engine import Checkpointer, Restored
 from pipekit_train.core.checkpoint._lease import (
@@ -209,6 +211,7 @@ class RunLifecycle:
         """
         self._state = state
         self._eval_batch = eval_batch
+        self.ctx.predict = self._predict if eval_batch is not None else None
         self._eval_batches = eval_batches
         if eval_scope is not None:
             self._eval_scope = eval_scope
@@ -445,6 +448,14 @@ class RunLifecycle:
             batches = self._eval_batches(validation)
         with self._eval_scope():
             self.ctx.validation.run(self._eval_batch, batches=batches)
+
+    def _predict(self, batch: Mapping[str, Any]) -> Any:
+        """The model's predictions for one numpy batch (in the model's units) with the
+        current weights: the validation evaluator, inside its scope."""
+        assert self._eval_batch is not None
+        with self._eval_scope():
+            pred, _ = self._eval_batch(batch)
+        return np.asarray(pred)
 
     def record_validation(self, metrics: Mapping[str, float]) -> dict[str, float]:
         """Record validation metrics the framework computed itself (names get `val_`)."""

@@ -6,6 +6,8 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from ._context import RunContext
 
@@ -76,6 +78,32 @@ class RunState:
     def plan(self) -> dict[str, Any]:
         """The JSON plan."""
         return self._ctx.plan_json
+
+    @property
+    def normalizer(self) -> Any:
+        """The run's `Normalizer` (None when the run trains on raw units)."""
+        return self._ctx.plan.normalizer
+
+    def predict(self, batch: Mapping[str, Any]) -> np.ndarray:
+        """The model's predictions for a numpy batch with the current weights.
+
+        The batch (`x` and `y`, already in the model's units: normalise with
+        `normalizer` first) goes through the evaluator validation uses, inside its scope
+        (evaluation mode, the moving average swapped in). Call it from `on_step_end` or
+        `on_validation_end` on a single-process run.
+
+        Raises:
+            NotSupportedError: the driver has no evaluator (`OnlineTrainer`).
+        """
+        if self._ctx.predict is None:
+            from pipekit_train.core.contract._adapter import NotSupportedError
+
+            raise NotSupportedError(
+                "This run cannot predict from a callback: its driver bound no evaluator. "
+                f"Received: backend={self._ctx.backend!r}. Use TrainingLoop (every backend "
+                "binds one), or evaluate the model after the run."
+            )
+        return np.asarray(self._ctx.predict(batch))
 
     def log(self, metrics: Mapping[str, float]) -> None:
         """Send extra metrics to the writers at the current step."""
