@@ -39,6 +39,7 @@ from .data import (
     split,
 )
 from .losses import Loss
+from .model._flow import Flow
 from .model._heads import Gaussian
 from .model._mixture import Mixture
 from .model._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
@@ -98,6 +99,7 @@ __all__ = [
     "Cycle",
     "Dataset",
     "EarlyStopping",
+    "Flow",
     "FsspecModelRegistry",
     "Gaussian",
     "History",
