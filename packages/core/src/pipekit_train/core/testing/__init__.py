@@ -11,7 +11,8 @@
 - `run_golden`, `compare_golden`, `GOLDEN_CASES`, ...: the cross-backend golden-run suite
   (the same description and initial weights give the same loss curve on every backend);
   `run_golden_field`, `GOLDEN_FIELD_CASES`: its conv-net cases on channels-last fields;
-  `run_golden_plateau`, `compare_plateau`, `PLATEAU_CASES`: its `ReduceLROnPlateau` cases.
+  `run_golden_plateau`, `compare_plateau`, `PLATEAU_CASES`: its `ReduceLROnPlateau` cases;
+  `run_golden_flow`, `compare_golden_flow`: its flow-head case (`flow_nll`, `Flow`).
 """
 
 from typing import Any
@@ -40,6 +41,13 @@ from ._golden import (
     run_golden,
     run_golden_field,
 )
+from ._golden_flow import (
+    GOLDEN_FLOW_OPTIONS,
+    GOLDEN_FLOW_STEPS,
+    compare_golden_flow,
+    golden_flow_task,
+    run_golden_flow,
+)
 from ._golden_plateau import (
     PLATEAU_CASES,
     PLATEAU_STEPS,
@@ -56,6 +64,11 @@ from ._smallfs import SmallFilesystemUnavailable, small_filesystem
 from ._tasks import damped_oscillator_step, oscillator_task, regression_task
 
 __all__ = [
+    "GOLDEN_FLOW_OPTIONS",
+    "GOLDEN_FLOW_STEPS",
+    "compare_golden_flow",
+    "golden_flow_task",
+    "run_golden_flow",
     "PLATEAU_CASES",
     "PLATEAU_STEPS",
     "PLATEAU_VALIDATE_EVERY",
