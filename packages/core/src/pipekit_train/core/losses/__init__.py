@@ -24,6 +24,7 @@ from ._compose import (
     names,
     register,
 )
+from ._flow import flow_inverse, flow_log_prob, flow_transform, flow_width
 from ._losses import (
     binary_cross_entropy,
     cross_entropy,
@@ -34,7 +35,6 @@ from ._losses import (
     mixture_nll,
     mse,
 )
-from ._flow import flow_inverse, flow_log_prob, flow_transform, flow_width
 from ._mixture import mixture_log_prob, mixture_width
 
 __all__ = [

@@ -297,7 +297,9 @@ def _namespace(pred: Any, other: Any, field: str) -> tuple[Any, Any]:
     return xp, other
 
 
-def check_layout(pred: Any, target: Any, flow_layers: int, flow_bins: int, field: str = "target") -> int:
+def check_layout(
+    pred: Any, target: Any, flow_layers: int, flow_bins: int, field: str = "target"
+) -> int:
     """Check `pred`'s width against `target`'s `d` values and return `d`."""
     if pred.ndim < 1 or target.ndim != pred.ndim or int(target.shape[-1]) < 1:
         raise ConfigError(

@@ -320,4 +320,3 @@ def flow_from_output(
         ConfigError: the width fits no target size for these `flow_layers`/`flow_bins`.
     """
     return Flow(np.asarray(out, dtype=np.float64), flow_layers, flow_bins, flow_bound)
-

@@ -333,8 +333,13 @@ class NeuralForward:
                 "call the forward for the point prediction."
             )
         batch, single = self._batch(state)
-        heads = {"gaussian": self._gaussian, "mixture": self._mixture, "flow": self._flow}
-        dist = heads[self.head](batch)
+        dist: Gaussian | Mixture | Flow
+        if self.head == "gaussian":
+            dist = self._gaussian(batch)
+        elif self.head == "mixture":
+            dist = self._mixture(batch)
+        else:
+            dist = self._flow(batch)
         return dist[0] if single else dist
 
     def __call__(self, state: Any) -> np.ndarray:

@@ -78,7 +78,9 @@ def run_golden_flow(backend: GoldenBackend, *, steps: int = GOLDEN_FLOW_STEPS) -
     """The flow case on `backend` (JSON): initial and trained `log_prob` and samples, and
     the training curve of `flow_nll` with Adam."""
     train, val = golden_flow_task()
-    width = losses.flow_width(2, GOLDEN_FLOW_OPTIONS["flow_layers"], GOLDEN_FLOW_OPTIONS["flow_bins"])
+    width = losses.flow_width(
+        2, GOLDEN_FLOW_OPTIONS["flow_layers"], GOLDEN_FLOW_OPTIONS["flow_bins"]
+    )
     weights = golden_weights((2, 32, width))
     log_prob0, samples0 = _probe(backend.model_from_weights(weights), val)
     artifact = TrainingLoop(
