@@ -200,3 +200,19 @@ def test_flow_transform_and_inverse_same_on_numpy_jax_and_torch():
         np.testing.assert_allclose(np.asarray(z), z_ref, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(np.asarray(ld), ld_ref, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(np.asarray(inv), inv_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_flow_nll_and_its_gradient_stay_finite_for_extreme_outputs():
+    """Outputs of +-30 (saturated softmaxes and softplus) and targets far beyond the
+    splines' bound: the loss and its gradients are finite on jax and torch."""
+    jax = pytest.importorskip("jax")
+    torch = pytest.importorskip("torch")
+    pred = (30.0 * np.random.default_rng(5).normal(size=FLOW.shape)).astype(np.float32)
+    target = np.concatenate([FLOW_T[:4] * 10, FLOW_T[4:] * 0.01]).astype(np.float32)
+    loss = losses.flow_nll(**FLOW_OPTS)
+    value, grad = jax.value_and_grad(loss)(jax.numpy.asarray(pred), jax.numpy.asarray(target))
+    assert np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
+    tp = torch.tensor(pred, requires_grad=True)
+    tvalue = loss(tp, torch.as_tensor(target))
+    tvalue.backward()
+    assert np.isfinite(float(tvalue.detach())) and torch.isfinite(tp.grad).all()
