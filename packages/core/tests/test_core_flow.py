@@ -11,10 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipekit_train.core import Flow, LocalModelRegistry, NeuralForward, losses
+from pipekit_train.core import Flow, LocalModelRegistry, NeuralForward, RejectionError, losses
 from pipekit_train.core._errors import ConfigError, IntegrityError
 from pipekit_train.core.data import Normalizer
-from pipekit_train.core.model._flow import RejectionError
 from pipekit_train.core.testing._numpy_model import NumpyLinearOp
 
 FACTORY = "pipekit_train.core.testing._numpy_model:linear"

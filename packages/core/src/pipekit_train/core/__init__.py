@@ -39,7 +39,7 @@ from .data import (
     split,
 )
 from .losses import Loss
-from .model._flow import Flow
+from .model._flow import Flow, RejectionError
 from .model._heads import Gaussian
 from .model._mixture import Mixture
 from .model._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
@@ -133,6 +133,7 @@ __all__ = [
     "ProgressBar",
     "ReduceLROnPlateau",
     "RegistryError",
+    "RejectionError",
     "RunState",
     "S3ModelRegistry",
     "SimulationDataset",
