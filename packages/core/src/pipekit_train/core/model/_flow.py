@@ -160,36 +160,32 @@ class Flow:
 
     # ------------------------------------------------------------------ the untruncated flow
 
+    def _chunked(self, fn: Any, values: np.ndarray) -> np.ndarray:
+        """`fn(params, values)` over `values` `(*shape, d)` (`shape` broadcast against the
+        batch), in chunks: the parameters are gathered per chunk, never broadcast whole."""
+        shape = values.shape[:-1]
+        width = self.params.shape[-1]
+        table = self.params.reshape(-1, width)
+        which = np.arange(len(table)).reshape(self.batch_shape)
+        index = np.broadcast_to(which, shape).reshape(-1)
+        flat = values.reshape(-1, self.dim)
+        step = max(1, _CHUNK // width)
+        parts = [
+            fn(table[index[i : i + step]], flat[i : i + step], **self.options)
+            for i in range(0, max(1, len(flat)), step)
+        ]
+        return np.concatenate(parts).reshape((*shape, *parts[0].shape[1:]))
+
     def _raw_log_prob(self, value: np.ndarray) -> np.ndarray:
         u = (value - self.loc) / self.scale
-        shape = u.shape[:-1]
-        params = np.broadcast_to(self.params, (*shape, self.params.shape[-1]))
-        flat_p = params.reshape(-1, params.shape[-1])
-        flat_u = u.reshape(-1, self.dim)
-        step = max(1, _CHUNK // flat_p.shape[-1])
-        out = np.concatenate(
-            [
-                layout.flow_log_prob(flat_p[i : i + step], flat_u[i : i + step], **self.options)
-                for i in range(0, max(1, len(flat_u)), step)
-            ]
-        )
+        out = self._chunked(layout.flow_log_prob, u)
         log_scale = np.sum(np.log(np.abs(np.broadcast_to(self.scale, u.shape))), axis=-1)
-        return out.reshape(shape) - log_scale
+        return out - log_scale
 
     def _raw_sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """`(n, *batch, d)` draws of the untruncated flow, in original units."""
         z = rng.standard_normal((n, *self.batch_shape, self.dim))
-        params = np.broadcast_to(self.params, (*z.shape[:-1], self.params.shape[-1]))
-        flat_p = params.reshape(-1, params.shape[-1])
-        flat_z = z.reshape(-1, self.dim)
-        step = max(1, _CHUNK // flat_p.shape[-1])
-        u = np.concatenate(
-            [
-                layout.flow_inverse(flat_p[i : i + step], flat_z[i : i + step], **self.options)
-                for i in range(0, max(1, len(flat_z)), step)
-            ]
-        ).reshape(z.shape)
-        return self.loc + self.scale * u
+        return self.loc + self.scale * self._chunked(layout.flow_inverse, z)
 
     def _inside(self, value: np.ndarray) -> np.ndarray:
         assert self.low is not None and self.high is not None
@@ -278,7 +274,8 @@ class Flow:
 
         The average of `MEAN_SAMPLES` (10 000) draws of `np.random.default_rng(0)` (of
         the truncated flow under a box): the same value on every call, with a standard
-        error of about `std / 100`.
+        error of about `std / 100`. It costs 10 000 inverse passes per flow (measured:
+        about 60 ms per flow of 4 layers over 2 values on one CPU core, 32 s for 512).
         """
         return np.mean(self.sample(np.random.default_rng(0), MEAN_SAMPLES), axis=0)
 
