@@ -42,6 +42,7 @@ GOLDEN_FILES = (
     "tests-integration/test_golden_runs.py",
     "tests-integration/test_golden_plateau.py",
     "tests-integration/test_golden_fields.py",
+    "tests-integration/test_golden_flow.py",
 )
 
 

@@ -2,6 +2,7 @@
 
     uv run examples/two_moons.py --backend equinox            # mixture head (default)
     uv run examples/two_moons.py --backend keras --head gaussian
+    uv run examples/two_moons.py --backend lightning --head flow   # normalizing-flow head
 
 sbibm's `two_moons` task (Lueckmann et al. 2021, task T.8): parameters θ ~ U(-1, 1)²,
 and the simulator
@@ -22,7 +23,8 @@ and from the exact reference sampler `reference_posterior`, and reports the clas
 two-sample test (`c2st`: the 5-fold cross-validated accuracy of an MLP telling the two
 sample sets apart; 0.5 means indistinguishable, 1.0 means disjoint). `--head gaussian`
 trains the Gaussian head (`gaussian_nll`) instead, for comparison: one ellipse cannot
-cover two crescents.
+cover two crescents. `--head flow` trains the normalizing-flow head
+(`losses.flow_nll(flow_layers=--flow-layers, flow_bins=--flow-bins)`).
 """
 
 from __future__ import annotations
@@ -171,7 +173,9 @@ def plot(path: Path, observations, references, samples, scores, backend: str, he
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="equinox", choices=["equinox", "lightning", "keras"])
-    parser.add_argument("--head", default="mixture", choices=["mixture", "gaussian"])
+    parser.add_argument("--head", default="mixture", choices=["mixture", "gaussian", "flow"])
+    parser.add_argument("--flow-layers", type=int, default=4, help="flow head: layers")
+    parser.add_argument("--flow-bins", type=int, default=8, help="flow head: spline bins")
     parser.add_argument("--components", type=int, default=8, help="mixture components K")
     parser.add_argument(
         "--logit-scale",
@@ -201,6 +205,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         width = losses.mixture_width(args.components, 2, "full")
         # the weight logits move `logit_scale` times slower (toymodels: no dead components)
         options = {"n_logits": args.components, "logit_scale": args.logit_scale}
+    elif args.head == "flow":
+        loss = losses.flow_nll(flow_layers=args.flow_layers, flow_bins=args.flow_bins)
+        width = losses.flow_width(2, args.flow_layers, args.flow_bins)
     else:
         loss, width = losses.gaussian_nll, 4
     loop = TrainingLoop(

@@ -31,12 +31,12 @@ import pytest  # noqa: E402
 GOLDEN_WORKER = Path(__file__).resolve().parent / "golden_worker.py"
 # label -> (backend package, KERAS_BACKEND, the suites it runs)
 GOLDEN_SETUPS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
-    "equinox": ("equinox", None, ("mlp", "plateau", "field")),
-    "lightning": ("lightning", None, ("mlp", "plateau", "field")),
-    "torch": ("torch", None, ("mlp", "plateau")),
+    "equinox": ("equinox", None, ("mlp", "plateau", "field", "flow")),
+    "lightning": ("lightning", None, ("mlp", "plateau", "field", "flow")),
+    "torch": ("torch", None, ("mlp", "plateau", "flow")),
     "torch-k10": ("torch_k10", None, ("mlp",)),
-    "keras-jax": ("keras", "jax", ("mlp", "plateau", "field")),
-    "keras-torch": ("keras", "torch", ("mlp", "plateau", "field")),
+    "keras-jax": ("keras", "jax", ("mlp", "plateau", "field", "flow")),
+    "keras-torch": ("keras", "torch", ("mlp", "plateau", "field", "flow")),
     "plain-torch": ("plain_torch", None, ("mlp", "plateau")),
 }
 # the test file of each suite (the root conftest keeps them in one xdist work unit)
@@ -44,6 +44,7 @@ GOLDEN_FILES = {
     "mlp": "test_golden_runs.py",
     "plateau": "test_golden_plateau.py",
     "field": "test_golden_fields.py",
+    "flow": "test_golden_flow.py",
 }
 
 

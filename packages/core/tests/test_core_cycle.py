@@ -330,11 +330,11 @@ def test_gaussian_samples_match_the_predicted_spread() -> None:
 
 def test_gaussian_head_validation() -> None:
     with pytest.raises(
-        ConfigError, match=r"`head` must be one of \['point', 'gaussian', 'mixture'\]"
+        ConfigError, match=r"`head` must be one of \['point', 'gaussian', 'mixture', 'flow'\]"
     ):
         NeuralForward(gaussian_op(), head="laplace")
     with pytest.raises(
-        ConfigError, match=r"needs a Gaussian or mixture head. Received: head='point'"
+        ConfigError, match=r"needs a Gaussian, mixture or flow head. Received: head='point'"
     ):
         NeuralForward(gaussian_op()).distribution(np.zeros(2))
     odd = NumpyLinearOp(FACTORY, in_size=2, out_size=3)

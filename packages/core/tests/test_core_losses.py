@@ -146,6 +146,7 @@ def test_registry_names_get_and_unknown():
     assert losses.names() == [
         "binary_cross_entropy",
         "cross_entropy",
+        "flow_nll",
         "gaussian_nll",
         "huber",
         "mae",

@@ -7,7 +7,7 @@ The built-in losses run unchanged on numpy, jax (inside `jax.jit` / `jax.grad`) 
 >>> losses.get("mse") is losses.mse
 True
 >>> losses.names()
-['binary_cross_entropy', 'cross_entropy', 'gaussian_nll', 'huber', 'mae', 'mixture_nll', 'mse']
+['binary_cross_entropy', 'cross_entropy', 'flow_nll', 'gaussian_nll', 'huber', 'mae', 'mixture_nll', 'mse']
 
 Every loss is a `Loss` with a JSON `describe()`; compose with `Loss.weighted(...)` or
 `losses.mse + 0.1 * losses.mae` (the same object), and `Loss.per_key(...)` for dict
@@ -24,9 +24,11 @@ from ._compose import (
     names,
     register,
 )
+from ._flow import flow_inverse, flow_log_prob, flow_transform, flow_width
 from ._losses import (
     binary_cross_entropy,
     cross_entropy,
+    flow_nll,
     gaussian_nll,
     huber,
     mae,
@@ -42,6 +44,11 @@ __all__ = [
     "binary_cross_entropy",
     "cross_entropy",
     "describe_callable",
+    "flow_inverse",
+    "flow_log_prob",
+    "flow_nll",
+    "flow_transform",
+    "flow_width",
     "from_description",
     "gaussian_nll",
     "get",

@@ -30,12 +30,16 @@ import array_api_compat
 from pipekit_train.core._errors import ConfigError
 
 from ._compose import Loss, register
+from ._flow import FLOW_DEFAULTS
+from ._flow import check_params as _check_flow
+from ._flow import flow_nll as _flow_nll
 from ._mixture import check_params as _check_mixture
 from ._mixture import mixture_nll as _mixture_nll
 
 __all__ = [
     "binary_cross_entropy",
     "cross_entropy",
+    "flow_nll",
     "gaussian_nll",
     "huber",
     "mae",
@@ -273,6 +277,16 @@ mixture_nll: Loss = register(
 
 The network's output layout (weight logits, means, log-scales, Cholesky entries) is
 documented in `pipekit_train.core.losses._mixture`; `losses.mixture_width` gives its size.
+"""
+
+flow_nll: Loss = register(
+    "flow_nll", Loss(_flow_nll, params=dict(FLOW_DEFAULTS), check=_check_flow)
+)
+"""Conditional normalizing-flow NLL; `flow_nll(flow_layers=4, flow_bins=8, flow_bound=3.0)`.
+
+The network outputs every parameter of the flow (splines and mixing maps, layer by
+layer); the layout is documented in `pipekit_train.core.losses._flow` and
+`losses.flow_width` gives its size.
 """
 
 cross_entropy: Loss = register("cross_entropy", _cross_entropy)

@@ -11,6 +11,10 @@ A *head* names how to read a trained model's raw output:
   means, log-scales and, with `covariance="full"`, Cholesky entries), the layout
   `mixture_nll` trains (`pipekit_train.core.losses._mixture`). Its *head options*
   `{"n_components": K, "covariance": "diag" | "full"}` say how to split the output.
+- `"flow"`: the output holds every parameter of a conditional normalizing flow (spline
+  and mixing-map parameters, layer by layer), the layout `flow_nll` trains
+  (`pipekit_train.core.losses._flow`). Its head options `{"flow_layers": L,
+  "flow_bins": K, "flow_bound": B}` say how to read it.
 
 The head (and its options) is recorded in the model registry (`register(..., head=...,
 head_options=...)`), so a loader knows what the output means without the training code.
@@ -36,7 +40,7 @@ __all__ = [
 ]
 
 #: The known heads.
-HEADS = ("point", "gaussian", "mixture")
+HEADS = ("point", "gaussian", "mixture", "flow")
 
 
 def check_head(head: Any, *, field: str = "head") -> str:
@@ -45,27 +49,30 @@ def check_head(head: Any, *, field: str = "head") -> str:
         raise ConfigError(
             f"`{field}` must be one of {list(HEADS)}. Received: {field}={head!r}. Use "
             "'gaussian' for a model trained with `gaussian_nll` (mean and log-variance "
-            "outputs), 'mixture' for one trained with `mixture_nll`, 'point' for a plain "
-            "prediction."
+            "outputs), 'mixture' for one trained with `mixture_nll`, 'flow' for one trained "
+            "with `flow_nll`, 'point' for a plain prediction."
         )
     return head
 
 
 def check_head_options(head: str, options: Any, *, field: str = "head_options") -> dict | None:
-    """Validate the options of `head`: `{"n_components", "covariance"}` for `"mixture"`.
+    """Validate the options of `head`: `{"n_components", "covariance"}` for `"mixture"`,
+    `{"flow_layers", "flow_bins", "flow_bound"}` for `"flow"`.
 
     Returns:
-        The options as a new dict (`covariance` filled in with `"diag"`), or None for a
-        head without options.
+        The options as a new dict (`covariance` filled in with `"diag"`, a flow's missing
+        options with `flow_nll`'s defaults), or None for a head without options.
 
     Raises:
-        ConfigError: options for a head that takes none, or bad/missing mixture options.
+        ConfigError: options for a head that takes none, or bad/missing options.
     """
+    if head == "flow":
+        return _flow_options(options, field)
     if head != "mixture":
         if options:
             raise ConfigError(
-                f"`{field}` is only for head='mixture'. Received: {field}={options!r} with "
-                f"head={head!r}. Leave `{field}` out."
+                f"`{field}` is only for head='mixture' or head='flow'. Received: "
+                f"{field}={options!r} with head={head!r}. Leave `{field}` out."
             )
         return None
     if not isinstance(options, dict) or "n_components" not in options:
@@ -87,24 +94,49 @@ def check_head_options(head: str, options: Any, *, field: str = "head_options") 
     return out
 
 
+def _flow_options(options: Any, field: str) -> dict:
+    from pipekit_train.core.losses._flow import FLOW_DEFAULTS, check_params
+
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise ConfigError(
+            f"`{field}` must be a dict for head='flow'. Received: {field}={options!r}. Pass "
+            f"{field}={{'flow_layers': L, 'flow_bins': K}} as trained by flow_nll(...)."
+        )
+    unknown = sorted(set(options) - set(FLOW_DEFAULTS))
+    if unknown:
+        raise ConfigError(
+            f"`{field}` has unknown keys for head='flow'. Received: {unknown}. Use only "
+            f"{sorted(FLOW_DEFAULTS)}."
+        )
+    out = {**FLOW_DEFAULTS, **options}
+    check_params(out)
+    return out
+
+
 def head_for_loss(loss: Any) -> str | None:
     """The head a loss description implies: `"gaussian"` for `gaussian_nll`, `"mixture"`
-    for `mixture_nll`, else None.
+    for `mixture_nll`, `"flow"` for `flow_nll`, else None.
 
     Args:
         loss: a plan's loss description (`{"name": "gaussian_nll", ...}`).
     """
     if isinstance(loss, dict):
-        heads = {"gaussian_nll": "gaussian", "mixture_nll": "mixture"}
+        heads = {"gaussian_nll": "gaussian", "mixture_nll": "mixture", "flow_nll": "flow"}
         return heads.get(str(loss.get("name")))
     return None
 
 
 def head_options_for_loss(loss: Any) -> dict | None:
-    """The head options a loss description implies (`mixture_nll`'s parameters), or None."""
-    if head_for_loss(loss) != "mixture":
+    """The head options a loss description implies (`mixture_nll`'s or `flow_nll`'s
+    parameters), or None."""
+    head = head_for_loss(loss)
+    if head not in ("mixture", "flow"):
         return None
     params = loss.get("params") or {}
+    if head == "flow":
+        return _flow_options(dict(params), "loss.params")
     return {
         "n_components": params.get("n_components", 1),
         "covariance": params.get("covariance", "diag"),

@@ -58,9 +58,11 @@ class ModelRecord:
         head: what the model's output means, if recorded: `"gaussian"` (a mean and a
             log-variance per target value, as `gaussian_nll` trains) or `"point"`; None
             (not recorded) reads as `"point"`; `"mixture"` (a Gaussian mixture, as
-            `mixture_nll` trains). `NeuralForward.from_record` uses it.
+            `mixture_nll` trains); `"flow"` (a normalizing flow, as `flow_nll` trains).
+            `NeuralForward.from_record` uses it.
         head_options: the head's options, if it has any: `{"n_components": K,
-            "covariance": "diag" | "full"}` for `"mixture"`; None otherwise.
+            "covariance": "diag" | "full"}` for `"mixture"`, `{"flow_layers": L,
+            "flow_bins": K, "flow_bound": B}` for `"flow"`; None otherwise.
         record_sha256: `record_digest` of the manifest (every field above but `uri`),
             checked on `record()`/`load()`; None for a record written before pipekit-train
             stored it (only its weights are then verified).

@@ -384,13 +384,16 @@ class FsspecModelRegistry:
                 a core `Normalizer`.
             head: what the model's output means: `"gaussian"` (a mean and a log-variance
                 per target value, the layout `gaussian_nll` trains), `"mixture"` (a
-                Gaussian mixture, the layout `mixture_nll` trains) or `"point"`; None
-                records nothing (read as `"point"`). It comes back as `record.head`, and
-                `NeuralForward.from_record` uses it to return a `Gaussian` or a
-                `Mixture` in original units.
+                Gaussian mixture, the layout `mixture_nll` trains), `"flow"` (a
+                conditional normalizing flow, the layout `flow_nll` trains) or `"point"`;
+                None records nothing (read as `"point"`). It comes back as `record.head`,
+                and `NeuralForward.from_record` uses it to return a `Gaussian`, a
+                `Mixture` or a `Flow` in original units.
             head_options: for `head="mixture"`, `{"n_components": K}` (and
                 `"covariance": "full"` for a full-covariance mixture; default `"diag"`);
-                recorded as `record.head_options` and covered by the record digest.
+                for `head="flow"`, `{"flow_layers": L, "flow_bins": K, "flow_bound": B}`
+                (missing keys: `flow_nll`'s defaults, recorded filled in); recorded as
+                `record.head_options` and covered by the record digest.
 
         Returns:
             The new version's `ModelRecord`.
@@ -407,7 +410,7 @@ class FsspecModelRegistry:
         elif head_options:
             raise ConfigError(
                 f"`head_options` needs a `head`. Received: head_options={head_options!r}, "
-                "head=None. Pass head='mixture' with it."
+                "head=None. Pass head='mixture' or head='flow' with it."
             )
         for attr in ("get_config", "serialize_weights"):
             if not callable(getattr(model_op, attr, None)):

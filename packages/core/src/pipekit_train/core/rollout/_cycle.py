@@ -16,6 +16,7 @@ import numpy as np
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core._imports import object_path
 from pipekit_train.core.data._normalizer import normalizer_to_dict
+from pipekit_train.core.model._flow import Flow, flow_from_output
 from pipekit_train.core.model._heads import Gaussian, check_head, check_head_options
 from pipekit_train.core.model._mixture import Mixture, mixture_from_output
 
@@ -78,6 +79,15 @@ class NeuralForward:
     covariances are `diag(s) L L^T diag(s)`), the weights unchanged. Calling the forward
     returns the mixture mean.
 
+    **Flow head.** With `head="flow"` (and `flow_layers`, `flow_bins`, `flow_bound` as
+    the model was trained with `losses.flow_nll`; left out, `flow_nll`'s defaults) the
+    output holds every parameter of a conditional normalizing flow in normalised units
+    (layout in `pipekit_train.core.losses._flow`). `distribution(state)` returns a `Flow`
+    in original units: its `loc`/`scale` are the normalizer's affine map of the output
+    (`invert(0)` and `invert(1) - invert(0)`; plus the state with `residual=True`), so
+    `log_prob` carries the `-sum(log|scale|)` Jacobian. Calling the forward returns the
+    flow's Monte Carlo mean (`Flow.mean`, a fixed seed).
+
     Args:
         model_op: a model operator, `model_op(batch) -> batch` on numpy arrays.
         normalizer: `None`, or an object with `apply(dict)` and `invert(dict)`.
@@ -85,9 +95,13 @@ class NeuralForward:
         state_key: the normalizer key of the input state (default `"x"`).
         output_key: the normalizer key of the model's output (default `"y"`).
         head: `"point"` (the output is the prediction), `"gaussian"` (mean and
-            log-variance) or `"mixture"` (see above).
+            log-variance), `"mixture"` or `"flow"` (see above).
         n_components: the number of mixture components (`head="mixture"` only).
         covariance: `"diag"` or `"full"` (`head="mixture"` only).
+        flow_layers: the flow's layers (`head="flow"` only; default 4).
+        flow_bins: the spline bins per layer and value (`head="flow"` only; default 8).
+        flow_bound: the splines' interval `[-flow_bound, flow_bound]` in normalised
+            units (`head="flow"` only; default 3.0).
         state_ndim: the number of axes of one state: 1 for a vector `(d,)` (default), 3
             for a channels-last 2-D field `(H, W, C)`. An input with `state_ndim + 1` axes
             is a batch of states.
@@ -116,6 +130,9 @@ class NeuralForward:
         *,
         n_components: int | None = None,
         covariance: str | None = None,
+        flow_layers: int | None = None,
+        flow_bins: int | None = None,
+        flow_bound: float | None = None,
     ):
         if not callable(model_op):
             raise ConfigError(
@@ -159,9 +176,19 @@ class NeuralForward:
                 "head='mixture' needs the number of components. Received: n_components=None. "
                 "Pass n_components=K (as in mixture_nll(n_components=K) at training)."
             )
-        options = None
+        flow = {"flow_layers": flow_layers, "flow_bins": flow_bins, "flow_bound": flow_bound}
+        given = {k: v for k, v in flow.items() if v is not None}
+        if self.head != "flow" and given:
+            raise ConfigError(
+                f"`{next(iter(given))}` is only for head='flow'. Received: "
+                + ", ".join(f"{k}={v!r}" for k, v in given.items())
+                + f", head={head!r}. Pass head='flow', or leave them out."
+            )
+        options: dict[str, Any] | None = None
         if self.head == "mixture":
             options = {"n_components": n_components, "covariance": covariance or "diag"}
+        elif self.head == "flow":
+            options = given
         self.head_options = check_head_options(self.head, options)
 
     @classmethod
@@ -273,9 +300,24 @@ class NeuralForward:
             means = means + batch[:, None, :]
         return Mixture(raw.weights, means, tril)
 
-    def distribution(self, state: Any) -> Gaussian | Mixture:
+    def _flow(self, batch: np.ndarray) -> Flow:
+        assert self.head_options is not None
+        out = np.asarray(self._model(batch))
+        raw = flow_from_output(out, **self.head_options)
+        d = raw.dim
+        probe = np.zeros((1, d), dtype=np.float64)
+        loc = self._invert(probe).astype(np.float64)[0]
+        scale = (self._invert(np.ones_like(probe)) - self._invert(probe)).astype(np.float64)[0]
+        if self.residual:
+            if d != batch.shape[-1]:
+                self._add_state(batch, np.zeros((len(batch), d)))  # the residual shape error
+            loc = loc + batch.astype(np.float64)
+        return Flow(raw.params, **self.head_options, loc=loc, scale=scale)
+
+    def distribution(self, state: Any) -> Gaussian | Mixture | Flow:
         """The predicted distribution for one state `(d,)` or a batch `(n, d)`, in original
-        units: a `Gaussian` (`head="gaussian"`) or a `Mixture` (`head="mixture"`).
+        units: a `Gaussian` (`head="gaussian"`), a `Mixture` (`head="mixture"`) or a
+        `Flow` (`head="flow"`).
 
         Raises:
             ConfigError: the forward has `head="point"` (no distribution is predicted),
@@ -283,13 +325,20 @@ class NeuralForward:
         """
         if self.head == "point":
             raise ConfigError(
-                "`distribution()` needs a Gaussian or mixture head. Received: head='point'. "
+                "`distribution()` needs a Gaussian, mixture or flow head. Received: head='point'. "
                 "Construct NeuralForward(..., head='gaussian') for a model trained with "
-                "`gaussian_nll` (or head='mixture', n_components=K for `mixture_nll`), or "
+                "`gaussian_nll` (or head='mixture', n_components=K for `mixture_nll`, "
+                "head='flow' for `flow_nll`), or "
                 "call the forward for the point prediction."
             )
         batch, single = self._batch(state)
-        dist = self._gaussian(batch) if self.head == "gaussian" else self._mixture(batch)
+        dist: Gaussian | Mixture | Flow
+        if self.head == "gaussian":
+            dist = self._gaussian(batch)
+        elif self.head == "mixture":
+            dist = self._mixture(batch)
+        else:
+            dist = self._flow(batch)
         return dist[0] if single else dist
 
     def __call__(self, state: Any) -> np.ndarray:
@@ -302,6 +351,8 @@ class NeuralForward:
             pred = self._gaussian(batch).mean
         elif self.head == "mixture":
             pred = self._mixture(batch).mean
+        elif self.head == "flow":
+            pred = self._flow(batch).mean
         else:
             pred = self._add_state(batch, self._invert(np.asarray(self._model(batch))))
         return pred[0] if single else pred

@@ -249,12 +249,14 @@ class TrainingArtifact:
             registry: a `ModelRegistry` (e.g. `LocalModelRegistry(root)`).
             name: the model name in the registry.
             normalizer: a `Normalizer` to store with the model (default: the run's).
-            head: what the model's output means (`"gaussian"`, `"mixture"` or
-                `"point"`). Default: `"gaussian"` when the run's loss was `gaussian_nll`,
-                `"mixture"` when it was `mixture_nll`, else not recorded.
+            head: what the model's output means (`"gaussian"`, `"mixture"`, `"flow"`
+                or `"point"`). Default: `"gaussian"` when the run's loss was
+                `gaussian_nll`, `"mixture"` when it was `mixture_nll`, `"flow"` when it
+                was `flow_nll`, else not recorded.
             head_options: the head's options (`{"n_components": K, "covariance": ...}`
-                for a mixture). Default: `mixture_nll`'s parameters when the run's loss
-                was `mixture_nll` and the head is `"mixture"`.
+                for a mixture, `{"flow_layers": ..., "flow_bins": ..., "flow_bound":
+                ...}` for a flow). Default: the loss's parameters when the run's loss was
+                `mixture_nll` (`flow_nll`) and the head is `"mixture"` (`"flow"`).
             test_metrics: held-out metrics (e.g. `artifact.evaluate(test)`), recorded
                 beside the run's final metrics with a `test_` prefix (covered by the
                 record's digest like every metric).

@@ -141,8 +141,9 @@ def check_shapes(adapter: Adapter, plan: Plan) -> None:
     Raises:
         ConfigError: a field's channel axis does not match the model's layout (fields
             are channels-last, `(H, W, C)`), the model cannot take the data's inputs (the
-            backend's error is the `__cause__`), or its predictions and the targets differ in shape for a loss
-            that needs them equal (`mse`, `mae`, `huber`, `binary_cross_entropy`).
+            backend's error is the `__cause__`), its predictions and the targets differ in shape for a loss
+            that needs them equal (`mse`, `mae`, `huber`, `binary_cross_entropy`), or
+            its output width is not the layout `mixture_nll`/`flow_nll` needs.
     """
     from pipekit_train.core.spec._plan import is_core_dataset
 
@@ -178,6 +179,9 @@ def check_shapes(adapter: Adapter, plan: Plan) -> None:
         mixture = _mixture_params(plan.loss)
         if mixture is not None and y_shape:
             _check_mixture(model, mixture, name, out[1:], y_shape)
+        flow = _flow_params(plan.loss)
+        if flow is not None and y_shape:
+            _check_flow(model, flow, name, out[1:], y_shape)
         if not same_shape:
             continue
         if out != (plan.batch_size, *y_shape):
@@ -249,6 +253,36 @@ def _check_mixture(
             f"{name}['y'] with samples of shape {target}, but the model predicts samples of "
             f"shape {pred} ({_describe_model(model, size)}). Make the outputs match: {fix}, "
             "or change n_components."
+        )
+
+
+def _flow_params(loss: Any) -> dict[str, Any] | None:
+    """`flow_nll`'s parameters when `loss` is that built-in loss, else None."""
+    from pipekit_train.core.losses import Loss
+    from pipekit_train.core.losses import _flow as flow
+
+    if isinstance(loss, Loss) and loss.fn is flow.flow_nll:
+        return loss.params
+    return None
+
+
+def _check_flow(
+    model: Any, params: dict[str, Any], name: str, pred: tuple[int, ...], target: tuple[int, ...]
+) -> None:
+    from pipekit_train.core.losses import flow_width
+
+    layers, bins = params["flow_layers"], params["flow_bins"]
+    width = flow_width(target[-1], layers, bins)
+    if pred != (*target[:-1], width):
+        size = _size_kwarg(model, _OUT_KWARGS)
+        fix = f"build the model with {size[0]}={width}" if size is not None else "change the model"
+        raise ConfigError(
+            f"`{name}` targets do not fit the model's predictions for `flow_nll` with "
+            f"flow_layers={layers}, flow_bins={bins}: {target[-1]} target values need "
+            f"{width} outputs (flow_width({target[-1]}, {layers}, {bins})). Received: "
+            f"{name}['y'] with samples of shape {target}, but the model predicts samples of "
+            f"shape {pred} ({_describe_model(model, size)}). Make the outputs match: {fix}, "
+            "or change flow_layers/flow_bins."
         )
 
 
