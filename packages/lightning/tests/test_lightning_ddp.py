@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,15 +25,22 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     plant_lease(out / "held", os.getpid())
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, str(WORKER), str(out), "ddp", "elastic"],
         cwd=out,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=900,
+        start_new_session=True,  # both ranks in one group: a hang kills them all
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    try:
+        _, err = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        pytest.fail(f"The DDP worker did not finish in 900 s. Its stderr:\n{err[-4000:]}")
+    assert proc.returncode == 0, err[-4000:]
     return out
 
 

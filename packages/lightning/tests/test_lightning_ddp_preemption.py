@@ -29,7 +29,9 @@ def test_sigterm_on_one_ddp_process_stops_both_at_the_same_checkpointed_step(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # both ranks in one group: a hang kills them all
     )
+    err = ""
     try:
         deadline = time.monotonic() + 600
         progress = tmp_path / "progress1"
@@ -42,9 +44,13 @@ def test_sigterm_on_one_ddp_process_stops_both_at_the_same_checkpointed_step(
         sent = time.time()
         os.kill(int((tmp_path / "pid1").read_text()), signal.SIGTERM)  # rank 1 only
         _, err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        pytest.fail(f"The DDP worker did not finish in 600 s. Its stderr:\n{err[-4000:]}")
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
     assert proc.returncode == 0, err[-4000:]
     ranks = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]

@@ -1,6 +1,6 @@
 """The device rollout of an `EquinoxModelOp`: the core rollout step inside one jitted loop.
 
-Each segment of the rollout (`pipekit_train.core.rollout._plan`) is one compiled
+Each segment of the rollout (`pipekit_train.core.rollout.RolloutPlan`) is one compiled
 `lax.fori_loop` over `RolloutSpec.bind(jax.numpy)`'s step (normalise → model → head mean →
 de-normalise → residual, or a draw from the predicted distribution), in inference mode:
 core's `jax_rollout`, shared with Keras on jax. The loop writes the stored states into a

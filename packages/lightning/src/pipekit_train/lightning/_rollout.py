@@ -1,6 +1,6 @@
 """The device rollout of a torch module: the core rollout step in a no-grad loop on tensors.
 
-Each segment of the rollout (`pipekit_train.core.rollout._plan`) is a
+Each segment of the rollout (`pipekit_train.core.rollout.RolloutPlan`) is a
 `torch.inference_mode()` loop of `RolloutSpec.bind(array_api_compat.torch)`'s step
 (normalise → model → head mean → de-normalise → residual, or a draw from the predicted
 distribution) on the module's device, in eval mode: core's `torch_rollout`, shared with

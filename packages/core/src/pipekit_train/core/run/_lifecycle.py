@@ -12,7 +12,8 @@ rest, in the same order everywhere:
   run state), then the data stream: a `Feed` over core batching (or the adapter's
   native iterator, positioned by the saved state) that knows the data position after
   every batch handed out;
-- **begin** (`begin`): the preemption handlers, the clocks of `max_time` and
+- **begin** (`begin`): in a multi-process run, agreement that every process starts at
+  the same step; the preemption handlers, the clocks of `max_time` and
   `Checkpoint(every_n_minutes=...)`, the learning-rate scale, `on_train_start`;
 - **the end of each optimizer update** (`end_of_update`): record the steps, surface a
   failed background save, read the signal flag and the clocks, agree with the other
@@ -21,7 +22,9 @@ rest, in the same order everywhere:
   batches and runs the adapter's batch evaluator inside the adapter's scope;
   a checkpoint composes its metadata (run state, the position after the last batch
   trained on), has the engine save the adapter's state and records it;
-- **finish** (`finish`): wait until every save is durable, restore the handlers, then
+- **finish** (`finish`): wait until every save is durable (in a multi-process run every
+  process waits for the chief's, so none starts a next run from an older checkpoint),
+  restore the handlers, then
   raise `Preempted` or assemble the artifact;
 - **abort** (`abort`): always the same: flush and close the writers, let pending saves
   finish, restore the handlers, never mask the original error.
@@ -57,6 +60,7 @@ __all__ = ["RunLifecycle", "check_resume_key"]
 
 # the flags processes agree on at each boundary (any process → every process)
 _STOP, _PREEMPT, _OVER_TIME, _MINUTES = range(4)
+_STEP_BITS = 48  # the start step, agreed bit by bit (`_agree_on_step`)
 
 
 def check_resume_key(plan: Plan, meta: Mapping[str, Any], path: str) -> None:
@@ -329,6 +333,7 @@ class RunLifecycle:
             return
         self._began = True
         self._agree_on_lease()
+        self._agree_on_step()
         self._signals.install()
         self._t0 = self._last_save_t = time.monotonic()
         self.ctx.begin()
@@ -354,6 +359,56 @@ class RunLifecycle:
                 f"Received: checkpoint={self.plan.checkpoint.location!r}, but another run "
                 f"holds it{who}: this job's first process was refused its lease. Stop that "
                 "run, or pass a different checkpoint location."
+            )
+
+    def _agree_on_step(self) -> None:
+        """Multi-process runs: every process raises if they start from different steps.
+
+        Processes that restored different checkpoints would issue different collectives
+        and wait on each other for ever; two flag reductions at the start turn that into
+        an error on every process.
+        """
+        if self._agree is None:
+            return
+        step = self.ctx.progress.step
+        bits = [bool(step >> k & 1) for k in range(_STEP_BITS)]
+        union = [bool(b) for b in self._agree(bits)]
+        (differ,) = self._agree([union != bits])
+        if differ:
+            raise CheckpointError(
+                f"Received: this process starts at step {step}, but another process of the "
+                "run starts at a different step: they restored different checkpoints of "
+                f"{self.plan.checkpoint.location if self.plan.checkpoint else 'the run'}. "
+                "Give every process the same checkpoint location and let the previous run "
+                "end on every process before starting this one."
+            )
+
+    def _wait_for_saves(self) -> None:
+        """Wait until every save is durable; in a multi-process run, on every process.
+
+        No process leaves the run before the chief's last checkpoint is complete (one that
+        left early could start its next run from an older checkpoint than the chief's);
+        a failed save raises on every process.
+        """
+        ckpt = self.checkpointer
+        if ckpt is None:
+            return
+        error: BaseException | None = None
+        try:
+            ckpt.wait()  # raises a failed background save's error
+        except Exception as err:
+            if self._agree is None:
+                raise
+            error = err
+        if self._agree is None:
+            return
+        (failed,) = self._agree([error is not None])
+        if error is not None:
+            raise error
+        if failed:
+            raise CheckpointError(
+                "Another process of this run failed to write a checkpoint (its error is in "
+                "that process's log); this process stops with it."
             )
 
     def _release(self) -> None:
@@ -519,8 +574,7 @@ class RunLifecycle:
     def settle(self) -> None:
         """Wait until every save is durable; after a preemption restore the handlers and
         raise `Preempted` (for drivers without an end, like `OnlineTrainer`)."""
-        if self.checkpointer is not None:
-            self.checkpointer.wait()  # raises a failed background save's error
+        self._wait_for_saves()
         if self._preempted:
             self._signals.restore()
             self._raise_preempted()
@@ -533,8 +587,7 @@ class RunLifecycle:
         if not self._began:
             self.begin()
         self.ctx.metrics.flush()
-        if ckpt is not None:
-            ckpt.wait()  # raises a failed background save's error
+        self._wait_for_saves()
         self._signals.restore()
         if self._preempted:
             self._raise_preempted()
