@@ -6,7 +6,11 @@ import numpy as np
 import pytest
 
 from pipekit_train.core import NeuralForward
-from pipekit_train.core.testing import check_device_rollout, check_stochastic_rollout
+from pipekit_train.core.testing import (
+    check_device_rollout,
+    check_rollout_monitor,
+    check_stochastic_rollout,
+)
 from pipekit_train.equinox import EquinoxModelOp
 
 
@@ -44,3 +48,7 @@ def test_seeded_stochastic_rollouts_repeat_and_have_the_predicted_spread() -> No
 @pytest.mark.slow
 def test_seeded_stochastic_rollouts_of_mixture_heads() -> None:
     check_stochastic_rollout(make_op, heads=("mixture",))
+
+
+def test_rollout_monitor_reads_the_moving_average_and_ranks_checkpoints() -> None:
+    check_rollout_monitor(make_op(2, 2))

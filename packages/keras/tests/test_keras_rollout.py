@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from pipekit_train.core.testing import check_device_rollout, check_stochastic_rollout
+from pipekit_train.core.testing import (
+    check_device_rollout,
+    check_rollout_monitor,
+    check_stochastic_rollout,
+)
 from pipekit_train.keras import KerasModelOp
 
 
@@ -27,3 +31,7 @@ def test_device_rollout_of_every_head_with_hooks_and_errors() -> None:
 @pytest.mark.slow
 def test_seeded_stochastic_rollouts_repeat_and_have_the_predicted_spread() -> None:
     check_stochastic_rollout(make_op)
+
+
+def test_rollout_monitor_reads_the_moving_average_and_ranks_checkpoints() -> None:
+    check_rollout_monitor(make_op(2, 2))

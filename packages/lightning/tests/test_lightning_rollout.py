@@ -7,7 +7,11 @@ import pytest
 import torch
 
 from pipekit_train.core import NeuralForward
-from pipekit_train.core.testing import check_device_rollout, check_stochastic_rollout
+from pipekit_train.core.testing import (
+    check_device_rollout,
+    check_rollout_monitor,
+    check_stochastic_rollout,
+)
 from pipekit_train.lightning import LightningModelOp
 
 
@@ -34,3 +38,12 @@ def test_rollout_keeps_the_training_mode_and_takes_tensors() -> None:
 
 def test_seeded_stochastic_rollouts_repeat_and_have_the_predicted_spread() -> None:
     check_stochastic_rollout(make_op)
+
+
+@pytest.mark.parametrize("adapter", ["lightning", "torch"])
+def test_rollout_monitor_reads_the_moving_average_and_ranks_checkpoints(adapter: str) -> None:
+    from pipekit_train.lightning import Lightning, Torch
+
+    check_rollout_monitor(
+        make_op(2, 2), Lightning(accelerator="cpu") if adapter == "lightning" else Torch()
+    )

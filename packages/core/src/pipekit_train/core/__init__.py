@@ -64,6 +64,7 @@ from .run._context import RunState
 from .run._evaluation import evaluate
 from .run._history import History
 from .run._preemption import PREEMPTED_EXIT_STATUS, Preempted
+from .run._rollout_monitor import RolloutMonitor
 from .spec._policies import NonFinitePolicy, Precision
 from .train._lr_find import LRFindResult, lr_find
 from .train._online import OnlineTrainer
@@ -141,6 +142,7 @@ __all__ = [
     "ReduceLROnPlateau",
     "RegistryError",
     "RejectionError",
+    "RolloutMonitor",
     "RolloutReport",
     "RunState",
     "S3ModelRegistry",

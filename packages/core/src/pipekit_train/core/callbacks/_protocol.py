@@ -99,6 +99,13 @@ class Callback(Protocol):
         """Called after every optimizer step."""
         ...
 
+    def validation_metrics(self, state: RunStateView) -> Mapping[str, float]:
+        """Called at each validation, before `on_validation_end`: extra metrics measured
+        with the current weights (`state.predict`), e.g. a rollout's errors. They join
+        the validation's metrics (names get `val_`), so `Checkpoint(monitor=...)`,
+        `EarlyStopping` and `ReduceLROnPlateau` may watch them."""
+        ...
+
     def on_validation_end(self, state: RunStateView) -> None:
         """Called after a validation pass; `state.metrics` holds the `val_*` metrics."""
         ...

@@ -7,7 +7,14 @@ from typing import Any
 
 __all__ = ["HOOKS", "Callbacks"]
 
-HOOKS = ("on_train_start", "on_step_end", "on_validation_end", "on_checkpoint", "on_train_end")
+HOOKS = (
+    "on_train_start",
+    "on_step_end",
+    "validation_metrics",
+    "on_validation_end",
+    "on_checkpoint",
+    "on_train_end",
+)
 """The hooks a callback may implement (any subset)."""
 
 
@@ -30,6 +37,16 @@ class Callbacks:
     def has_step_hooks(self) -> bool:
         """Whether a callback implements `on_step_end`."""
         return bool(self._step_hooks)
+
+    def validation_metrics(self) -> dict[str, float]:
+        """The extra metrics of every callback that measures the model at validation
+        (`validation_metrics(state) -> {name: value}`), merged in callback order."""
+        out: dict[str, float] = {}
+        for cb in self.callbacks:
+            fn = getattr(cb, "validation_metrics", None)
+            if callable(fn):
+                out.update({str(k): float(v) for k, v in (fn(self.state) or {}).items()})
+        return out
 
     def dispatch(self, hook: str, *args: Any) -> None:
         """Call `hook(state, *args)` on every callback that implements it."""

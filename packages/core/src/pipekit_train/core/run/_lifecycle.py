@@ -501,8 +501,14 @@ class RunLifecycle:
                     f"({type(validation).__name__}). An adapter bug."
                 )
             batches = self._eval_batches(validation)
+        eval_batch, predict = self._eval_batch, self.ctx.predict
         with self._eval_scope():
-            self.ctx.validation.run(self._eval_batch, batches=batches)
+            # inside the scope already: a callback's `state.predict` calls the evaluator
+            self.ctx.predict = lambda batch: np.asarray(eval_batch(batch)[0])
+            try:
+                self.ctx.validation.run(eval_batch, batches=batches)
+            finally:
+                self.ctx.predict = predict
 
     def _predict(self, batch: Mapping[str, Any]) -> Any:
         """The model's predictions for one numpy batch (in the model's units) with the

@@ -104,7 +104,11 @@ class Validation:
         """Record validation metrics (names get a `val_` prefix) and dispatch the hook."""
         log = self._metrics
         log.flush()
-        row = {(k if k.startswith("val_") else f"val_{k}"): float(v) for k, v in metrics.items()}
+        # callbacks that measure the model at validation (a rollout) join the row, so the
+        # monitored metric of best-k checkpoints, EarlyStopping and ReduceLROnPlateau may
+        # be theirs
+        merged = {**metrics, **self._callbacks.validation_metrics()}
+        row = {(k if k.startswith("val_") else f"val_{k}"): float(v) for k, v in merged.items()}
         log.write(self._progress.step, row)
         value = row.get(self.monitor)
         if value is not None and math.isfinite(value):

@@ -65,6 +65,7 @@ from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arra
 from ._rollout import (
     ROLLOUT_HEADS,
     check_device_rollout,
+    check_rollout_monitor,
     check_stochastic_rollout,
     host_rollout,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "PlateauRun",
     "SmallFilesystemUnavailable",
     "check_device_rollout",
+    "check_rollout_monitor",
     "check_stochastic_rollout",
     "compare_golden",
     "compare_golden_flow",

@@ -253,3 +253,71 @@ def check_stochastic_rollout(
         assert "needs a Gaussian or mixture head. Received: head='point'" in str(exc), str(exc)
     else:
         raise AssertionError("a stochastic rollout of a point head was not refused")
+
+
+def check_rollout_monitor(model: Any, adapter: Any = None, *, horizon: int = 20) -> None:
+    """A `RolloutMonitor` on a backend: rollout errors at every validation, through the
+    run's evaluator (the moving average, in eval mode), equal to the trained model's.
+
+    Trains `model` (2 inputs, 2 outputs) for 40 updates on the damped oscillator's
+    increments (`residual=True`, a fitted `Normalizer`, `optimizer_config["ema"]`),
+    validating every 20; the monitor's last errors must equal `rollout_validation` of
+    `NeuralForward(artifact.model, artifact.normalizer, residual=True)`, and best-k
+    checkpoints must be able to rank by them.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from pipekit_train.core import Checkpoint, RolloutMonitor, TrainingLoop, rollout_validation
+    from pipekit_train.core.checkpoint import step_dirs
+    from pipekit_train.core.data import ArrayDataset
+
+    from ._tasks import damped_oscillator_step
+
+    def trajectories(n: int, length: int, seed: int) -> np.ndarray:
+        states = [np.random.default_rng(seed).uniform(-1.0, 1.0, size=(n, 2))]
+        for _ in range(length - 1):
+            states.append(damped_oscillator_step(states[-1]))
+        return np.stack(states, axis=1).astype(np.float32)
+
+    pairs = trajectories(64, 9, seed=0)
+    x, nxt = pairs[:, :-1].reshape(-1, 2), pairs[:, 1:].reshape(-1, 2)
+    train = ArrayDataset(x=x[:448], y=(nxt - x)[:448])
+    val = ArrayDataset(x=x[448:], y=(nxt - x)[448:])
+    held_out = trajectories(6, horizon + 1, seed=7)
+    bounds = (1, 5, horizon)
+    monitor = RolloutMonitor(held_out, horizon, residual=True, bounds=bounds)
+    key = f"val_rollout_nrmse_lead_6_{horizon}"
+    with tempfile.TemporaryDirectory() as folder:
+        artifact = TrainingLoop(
+            model=model,
+            data=train,
+            validation=val,
+            loss="mse",
+            normalizer=Normalizer.fit(train),
+            optimizer_config={"name": "adam", "lr": 1e-2, "ema": 0.9},
+            batch_size=32,
+            max_steps=40,
+            validate_every_n_steps=20,
+            callbacks=[monitor],
+            checkpoint=Checkpoint(
+                Path(folder) / "ckpt", every_n_steps=20, max_to_keep=1, keep_best=1, monitor=key
+            ),
+            adapter=adapter,
+            progress=False,
+            seed=0,
+        ).run()
+        steps, values = artifact.history.series(key)
+        if steps != [20, 40]:
+            raise AssertionError(f"rollout errors at steps {steps}, expected [20, 40]")
+        best = steps[int(np.argmin(values))]
+        kept = set(step_dirs(Path(folder) / "ckpt"))
+        if kept != {40, best}:
+            raise AssertionError(f"kept checkpoints {kept}, expected the latest and {best}")
+    forward = NeuralForward(artifact.model, artifact.normalizer, residual=True)
+    expected = rollout_validation(forward, held_out, horizon, bounds=bounds).metrics
+    if not np.allclose(values[-1], expected[key], rtol=1e-5, atol=1e-7):
+        raise AssertionError(
+            f"the monitor's last {key}={values[-1]!r} differs from the trained model's "
+            f"{expected[key]!r}"
+        )

@@ -1,0 +1,144 @@
+"""`RolloutMonitor`: an emulator judged by its rollout at every validation.
+
+A callback with the `validation_metrics` hook: at each validation it rolls held-out
+trajectories out for `horizon` steps with the current weights (validation's evaluator,
+so the moving average when the run keeps one) and adds the errors per lead-time window
+and field (`rollout_validation`) to the validation's metrics. Any of them can then be the
+monitored metric of best-k checkpoints, `EarlyStopping` and `ReduceLROnPlateau`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.metrics import DEFAULT_LEAD_BOUNDS
+from pipekit_train.core.model._heads import head_for_loss, head_options_for_loss
+from pipekit_train.core.rollout._cycle import NeuralForward
+from pipekit_train.core.rollout._validation import RolloutReport, rollout_validation
+
+__all__ = ["RolloutMonitor"]
+
+
+class RolloutMonitor:
+    """Roll held-out trajectories out at every validation and record the errors.
+
+    ```python
+    monitor = RolloutMonitor(held_out, horizon=50, residual=True)
+    TrainingLoop(
+        ...,
+        validate_every_n_steps=500,
+        callbacks=[monitor, EarlyStopping(monitor="val_rollout_nrmse_lead_11_50")],
+        checkpoint=Checkpoint("ckpt", keep_best=2, monitor="val_rollout_nrmse"),
+    )
+    ```
+
+    The emulator step is exactly `NeuralForward`'s (normalise with the run's normalizer →
+    model → head mean → de-normalise → plus the state with `residual=True`), applied to
+    all trajectories and starts as one batch. The metrics are `RolloutReport.metrics`:
+    `val_rollout_nrmse`, `val_rollout_nrmse_lead_1_1`, `val_rollout_vrmse_lead_2_10`, ...
+    (per field too on a grid). The last report is kept (`last_report`) for its figure.
+    It runs when the run validates (`validate_every_n_steps`, and at the end), so the run
+    needs `validation=` data; the rollout adds to each validation the cost of `horizon`
+    batched forward passes.
+
+    Args:
+        trajectories: held-out `Trajectories` (never the training split), or an array
+            `(n_traj, T, *state_shape)`.
+        horizon: the steps rolled out (`H`).
+        residual: whether the model predicts the increment (as at training).
+        starts: start times (indices along the trajectories).
+        step: stored time steps per emulator step.
+        spatial_ndim: the grid axes of a state before its channel axis (0 for vectors).
+        per_channel: errors per channel (None: on a grid only).
+        channels: channel names.
+        bounds: last leads of the lead-time windows.
+        prefix: prepended to the metric names.
+        dt: the time one lead represents.
+
+    Raises:
+        ConfigError: a bad argument, or a rollout that does not fit in the trajectories
+            (checked here, before training, by a rollout of persistence); at the start of
+            training, a run without validation data.
+    """
+
+    def __init__(
+        self,
+        trajectories: Any,
+        horizon: int,
+        *,
+        residual: bool = False,
+        starts: int | Sequence[int] = (0,),
+        step: int = 1,
+        spatial_ndim: int = 0,
+        per_channel: bool | None = None,
+        channels: Sequence[str] | None = None,
+        bounds: Sequence[int] = DEFAULT_LEAD_BOUNDS,
+        prefix: str = "val_rollout_",
+        dt: float = 1.0,
+    ) -> None:
+        if not isinstance(residual, bool):
+            raise ConfigError(f"`residual` must be a bool. Received: residual={residual!r}.")
+        if not isinstance(prefix, str) or not prefix:
+            raise ConfigError(
+                f"`prefix` must be a non-empty string. Received: prefix={prefix!r}. "
+                "Pass e.g. prefix='val_rollout_'."
+            )
+        self.trajectories = trajectories
+        self.horizon = horizon
+        self.residual = residual
+        self.spatial_ndim = spatial_ndim
+        self._options: dict[str, Any] = {
+            "starts": starts,
+            "step": step,
+            "spatial_ndim": spatial_ndim,
+            "per_channel": per_channel,
+            "channels": channels,
+            "bounds": bounds,
+            "prefix": prefix,
+            "dt": dt,
+        }
+        # every argument checked now, not at the first validation: persistence (the state
+        # held constant) rolled out once is the reference an emulator has to beat
+        self.persistence: RolloutReport = rollout_validation(
+            lambda states: states, trajectories, horizon, **self._options
+        )
+        self.last_report: RolloutReport | None = None
+        self._head: tuple[str, dict[str, Any] | None] = ("point", None)
+
+    def on_train_start(self, state: Any) -> None:
+        """Refuse a run that never validates; read the head the run's loss implies."""
+        if state.plan.get("validation") is None:
+            raise ConfigError(
+                "RolloutMonitor runs at each validation, but the run has none. Received: "
+                "validation=None. Pass validation= data (and validate_every_n_steps=)."
+            )
+        loss = state.plan.get("loss")
+        self._head = (head_for_loss(loss) or "point", head_options_for_loss(loss))
+
+    def validation_metrics(self, state: Any) -> Mapping[str, float]:
+        """Roll the trajectories out with the current weights; return the errors."""
+        head, options = self._head
+
+        def model(x_norm: np.ndarray) -> np.ndarray:
+            x_in = np.asarray(x_norm, dtype=np.float32)
+            return state.predict({"x": x_in, "y": np.zeros_like(x_in)})
+
+        forward = NeuralForward(
+            model,
+            normalizer=state.normalizer,
+            residual=self.residual,
+            head=head,
+            state_ndim=self.spatial_ndim + 1,
+            **(options or {}),
+        )
+        self.last_report = rollout_validation(
+            forward, self.trajectories, self.horizon, **self._options
+        )
+        return self.last_report.metrics
+
+    def __repr__(self) -> str:
+        return f"RolloutMonitor(horizon={self.horizon}, residual={self.residual})"
