@@ -203,10 +203,7 @@ class RolloutLoss:
         if len(lengths) == 1:
             return self.predict(model_fn, batch, lengths[0], noise)[0]
         update = counter // self.accumulate
-        firsts = jnp.asarray(
-            [first for first, _ in self.stages[1:]],
-            jnp.int64 if jax.config.jax_enable_x64 else jnp.int32,
-        )
+        firsts = jnp.asarray([first for first, _ in self.stages[1:]], jnp.asarray(update).dtype)
         index = jnp.sum((update >= firsts).astype(jnp.int32))
         branches = [(lambda k=k: self.predict(model_fn, batch, k, noise)[0]) for k in lengths]
         return jax.lax.switch(index, branches)

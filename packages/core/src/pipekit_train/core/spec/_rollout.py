@@ -195,7 +195,7 @@ class Rollout:
                 f"weights={self.weights!r}. E.g. weights={(1.0,) * steps}."
             )
         if isinstance(self.backprop, bool) or not (
-            self.backprop in ("full", "last") or (is_int(self.backprop) and self.backprop >= 1)
+            self.backprop in ("full", "last") or (is_int(self.backprop) and int(self.backprop) >= 1)
         ):
             raise ConfigError(
                 "`backprop` must be 'full', 'last' (pushforward) or an int m >= 1 (cut "
