@@ -66,6 +66,7 @@ from .run._history import History
 from .run._preemption import PREEMPTED_EXIT_STATUS, Preempted
 from .run._rollout_monitor import RolloutMonitor
 from .spec._policies import NonFinitePolicy, Precision
+from .spec._rollout import Rollout, RolloutSchedule
 from .train._lr_find import LRFindResult, lr_find
 from .train._online import OnlineTrainer
 from .train._training_loop import TrainingLoop
@@ -142,8 +143,10 @@ __all__ = [
     "ReduceLROnPlateau",
     "RegistryError",
     "RejectionError",
+    "Rollout",
     "RolloutMonitor",
     "RolloutReport",
+    "RolloutSchedule",
     "RunState",
     "S3ModelRegistry",
     "SimulationDataset",

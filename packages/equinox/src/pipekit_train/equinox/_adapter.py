@@ -148,6 +148,13 @@ class Equinox(StepAdapter):
     def validate(self, plan: Plan) -> None:
         """Raise `ConfigError` for anything this adapter cannot run (before any work)."""
         self.validate_online(plan)
+        if plan.rollout is not None and getattr(plan.model, "model_state", None) is not None:
+            raise ConfigError(
+                "Rollout training does not carry layer state (e.g. BatchNorm statistics) "
+                "through the unrolled steps yet. Received: a model with layer state and "
+                f"rollout=Rollout(steps={plan.rollout.steps}). Use a model without layer "
+                "state, or drop `rollout`."
+            )
         sharding = plan.sharding
         if sharding is not None:
             if not isinstance(sharding, ShardingSpec):

@@ -83,6 +83,8 @@ class StepFunctions:
             clipping; with accumulation, each batch reports the norm of the running mean
             of its update's gradients, so the update's last batch holds the norm of the
             gradient the update applies, the value core records).
+        rollout: a `RolloutLoss` (`_rollout.py`): the step minimises the rollout loss and
+            evaluation rolls out the longest length (None: one-step training).
     """
 
     def __init__(
@@ -101,7 +103,9 @@ class StepFunctions:
         skip_nonfinite: bool = False,
         accumulate: int = 1,
         grad_norm: bool = False,
+        rollout: Any = None,
     ):
+        self.rollout = rollout
         leaves, self.treedef, self.static = flatten_state(template)
         self.grad_norm = bool(grad_norm)
         self.skip_nonfinite = bool(skip_nonfinite)
@@ -167,8 +171,16 @@ class StepFunctions:
         scale = state.loss_scale
 
         def loss_of(model: Any) -> tuple[Array, tuple[Array, Any]]:
-            pred, new_mstate = self._forward(model, batch["x"], state.model_state, sub)
-            loss = self.loss_fn(pred, batch["y"])
+            if self.rollout is not None:  # layer state: refused by `Equinox.validate`
+
+                def model_fn(inputs: Array) -> Array:
+                    return self._forward(model, inputs, state.model_state, sub)[0]
+
+                loss = self.rollout.train_loss(model_fn, batch, state.step)
+                new_mstate = state.model_state
+            else:
+                pred, new_mstate = self._forward(model, batch["x"], state.model_state, sub)
+                loss = self.loss_fn(pred, batch["y"])
             scaled = loss if scale is None else scale.scale_loss(loss)
             return scaled, (loss, new_mstate)
 
@@ -244,6 +256,13 @@ class StepFunctions:
         state = self.unflatten(leaves)
         # validation sees the moving average of the weights when the optimizer keeps one
         model = eqx.nn.inference_mode(ema_model(state.model, state.opt_state))
+        if self.rollout is not None:
+
+            def model_fn(inputs: Array) -> Array:
+                return self._forward(model, inputs, state.model_state, None)[0]
+
+            pred, loss = self.rollout.eval_loss(model_fn, batch)
+            return pred, jnp.asarray(loss, jnp.float32)
         pred, _ = self._forward(model, batch["x"], state.model_state, None)
         return pred, jnp.asarray(self.loss_fn(pred, batch["y"]), jnp.float32)
 
@@ -275,7 +294,8 @@ def step_functions(
     calling convention and shardings. Sharing saves the compilation (seconds on a
     small CPU) when a process runs many short trainings (sweeps, tests, resumes).
     """
-    if optimizer_key is None:
+    rollout = kwargs.get("rollout")
+    if optimizer_key is None or (rollout is not None and rollout.cache_key() is None):
         return StepFunctions(template, **kwargs)
     shardings = kwargs.get("state_shardings")
     leaves, treedef, static = flatten_state(template)
@@ -290,6 +310,7 @@ def step_functions(
         kwargs.get("skip_nonfinite", False),
         kwargs.get("accumulate", 1),
         kwargs.get("grad_norm", False),
+        None if kwargs.get("rollout") is None else kwargs["rollout"].cache_key(),
         None if shardings is None else tuple(shardings),
         kwargs.get("data_sharding"),
         kwargs.get("stacked_sharding"),

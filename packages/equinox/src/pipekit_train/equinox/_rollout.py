@@ -20,9 +20,18 @@ import jax.numpy as jnp
 import numpy as np
 
 import equinox as eqx
-from pipekit_train.core.rollout import RolloutSpec, jax_rollout, prepare_rollout
+from pipekit_train.core import Rollout
+from pipekit_train.core.rollout import (
+    RolloutSpec,
+    jax_rollout,
+    prepare_rollout,
+    rollout_loss,
+    rollout_spec,
+)
 
-__all__ = ["equinox_rollout"]
+__all__ = ["RolloutLoss", "equinox_rollout"]
+
+_NOISE_TAG = 0x524F4C4C  # "ROLL": the noise stream's key, apart from the model's key
 
 
 def _float_dtype(tree: Any) -> Any:
@@ -98,3 +107,108 @@ def equinox_rollout(
         stochastic=stochastic,
         seed=seed,
     )
+
+
+class RolloutLoss:
+    """The rollout-training loss inside the jitted step: core's `rollout_loss` in jax.
+
+    The length `k` of an update is `rollout.steps_at(update)`, chosen on the device from
+    the state's step counter (`lax.switch` over the schedule's lengths, one branch per
+    length), and the noise key is `fold_in(key(seed, "ROLL"), step)`: both are pure
+    functions of the checkpointed counter, so a resumed run continues exactly. The
+    unrolled steps are a Python loop under `jit` (activation memory grows linearly with
+    `k`); `jax.lax.stop_gradient` cuts the gradient for pushforward and cut BPTT.
+
+    Args:
+        rollout: the `Rollout` spec.
+        normalizer: the run's normalizer (or None).
+        loss_fn: core's loss (`"mse"`).
+        seed: the plan's seed.
+        accumulate: batches per optimizer update (the counter counts batches).
+        state_ndim: the axes of one state.
+    """
+
+    def __init__(
+        self,
+        rollout: Rollout,
+        normalizer: Any,
+        loss_fn: Callable[[Any, Any], Any],
+        *,
+        seed: int,
+        accumulate: int = 1,
+        state_ndim: int = 1,
+    ):
+        self.rollout = rollout
+        self.normalizer = normalizer
+        self.spec = rollout_spec(normalizer, rollout.residual, state_ndim)
+        self.loss_fn = loss_fn
+        self.seed = int(seed)
+        self.accumulate = int(accumulate)
+        self.stages = rollout.stages()
+
+    def cache_key(self) -> tuple[Any, ...] | None:
+        """A value that names this loss for sharing compiled steps (None: do not share)."""
+        norm: Any = None
+        if self.normalizer is not None:
+            mean, std = (
+                getattr(self.normalizer, "mean", None),
+                getattr(self.normalizer, "std", None),
+            )
+            if not (isinstance(mean, dict) and isinstance(std, dict)):
+                return None
+            norm = tuple(
+                (k, np.asarray(mean[k]).tobytes(), np.asarray(std[k]).tobytes())
+                for k in sorted(mean)
+            )
+        return (
+            repr(sorted(self.rollout.to_json().items())),
+            self.seed,
+            self.accumulate,
+            self.spec.state_ndim,
+            norm,
+        )
+
+    def predict(
+        self, model_fn: Callable[[Any], Any], batch: Any, k: int, noise: Any = None
+    ) -> tuple[Any, Any]:
+        """`(loss, predicted targets (B, k, ...))` of a `k`-step rollout of `batch`."""
+        x = batch["x"]
+        return rollout_loss(
+            jnp,
+            spec=self.spec,
+            model_fn=model_fn,
+            x=x,
+            y=batch["y"],
+            weights=self.rollout.step_weights(k),
+            backprop=self.rollout.backprop,
+            loss_fn=self.loss_fn,
+            detach=jax.lax.stop_gradient,
+            noise=noise,
+            constant=lambda a: jnp.asarray(a, x.dtype),
+        )
+
+    def noise(self, x: Any, counter: Any) -> Any:
+        """The input noise of the batch at `counter` (None without noise)."""
+        if self.rollout.noise_std <= 0:
+            return None
+        key = jax.random.fold_in(
+            jax.random.fold_in(jax.random.PRNGKey(self.seed), _NOISE_TAG), counter
+        )
+        return self.rollout.noise_std * jax.random.normal(key, x.shape, x.dtype)
+
+    def train_loss(self, model_fn: Callable[[Any], Any], batch: Any, counter: Any) -> Any:
+        """The loss of the batch at step counter `counter` (batches seen so far)."""
+        noise = self.noise(batch["x"], counter)
+        lengths = [k for _, k in self.stages]
+        if len(lengths) == 1:
+            return self.predict(model_fn, batch, lengths[0], noise)[0]
+        update = counter // self.accumulate
+        firsts = jnp.asarray([first for first, _ in self.stages[1:]], jnp.asarray(update).dtype)
+        index = jnp.sum((update >= firsts).astype(jnp.int32))
+        branches = [(lambda k=k: self.predict(model_fn, batch, k, noise)[0]) for k in lengths]
+        return jax.lax.switch(index, branches)
+
+    def eval_loss(self, model_fn: Callable[[Any], Any], batch: Any) -> tuple[Any, Any]:
+        """`(predicted targets, loss)` of the longest rollout, without noise."""
+        loss, pred = self.predict(model_fn, batch, self.rollout.max_steps)
+        return pred, loss

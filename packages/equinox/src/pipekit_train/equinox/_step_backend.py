@@ -24,6 +24,7 @@ from ._ema import ema_model, find_ema
 from ._fetch import fetch_to_host
 from ._model import EquinoxModelOp, has_stochastic_layers, takes_key
 from ._optim import build_optimizer
+from ._rollout import RolloutLoss
 from ._sharding import Placement, ShardingSpec
 from ._state import FlatState, TrainState
 from ._weights import host_array
@@ -118,11 +119,27 @@ class EquinoxBackend(StepBackend[FlatState]):
             skip_nonfinite=plan.on_nonfinite == "skip",
             accumulate=plan.accumulate_grad_batches,
             grad_norm=plan.log_grad_norm,
+            rollout=self._rollout_loss(plan),
         )
         self._copy = (
             _copy_leaves if shardings is None else jax.jit(_fresh_copies, out_shardings=shardings)
         )
         self._stack_rank = self._sample_rank(plan.data)
+
+    @staticmethod
+    def _rollout_loss(plan: Plan) -> RolloutLoss | None:
+        if plan.rollout is None:
+            return None
+        trajectories = getattr(plan.data, "trajectories", None)  # TrajectoryWindows (checked)
+        ndim = len(trajectories.state_shape) if trajectories is not None else 1
+        return RolloutLoss(
+            plan.rollout,
+            plan.normalizer,
+            plan.loss,
+            seed=plan.seed,
+            accumulate=plan.accumulate_grad_batches,
+            state_ndim=ndim,
+        )
 
     # -- state -------------------------------------------------------------------------
     def _host_state(self) -> TrainState:

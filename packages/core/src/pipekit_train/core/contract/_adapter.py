@@ -82,6 +82,8 @@ class Capabilities:
         ema: keeps the moving average of the weights of `optimizer_config["ema"]` (from
             the initial weights, once per optimizer update; validation and the artifact
             use it, `StepBackend.raw_model_op` gives the trained weights).
+        rollout: trains through the rollout (`TrainingLoop(rollout=Rollout(...))`): the
+            step minimises core's `rollout_loss` (see `pipekit_train.core.Rollout`).
     """
 
     native_data: bool = False
@@ -94,6 +96,7 @@ class Capabilities:
     grad_norm: bool = False
     lr_scale: bool = False
     ema: bool = False
+    rollout: bool = False
 
     @classmethod
     def full(cls, **overrides: Any) -> Capabilities:

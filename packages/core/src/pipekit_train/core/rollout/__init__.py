@@ -1,7 +1,8 @@
 """Rollouts: a trained emulator used as a forward operator (`NeuralForward`), the closed
 loop that advances a state with one (`Cycle`), and the pieces of a device rollout: the
 per-step function written once against the array API (`RolloutSpec`) and the segment
-plan every backend's `model_op.rollout` runs (`RolloutPlan`, `drive`)."""
+plan every backend's `model_op.rollout` runs (`RolloutPlan`, `drive`), and the
+rollout-training loss every backend's step minimises (`rollout_loss`)."""
 
 from ._cycle import Cycle, NeuralForward
 from ._loops import jax_rollout, torch_rollout
@@ -14,6 +15,7 @@ from ._plan import (
     prepare_rollout,
 )
 from ._step import AffineMap, NonFiniteStateError, RolloutSpec, non_finite_error
+from ._train import check_rollout_loss, rollout_loss, rollout_spec
 
 __all__ = [
     "SEGMENT_BYTES",
@@ -24,10 +26,13 @@ __all__ = [
     "RolloutPlan",
     "RolloutSpec",
     "check_hook_steps",
+    "check_rollout_loss",
     "drive",
     "first_bad",
     "jax_rollout",
     "non_finite_error",
     "prepare_rollout",
+    "rollout_loss",
+    "rollout_spec",
     "torch_rollout",
 ]

@@ -13,6 +13,7 @@ from pipekit_train.core.data._dataset import is_core_dataset, is_stream
 from pipekit_train.core.spec._signals import DEFAULT_PREEMPTION_SIGNALS
 
 from ._policies import NonFinitePolicy
+from ._rollout import Rollout
 
 if TYPE_CHECKING:
     from pipekit_train.core.callbacks import Callback
@@ -32,6 +33,7 @@ RESUME_KEY_FIELDS: tuple[str, ...] = (
     "accumulate_grad_batches",
     "seed",
     "shuffle",
+    "rollout",
 )
 """The plan fields a checkpoint must match to be resumed (`Plan.resume_key`), in order."""
 
@@ -102,6 +104,7 @@ class Plan:
         sharding: the adapter's sharding spec (e.g. Equinox `ShardingSpec`), or None.
         callbacks: objects implementing any subset of the `Callback` hooks (dispatch is
             by `getattr`).
+        rollout: training through the rollout (`Rollout`), or None for one-step training.
     """
 
     model: ModelOp | object
@@ -135,6 +138,7 @@ class Plan:
     preemption_signals: tuple[str, ...] = DEFAULT_PREEMPTION_SIGNALS
     max_time: float | None = None
     log_grad_norm: bool = False
+    rollout: Rollout | None = None
 
     @property
     def backend(self) -> str:
@@ -195,6 +199,7 @@ class Plan:
             "preemption_signals": list(self.preemption_signals),
             "max_time": self.max_time,
             "log_grad_norm": self.log_grad_norm,
+            "rollout": None if self.rollout is None else self.rollout.to_json(),
         }
         return json.loads(json.dumps(plan, default=repr))
 

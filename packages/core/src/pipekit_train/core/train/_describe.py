@@ -29,6 +29,8 @@ from pipekit_train.core.spec._plan import Plan, steps_per_epoch
 from pipekit_train.core.spec._policies import NonFinitePolicy, nonfinite_policy
 from pipekit_train.core.spec._signals import resolve_max_time, resolve_signals
 
+from ._rollout import check_rollout
+
 __all__ = [
     "build_plan",
     "check_callbacks",
@@ -208,6 +210,7 @@ def build_plan(
     preemption_signals: Sequence[Any] | None,
     max_time: float | str | datetime.timedelta | None,
     log_grad_norm: bool,
+    rollout: Any = None,
 ) -> Plan:
     """Validate a `TrainingLoop` description (its arguments, documented there) into a `Plan`.
 
@@ -281,6 +284,7 @@ def build_plan(
         _check_normalizer(normalizer, "data", data)
         _check_normalizer(normalizer, "validation", validation)
     loss_fn = resolve_loss(loss)
+    rollout = check_rollout(rollout, data, validation, loss_fn)
     metric_fns = resolve_metrics(metrics)
     if metric_fns and validation is None:
         raise ConfigError(
@@ -349,6 +353,7 @@ def build_plan(
         preemption_signals=signals,
         max_time=budget,
         log_grad_norm=log_grad_norm,
+        rollout=rollout,
     )
 
 
@@ -484,6 +489,12 @@ def check_plan(adapter: Adapter, plan: Plan) -> None:
             "Changing the learning rate from a callback",
             f"callbacks={names}",
             "Drop the callback, or use a backend that declares Capabilities(lr_scale=True).",
+        )
+    if plan.rollout is not None and not caps.rollout:
+        raise adapter._unsupported(
+            "Rollout training",
+            f"rollout=Rollout(steps={plan.rollout.steps})",
+            "It runs on the Equinox backend for now (Equinox()); drop `rollout` here.",
         )
     for field in ("data", "validation"):
         data = getattr(plan, field)

@@ -176,6 +176,16 @@ def check_shapes(adapter: Adapter, plan: Plan) -> None:
         if out is None:
             continue
         out = tuple(int(d) for d in out)
+        if plan.rollout is not None:  # each prediction is fed back as the next state
+            if out != (plan.batch_size, *x_shape):
+                what = "an increment" if plan.rollout.residual else "the next state"
+                raise ConfigError(
+                    f"Rollout training feeds each prediction back as the state, so the model "
+                    f"must predict {what} of the state's shape. Received: state shape "
+                    f"{x_shape}, prediction shape {out[1:]} (`{name}`). Use a model with "
+                    "out_size == in_size."
+                )
+            continue
         mixture = _mixture_params(plan.loss)
         if mixture is not None and y_shape:
             _check_mixture(model, mixture, name, out[1:], y_shape)

@@ -10,6 +10,7 @@ from typing import Any
 from pipekit_train.core.checkpoint._policy import Checkpoint
 from pipekit_train.core.run._artifact import TrainingArtifact
 from pipekit_train.core.spec._policies import NonFinitePolicy
+from pipekit_train.core.spec._rollout import Rollout
 from pipekit_train.core.spec._signals import DEFAULT_PREEMPTION_SIGNALS
 
 from ._describe import build_plan, check_plan
@@ -83,6 +84,9 @@ class TrainingLoop:
         log_grad_norm: record the metric `grad_norm` every optimizer update: the global
             L2 norm of the gradient the update uses, before clipping (with accumulation:
             of the accumulated gradient). Off by default; the backend must support it.
+        rollout: train through the rollout: a `Rollout` (steps, weights, backprop,
+            noise, schedule, residual); `data` must then be `TrajectoryWindows` covering
+            its longest length. Equinox only for now. None: one-step training.
     """
 
     def __init__(
@@ -116,6 +120,7 @@ class TrainingLoop:
         preemption_signals: Sequence[Any] | None = DEFAULT_PREEMPTION_SIGNALS,
         max_time: float | str | datetime.timedelta | None = None,
         log_grad_norm: bool = False,
+        rollout: Rollout | None = None,
     ):
         self.plan = build_plan(
             model,
@@ -146,6 +151,7 @@ class TrainingLoop:
             preemption_signals=preemption_signals,
             max_time=max_time,
             log_grad_norm=log_grad_norm,
+            rollout=rollout,
         )
         adapter = self.plan.adapter
         adapter.validate(self.plan)  # the backend's own checks first

@@ -1,0 +1,132 @@
+"""The rollout-training loss, written once against the Python array API.
+
+`rollout_loss` is what one optimizer update of `TrainingLoop(rollout=Rollout(...))`
+minimises (the semantics are documented on `pipekit_train.core.Rollout`). A backend
+calls it inside its own differentiated step with its array namespace (`jax.numpy`,
+torch), its gradient stop (`jax.lax.stop_gradient`, `Tensor.detach`) and its model
+call; with `xp=numpy` and no gradient stop it is the host reference. Nothing here
+imports a backend.
+
+The batch arrives as the run's feed delivers it: normalised by the run's normalizer
+(`"x"` with the state statistics, `"y"` with the target statistics) or raw without one.
+The statistics are applied outside the loop: `x_0` and the targets are turned back into
+physical states once, each step is `RolloutSpec`'s inference step (normalise → model →
+de-normalise → residual) on physical states, and each loss compares predicted and true
+states in normalised units of the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from pipekit_train.core._errors import ConfigError
+
+from ._step import RolloutSpec
+
+__all__ = ["check_rollout_loss", "rollout_loss", "rollout_spec"]
+
+
+def rollout_spec(normalizer: Any, residual: bool, state_ndim: int) -> RolloutSpec:
+    """The `RolloutSpec` a rollout-trained model is rolled out with (`NeuralForward`'s)."""
+    return RolloutSpec(normalizer=normalizer, residual=residual, state_ndim=state_ndim)
+
+
+def check_rollout_loss(loss: Any) -> None:
+    """Refuse a loss the rollout training does not define yet (only `"mse"`).
+
+    Raises:
+        ConfigError: another loss.
+    """
+    name = getattr(loss, "name", None)
+    if name != "mse":
+        label = name or getattr(loss, "__name__", repr(loss))
+        raise ConfigError(
+            "Rollout training compares predicted and true states with the mean squared "
+            f"error for now. Received: loss={label!r} with rollout=Rollout(...). Use "
+            "loss='mse', or drop `rollout`."
+        )
+
+
+def rollout_loss(
+    xp: Any,
+    *,
+    spec: RolloutSpec,
+    model_fn: Callable[[Any], Any],
+    x: Any,
+    y: Any,
+    weights: Sequence[float],
+    backprop: str | int,
+    loss_fn: Callable[[Any, Any], Any],
+    detach: Callable[[Any], Any] = lambda a: a,
+    noise: Any = None,
+    constant: Callable[[np.ndarray], Any] | None = None,
+) -> tuple[Any, Any]:
+    """The weighted `k`-step rollout loss of one batch, and the predicted targets.
+
+    Args:
+        xp: the array namespace of `x` and `y`.
+        spec: the inference step (`rollout_spec(normalizer, residual, state_ndim)`).
+        model_fn: the model on a batch of normalised states (its raw output).
+        x: the first states `(B, *state)`, as the feed delivers them (normalised).
+        y: the targets `(B, K, *state)` with `K >= k` (or `(B, *state)` for `K = 1`):
+            normalised increments when `spec.residual`, else normalised states.
+        weights: the `k` per-step loss weights; `k = len(weights)`.
+        backprop: `"full"`, `"last"` or an int `m` (see `Rollout`).
+        loss_fn: `loss(pred, target)` (core's `"mse"`).
+        detach: the backend's gradient stop.
+        noise: Gaussian noise of `x`'s shape in normalised units of the state (already
+            scaled by `noise_std`), added to `x_0`; None: none.
+        constant: float64 numpy constant → an array of `x`'s library, dtype and device.
+
+    Returns:
+        `(loss, predicted targets)`: the weighted mean of the per-step losses, and the
+        predictions in `y`'s representation and units, `(B, k, *state)`.
+    """
+    to = constant or xp.asarray
+    k = len(weights)
+    state_shape = tuple(x.shape[1:])
+    if y.ndim == x.ndim:
+        y = xp.expand_dims(y, axis=1)
+    step = spec.bind(xp, state_shape=state_shape, out_shape=state_shape, constant=to)
+    x_map, y_map = spec.maps(state_shape, state_shape)
+    if x_map is None or y_map is None:
+
+        def phys_x(a: Any) -> Any:
+            return a
+
+        phys_y = norm_x = norm_y = phys_x
+    else:
+        mx, sx, my, sy = to(x_map.mean), to(x_map.std), to(y_map.mean), to(y_map.std)
+
+        def phys_x(a: Any) -> Any:
+            return a * sx + mx
+
+        def norm_x(a: Any) -> Any:
+            return (a - mx) / sx
+
+        def phys_y(a: Any) -> Any:
+            return a * sy + my
+
+        def norm_y(a: Any) -> Any:
+            return (a - my) / sy
+
+    clean = phys_x(x)
+    state = clean if noise is None else phys_x(x + noise)
+    truth, previous = clean, state
+    total: Any = 0.0
+    predicted = []
+    for i in range(k):
+        target = phys_y(y[:, i, ...])
+        truth = truth + target if spec.residual else target
+        nxt = step(model_fn, state)
+        if backprop == "last" and i < k - 1:
+            nxt = detach(nxt)
+        total = total + float(weights[i]) * loss_fn(norm_x(nxt), norm_x(truth))
+        predicted.append(norm_y(nxt - previous) if spec.residual else norm_y(nxt))
+        previous = state = nxt
+        if not isinstance(backprop, str) and (i + 1) % int(backprop) == 0 and i < k - 1:
+            state = detach(state)
+    return total / float(sum(weights)), xp.stack(predicted, axis=1)

@@ -1,0 +1,61 @@
+"""Core's checks of `TrainingLoop(rollout=...)`, before any work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.data import TrajectoryWindows
+from pipekit_train.core.rollout._train import check_rollout_loss
+from pipekit_train.core.spec._rollout import Rollout
+
+__all__ = ["check_rollout"]
+
+
+def _check_windows(field: str, data: Any, rollout: Rollout) -> None:
+    if not isinstance(data, TrajectoryWindows):
+        raise ConfigError(
+            f"Rollout training reads windows of consecutive states, so `{field}` must be a "
+            f"`TrajectoryWindows`. Received: {field}={type(data).__name__} with "
+            f"rollout=Rollout(steps={rollout.steps}). Cut windows out of trajectories: "
+            f"TrajectoryWindows(trajectories, k={rollout.max_steps}"
+            + (", targets='increments'" if rollout.residual else "")
+            + ")."
+        )
+    if data.k < rollout.max_steps:
+        raise ConfigError(
+            f"The windows of `{field}` span k={data.k} steps, shorter than the longest "
+            f"rollout ({rollout.max_steps} steps). Received: TrajectoryWindows(k={data.k}) "
+            f"with rollout=Rollout(steps={rollout.steps}). Build the windows with "
+            f"k >= {rollout.max_steps}."
+        )
+    wanted = "increments" if rollout.residual else "states"
+    if data.targets != wanted:
+        raise ConfigError(
+            f"`residual` must agree with the targets of `{field}`: a residual model predicts "
+            "increments, a non-residual one the next state. Received: "
+            f"Rollout(residual={rollout.residual}) with TrajectoryWindows(targets="
+            f"{data.targets!r}). Use targets={wanted!r}, or residual={not rollout.residual}."
+        )
+
+
+def check_rollout(rollout: Any, data: Any, validation: Any, loss: Any) -> Rollout | None:
+    """`rollout` checked against the training description (None passes).
+
+    Raises:
+        ConfigError: `rollout` is not a `Rollout`, the data are not windows that cover
+            the longest rollout with the targets `residual` implies, or the loss is not
+            one rollout training defines.
+    """
+    if rollout is None:
+        return None
+    if not isinstance(rollout, Rollout):
+        raise ConfigError(
+            "`rollout` must be a `Rollout` (pipekit_train.core.Rollout) or None. Received: "
+            f"rollout={rollout!r}. E.g. rollout=Rollout(steps=4)."
+        )
+    _check_windows("data", data, rollout)
+    if validation is not None:
+        _check_windows("validation", validation, rollout)
+    check_rollout_loss(loss)
+    return rollout

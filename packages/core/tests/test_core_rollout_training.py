@@ -1,0 +1,159 @@
+"""`Rollout`: bad settings are refused before any work; `rollout_loss` on numpy."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipekit_train.core import (
+    ArrayDataset,
+    ConfigError,
+    NeuralForward,
+    NotSupportedError,
+    Rollout,
+    RolloutSchedule,
+    TrainingLoop,
+    TrajectoryWindows,
+    losses,
+)
+from pipekit_train.core.rollout import rollout_loss, rollout_spec
+from pipekit_train.core.testing import NumpyAdapter, NumpyLinearOp
+
+
+def _windows(k: int = 4, targets: str = "states") -> TrajectoryWindows:
+    states = np.random.default_rng(0).normal(size=(4, 20, 3)).astype(np.float32)
+    return TrajectoryWindows(states, k=k, targets=targets)  # type: ignore[arg-type]
+
+
+def _loop(data: object, rollout: object, **kw: object) -> TrainingLoop:
+    return TrainingLoop(
+        NumpyLinearOp("pipekit_train.core.testing:linear", in_size=3, out_size=3),
+        data,
+        adapter=NumpyAdapter(),
+        rollout=rollout,  # type: ignore[arg-type]
+        max_steps=2,
+        batch_size=4,
+        progress=False,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"steps": 0}, r"Received: steps=0\. Use steps=1"),
+        (
+            {"steps": 3, "weights": (1.0, 2.0)},
+            r"Received: weights=\(1\.0, 2\.0\) for steps=3\. Pass 3",
+        ),
+        ({"steps": 2, "weights": (0.0, 0.0)}, r"not all zero\. Received: weights"),
+        ({"backprop": "some"}, r"Received: backprop='some'"),
+        ({"backprop": 0}, r"Received: backprop=0"),
+        ({"noise_std": -1.0}, r"Received: noise_std=-1\.0"),
+        ({"steps": 4, "schedule": {0: 2, 10: 1}}, r"monotone.*k=2 from update 0, then k=1"),
+        ({"steps": 4, "schedule": {5: 2}}, r"from the first update \(a key 0\)"),
+        ({"steps": 2, "schedule": {0: 1, 10: 4}}, r"reaches k=4, longer than steps=2.*steps=4"),
+        ({"steps": 2, "schedule": RolloutSchedule(1, 10, 3)}, r"reaches k=3"),
+    ],
+)
+def test_bad_fields_name_the_field_value_and_fix(kwargs: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        Rollout(**kwargs)
+
+
+def test_schedule_is_a_pure_function_of_the_update_and_json_round_trips() -> None:
+    r = Rollout(steps=4, schedule=RolloutSchedule(start=1, every_n_steps=10, maximum=4))
+    assert [r.steps_at(n) for n in (0, 9, 10, 29, 30, 10**6)] == [1, 1, 2, 3, 4, 4]
+    assert r.max_steps == 4
+    for spec in (r, Rollout(steps=3, weights=(1, 2, 3), backprop=2, schedule={0: 1, 7: 3})):
+        back = Rollout.from_json(json.loads(json.dumps(spec.to_json())))
+        assert back == spec and hash(back) == hash(spec)
+    with pytest.raises(ConfigError, match="`maximum` must be an int >= `start`"):
+        RolloutSchedule(start=3, maximum=2)
+
+
+def test_bad_data_is_refused_before_any_work(tmp_path) -> None:
+    plain = ArrayDataset(x=np.zeros((16, 3), np.float32), y=np.zeros((16, 3), np.float32))
+    with pytest.raises(ConfigError, match=r"`data` must be a `TrajectoryWindows`.*ArrayDataset"):
+        _loop(plain, Rollout(steps=2), checkpoint=str(tmp_path / "ck"))
+    assert not (tmp_path / "ck").exists()
+    with pytest.raises(ConfigError, match=r"span k=2 steps.*Build the windows with k >= 4"):
+        _loop(_windows(k=2), Rollout(steps=4, schedule={0: 1, 5: 4}))
+    with pytest.raises(ConfigError, match=r"targets='increments'"):
+        _loop(_windows(targets="states"), Rollout(steps=2, residual=True))
+    with pytest.raises(ConfigError, match=r"mean squared error.*loss='mae'"):
+        _loop(_windows(), Rollout(steps=2), loss="mae")
+    with pytest.raises(ConfigError, match=r"`rollout` must be a `Rollout`"):
+        _loop(_windows(), {"steps": 2})
+
+
+def test_a_backend_without_the_capability_refuses() -> None:
+    with pytest.raises(
+        NotSupportedError, match=r"Rollout training is not supported by the 'numpy'"
+    ):
+        _loop(_windows(), Rollout(steps=2))
+
+
+def test_the_resume_key_names_the_rollout() -> None:
+    from pipekit_train.core.spec._plan import RESUME_KEY_FIELDS
+
+    assert "rollout" in RESUME_KEY_FIELDS  # a resume with another rollout is refused
+
+
+def _lin(a: np.ndarray, b: np.ndarray):
+    return lambda x: x @ a + b
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_rollout_loss_on_numpy_matches_neural_forward_and_the_one_step_loss(residual: bool) -> None:
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=(3, 3)) * 0.3, rng.normal(size=3) * 0.1
+    windows = _windows(k=3, targets="increments" if residual else "states")
+    norm = windows.normalizer()
+    batch = norm.apply(windows.get_batch(np.arange(5)))
+    spec = rollout_spec(norm, residual, 1)
+    mse = losses.get("mse")
+    loss, pred = rollout_loss(
+        np,
+        spec=spec,
+        model_fn=_lin(a, b),
+        x=batch["x"],
+        y=batch["y"],
+        weights=(1.0, 1.0, 1.0),
+        backprop="full",
+        loss_fn=mse,
+    )
+
+    class Op:  # a model operator NeuralForward can call
+        def __call__(self, x):
+            return _lin(a, b)(np.asarray(x))
+
+    forward = NeuralForward(Op(), normalizer=norm, residual=residual)
+    raw = windows.get_batch(np.arange(5))
+    state, want = raw["x"].astype(np.float64), []
+    for _ in range(3):
+        state = forward(state)
+        want.append(state)
+    states = raw["x"][:, None] + np.cumsum(raw["y"], axis=1) if residual else raw["y"]
+    mx, sx = norm.mean["x"], norm.std["x"]
+    terms = [
+        np.mean(((w - mx) / sx - (s - mx) / sx) ** 2)
+        for w, s in zip(want, states.transpose(1, 0, 2), strict=True)
+    ]
+    np.testing.assert_allclose(loss, np.mean(terms), rtol=1e-5)
+    # k = 1 without a normalizer is the one-step loss on the same pairs
+    plain = _windows(k=1, targets="increments" if residual else "states")
+    pairs = plain.get_batch(np.arange(6))
+    one, _ = rollout_loss(
+        np,
+        spec=rollout_spec(None, residual, 1),
+        model_fn=_lin(a, b),
+        x=pairs["x"],
+        y=pairs["y"],
+        weights=(1.0,),
+        backprop="full",
+        loss_fn=mse,
+    )
+    np.testing.assert_allclose(one, mse(_lin(a, b)(pairs["x"]), pairs["y"]), rtol=1e-6)
