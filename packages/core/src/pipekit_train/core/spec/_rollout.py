@@ -48,6 +48,7 @@ class RolloutSchedule:
         maximum: the longest length, >= `start`.
 
     Examples:
+        >>> from pipekit_train.core import RolloutSchedule
         >>> RolloutSchedule(start=1, every_n_steps=100, maximum=4).stages()
         ((0, 1), (100, 2), (200, 3), (300, 4))
     """
@@ -162,6 +163,7 @@ class Rollout:
         ConfigError: a bad field, naming the field, the value and the fix.
 
     Examples:
+        >>> from pipekit_train.core import Rollout
         >>> r = Rollout(steps=4, schedule={0: 1, 100: 2, 200: 4}, backprop="last")
         >>> [r.steps_at(n) for n in (0, 99, 100, 250)]
         [1, 1, 2, 4]
