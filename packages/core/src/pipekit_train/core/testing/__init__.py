@@ -19,6 +19,7 @@
 
 from typing import Any
 
+from ._calibration import check_calibration_monitor
 from ._golden import (
     GOLDEN_CASES,
     GOLDEN_EMA_CASES,
@@ -97,6 +98,7 @@ __all__ = [
     "NumpyLinearOp",
     "PlateauRun",
     "SmallFilesystemUnavailable",
+    "check_calibration_monitor",
     "check_device_rollout",
     "check_rollout_monitor",
     "check_stochastic_rollout",
