@@ -15,11 +15,13 @@
   `run_golden_field`, `GOLDEN_FIELD_CASES`: its conv-net cases on channels-last fields;
   `run_golden_plateau`, `compare_plateau`, `PLATEAU_CASES`: its `ReduceLROnPlateau` cases;
   `run_golden_flow`, `compare_golden_flow`: its flow-head case (`flow_nll`, `Flow`).
+- `DeepSetSuite`, `point_sets`: the checks every backend's `deep_set` embedding passes.
 """
 
 from typing import Any
 
 from ._calibration import check_calibration_monitor
+from ._embeddings import DEEP_SET_SIZES, DeepSetSuite, point_sets
 from ._golden import (
     GOLDEN_CASES,
     GOLDEN_EMA_CASES,
@@ -99,6 +101,9 @@ __all__ = [
     "PlateauRun",
     "SmallFilesystemUnavailable",
     "check_calibration_monitor",
+    "DEEP_SET_SIZES",
+    "DeepSetSuite",
+    "point_sets",
     "check_device_rollout",
     "check_rollout_monitor",
     "check_stochastic_rollout",
