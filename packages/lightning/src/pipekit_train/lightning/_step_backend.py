@@ -35,6 +35,7 @@ from pipekit_train.core.adapter import (
     Plan,
     StepBackend,
     adjusts_learning_rate,
+    prefetch_depth,
 )
 
 from ._amp import amp_for
@@ -104,8 +105,9 @@ class TorchStepBackend(StepBackend[TorchState]):
         self._graphs = compile == CUDA_GRAPHS  # the whole update as a CUDA graph
         self._graphed: GraphedUpdate | None = None
         self.steps_per_execution = max(1, int(steps_per_execution))
-        # on CUDA a thread copies the next batches to the device while the step runs
-        self.prefetch = 2 if self._cuda else 0
+        # on CUDA a thread copies the next batches to the device while the step runs,
+        # when they are large enough to pay (`prefetch_depth`)
+        self.prefetch = prefetch_depth(plan, self.steps_per_execution) if self._cuda else 0
         self.objective: Objective | None = None
         self._zero_grad = GradReset()
         # the private RNG is swapped in only around modules that may draw from it
