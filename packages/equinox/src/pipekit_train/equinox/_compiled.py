@@ -173,8 +173,15 @@ class StepFunctions:
         def loss_of(model: Any) -> tuple[Array, tuple[Array, Any]]:
             if self.rollout is not None:  # layer state: refused by `Equinox.validate`
 
+                def apply(module: Any, inputs: Array) -> Array:
+                    return self._forward(module, inputs, state.model_state, sub)[0]
+
+                if self.rollout.rollout.gradient_checkpointing:
+                    # each unrolled step's activations are recomputed in the backward pass
+                    apply = eqx.filter_checkpoint(apply)
+
                 def model_fn(inputs: Array) -> Array:
-                    return self._forward(model, inputs, state.model_state, sub)[0]
+                    return apply(model, inputs)
 
                 loss = self.rollout.train_loss(model_fn, batch, state.step)
                 new_mstate = state.model_state

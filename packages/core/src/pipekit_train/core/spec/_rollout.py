@@ -162,7 +162,8 @@ class Rollout:
             backward pass instead of keeping its activations (`jax.checkpoint`,
             `torch.utils.checkpoint`): the activation memory of an update grows with `k`
             by one state per step instead of one model's activations per step, at the
-            cost of about one more forward pass. The loss and the updates are the same
+            cost of about one more forward pass (XLA on the CPU merges the recomputation
+            back, so there it saves nothing). The loss and the updates are the same
             (to float tolerance), so a run may resume with the flag flipped (it is not
             part of the resume key). A backend without it refuses it before any work
             (`Capabilities.rollout_checkpointing`).
