@@ -146,6 +146,24 @@ def test_a_backend_without_rollout_checkpointing_refuses_it(tmp_path) -> None:
     assert not (tmp_path / "ck").exists()
 
 
+def test_online_trainer_refuses_a_rollout_before_any_work(tmp_path) -> None:
+    from pipekit_train.core import OnlineTrainer
+
+    op = NumpyLinearOp("pipekit_train.core.testing:linear", in_size=3, out_size=3)
+    with pytest.raises(
+        ConfigError,
+        match=r"an online stream of \(x, y\) pairs has no trajectories.*Received: "
+        r"rollout=Rollout\(steps=4\)\. Train through the rollout with TrainingLoop",
+    ):
+        OnlineTrainer(
+            op, adapter=NumpyAdapter(), checkpoint=str(tmp_path / "ck"), rollout=Rollout(steps=4)
+        )
+    assert not (tmp_path / "ck").exists()
+    trainer = OnlineTrainer(op, adapter=NumpyAdapter(), rollout=None)  # None: one-step
+    trainer({"x": np.ones((2, 3), np.float32), "y": np.ones((2, 3), np.float32)})
+    assert trainer.step == 1
+
+
 def _lin(a: np.ndarray, b: np.ndarray):
     return lambda x: x @ a + b
 
