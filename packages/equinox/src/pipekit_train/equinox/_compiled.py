@@ -263,7 +263,10 @@ class StepFunctions:
         state = self.unflatten(leaves)
         # validation sees the moving average of the weights when the optimizer keeps one
         model = eqx.nn.inference_mode(ema_model(state.model, state.opt_state))
-        if self.rollout is not None:
+        stacked = batch["y"].ndim == batch["x"].ndim + 1
+        if self.rollout is not None and (stacked or self.rollout.rollout.max_steps == 1):
+            # windows: the longest rollout; pairs (`state.predict`, e.g. RolloutMonitor's
+            # one-step calls): one model application, below
 
             def model_fn(inputs: Array) -> Array:
                 return self._forward(model, inputs, state.model_state, None)[0]
