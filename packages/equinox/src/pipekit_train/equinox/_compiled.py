@@ -21,6 +21,7 @@ the update's start (accumulated gradients and the update count included).
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -173,15 +174,19 @@ class StepFunctions:
         def loss_of(model: Any) -> tuple[Array, tuple[Array, Any]]:
             if self.rollout is not None:  # layer state: refused by `Equinox.validate`
 
-                def apply(module: Any, inputs: Array) -> Array:
-                    return self._forward(module, inputs, state.model_state, sub)[0]
+                def apply(module: Any, inputs: Array, step_key: Any) -> Array:
+                    return self._forward(module, inputs, state.model_state, step_key)[0]
 
                 if self.rollout.rollout.gradient_checkpointing:
                     # each unrolled step's activations are recomputed in the backward pass
                     apply = eqx.filter_checkpoint(apply)
+                calls = itertools.count()
 
                 def model_fn(inputs: Array) -> Array:
-                    return apply(model, inputs)
+                    # each unrolled application draws its own dropout masks (as a
+                    # framework that draws at every call does); traced in a fixed order
+                    step_key = None if sub is None else jax.random.fold_in(sub, next(calls))
+                    return apply(model, inputs, step_key)
 
                 loss = self.rollout.train_loss(model_fn, batch, state.step)
                 new_mstate = state.model_state
