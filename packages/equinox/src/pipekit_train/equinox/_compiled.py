@@ -21,6 +21,7 @@ the update's start (accumulated gradients and the update count included).
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -173,8 +174,19 @@ class StepFunctions:
         def loss_of(model: Any) -> tuple[Array, tuple[Array, Any]]:
             if self.rollout is not None:  # layer state: refused by `Equinox.validate`
 
+                def apply(module: Any, inputs: Array, step_key: Any) -> Array:
+                    return self._forward(module, inputs, state.model_state, step_key)[0]
+
+                if self.rollout.rollout.gradient_checkpointing:
+                    # each unrolled step's activations are recomputed in the backward pass
+                    apply = eqx.filter_checkpoint(apply)
+                calls = itertools.count()
+
                 def model_fn(inputs: Array) -> Array:
-                    return self._forward(model, inputs, state.model_state, sub)[0]
+                    # each unrolled application draws its own dropout masks (as a
+                    # framework that draws at every call does); traced in a fixed order
+                    step_key = None if sub is None else jax.random.fold_in(sub, next(calls))
+                    return apply(model, inputs, step_key)
 
                 loss = self.rollout.train_loss(model_fn, batch, state.step)
                 new_mstate = state.model_state
@@ -256,7 +268,10 @@ class StepFunctions:
         state = self.unflatten(leaves)
         # validation sees the moving average of the weights when the optimizer keeps one
         model = eqx.nn.inference_mode(ema_model(state.model, state.opt_state))
-        if self.rollout is not None:
+        stacked = batch["y"].ndim == batch["x"].ndim + 1
+        if self.rollout is not None and (stacked or self.rollout.rollout.max_steps == 1):
+            # windows: the longest rollout; pairs (`state.predict`, e.g. RolloutMonitor's
+            # one-step calls): one model application, below
 
             def model_fn(inputs: Array) -> Array:
                 return self._forward(model, inputs, state.model_state, None)[0]
