@@ -32,9 +32,9 @@ GOLDEN_WORKER = Path(__file__).resolve().parent / "golden_worker.py"
 # label -> (backend package, KERAS_BACKEND, the suites it runs)
 GOLDEN_SETUPS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
     "equinox": ("equinox", None, ("mlp", "plateau", "field", "flow", "rollout")),
-    "lightning": ("lightning", None, ("mlp", "plateau", "field", "flow")),
-    "torch": ("torch", None, ("mlp", "plateau", "flow")),
-    "torch-k10": ("torch_k10", None, ("mlp",)),
+    "lightning": ("lightning", None, ("mlp", "plateau", "field", "flow", "rollout")),
+    "torch": ("torch", None, ("mlp", "plateau", "flow", "rollout")),
+    "torch-k10": ("torch_k10", None, ("mlp", "rollout")),
     "keras-jax": ("keras", "jax", ("mlp", "plateau", "field", "flow")),
     "keras-torch": ("keras", "torch", ("mlp", "plateau", "field", "flow")),
     "plain-torch": ("plain_torch", None, ("mlp", "plateau")),
