@@ -135,10 +135,30 @@ def test_fused_and_accumulated_steps_keep_their_meaning() -> None:
     np.testing.assert_allclose(acc_torch.history["loss"], acc_lightning.history["loss"], rtol=1e-5)
 
 
-def test_refusals_name_the_fix() -> None:
+def test_refusals_name_the_fix(tmp_path: Path) -> None:
+    import lightning as L
+
     from pipekit_train.core import NotSupportedError
 
+    class Own(L.LightningModule):  # its training_step is the user's, not a rollout
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(2, 2)
+
+        def forward(self, x: Any) -> Any:
+            return self.net(x)
+
     train, _ = golden_rollout_task()
+    with pytest.raises(NotSupportedError, match=r"your own LightningModule.*Pass the network"):
+        TrainingLoop(
+            Own(),
+            train,
+            rollout=Rollout(steps=2, residual=True),
+            max_steps=2,
+            checkpoint=str(tmp_path / "ck"),
+            adapter=Lightning(),
+        )
+    assert not (tmp_path / "ck").exists()
     with pytest.raises(NotSupportedError, match=r"Rollout training with `compile`.*compile=False"):
         TrainingLoop(
             _op(),
