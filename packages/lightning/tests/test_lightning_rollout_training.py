@@ -167,3 +167,52 @@ def test_refusals_name_the_fix(tmp_path: Path) -> None:
             max_steps=2,
             adapter=Torch(compile=True),
         )
+
+
+@pytest.mark.parametrize("name", ["lightning", "torch"])
+def test_gradient_checkpointing_recomputes_the_steps_with_the_same_updates(name: str) -> None:
+    """`Rollout(gradient_checkpointing=True)`: each step's model application runs again in
+    the backward pass (twice the forward calls of an update), with the same losses and
+    weights to float tolerance."""
+    train, _ = golden_rollout_task()
+
+    def run(flag: bool) -> tuple[Any, int]:
+        op = _op()
+        calls = [0]
+
+        def count(*_: Any) -> None:
+            calls[0] += 1
+
+        spec = Rollout(steps=4, residual=True, backprop=2, gradient_checkpointing=flag)
+        loop = TrainingLoop(
+            op,
+            train,
+            rollout=spec,
+            normalizer=train.normalizer(),
+            loss="mse",
+            optimizer_config={"name": "adam", "lr": 0.01},
+            batch_size=16,
+            max_steps=3,
+            seed=3,
+            adapter=ADAPTERS[name](),
+            progress=False,
+        )
+
+        # the adapters train a copy of the network: count the calls of any copy's first
+        # layer (a recomputation stops early, before the network's last layer)
+        def first_layer(module: Any, *_: Any) -> None:
+            if isinstance(module, torch.nn.Linear) and module.in_features == 2:
+                count()
+
+        hook = torch.nn.modules.module.register_module_forward_hook(first_layer)
+        try:
+            art = loop.run()
+        finally:
+            hook.remove()
+        return art, calls[0]
+
+    (plain, n_plain), (ckpt, n_ckpt) = run(False), run(True)
+    assert n_plain == 3 * 4 and n_ckpt == 2 * 3 * 4, (n_plain, n_ckpt)
+    np.testing.assert_allclose(ckpt.history["loss"], plain.history["loss"], rtol=1e-6)
+    for a, b in zip(ckpt.model.model.parameters(), plain.model.model.parameters(), strict=True):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-7)

@@ -23,6 +23,7 @@ from typing import Any
 import array_api_compat
 import numpy as np
 import torch
+import torch.utils.checkpoint
 
 from pipekit_train.core import Rollout
 from pipekit_train.core.rollout import (
@@ -104,7 +105,10 @@ class TorchRolloutLoss:
     """The rollout-training loss of a torch update: core's `rollout_loss` on tensors.
 
     The unrolled steps are a Python loop recorded by autograd, so activation memory
-    grows linearly with `k` (`backprop="last"` keeps one step's graph).
+    grows linearly with `k` (`backprop="last"` keeps one step's graph). With
+    `Rollout(gradient_checkpointing=True)` each step's model application runs under
+    `torch.utils.checkpoint` (non-reentrant, the RNG state preserved): only its input
+    is kept, and its activations are recomputed in the backward pass.
 
     Args:
         rollout: the `Rollout` spec.
@@ -162,6 +166,12 @@ class TorchRolloutLoss:
     ) -> Any:
         """The loss of a batch of optimizer update `update` (0-based) with its noise."""
         k = self.rollout.steps_at(int(update))
+        if self.rollout.gradient_checkpointing and torch.is_grad_enabled():
+            inner = model_fn
+
+            def model_fn(state: Any) -> Any:
+                return torch.utils.checkpoint.checkpoint(inner, state, use_reentrant=False)
+
         return self.predict(model_fn, batch, k, batch.get(NOISE_KEY))[0]
 
     def eval_loss(

@@ -101,7 +101,7 @@ class Torch(StepAdapter):
 
     name = "torch"
     native_loaders = "a torch DataLoader"
-    capabilities = Capabilities.full(sharding=False, rollout_checkpointing=False)
+    capabilities = Capabilities.full(sharding=False)
 
     def __init__(
         self,

@@ -502,7 +502,8 @@ def check_plan(adapter: Adapter, plan: Plan) -> None:
                 "Gradient checkpointing of the unrolled steps",
                 "rollout=Rollout(..., gradient_checkpointing=True)",
                 "Use gradient_checkpointing=False (the same loss, more memory), or a "
-                "backend that declares Capabilities(rollout_checkpointing=True) (Equinox()).",
+                "backend that declares Capabilities(rollout_checkpointing=True) (Equinox(), "
+                "Lightning(), Torch()).",
             )
     for field in ("data", "validation"):
         data = getattr(plan, field)
