@@ -144,15 +144,3 @@ def test_resume_mid_schedule_with_noise_is_exact(tmp_path: Path) -> None:
     other = Rollout(steps=4, residual=True, noise_std=0.05, backprop=2)
     with pytest.raises(CheckpointError, match="rollout"):
         _loop(windows, other, max_steps=12, checkpoint=policy, **kw).run()
-
-
-@pytest.mark.slow
-def test_kill_and_resume_mid_schedule_is_exact(tmp_path: Path) -> None:
-    from pipekit_train.core.testing import check_rollout_kill_resume
-
-    def make() -> EquinoxModelOp:
-        return EquinoxModelOp(
-            "pipekit_train.equinox.testing:mlp", in_size=2, out_size=2, width=16, seed=0
-        )
-
-    check_rollout_kill_resume(make, None, tmp_path)

@@ -1,7 +1,8 @@
 """Rollout training on `Lightning()` and `Torch()`: the k-step prediction is
 `NeuralForward`'s, the loss and the updates are a hand-written plain-torch reference's,
-k = 1 is one-step training, and a run resumed mid-schedule (after a checkpoint, and after
-a SIGKILL) ends with the same bytes. The shared checks live in `core.testing`."""
+k = 1 is one-step training, and a run resumed mid-schedule ends with the same bytes. The
+shared checks live in `core.testing`; the conformance suite kills and resumes a rollout
+run (`test_rollout_exact_resume_after_sigkill`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import torch
 from pipekit_train.core import Rollout, TrainingLoop, losses
 from pipekit_train.core.testing import (
     check_one_step_rollout,
-    check_rollout_kill_resume,
     check_rollout_prediction,
     check_rollout_resume,
     golden_rollout_task,
@@ -97,12 +97,6 @@ def test_loss_and_updates_match_a_hand_written_torch_loop(name: str, backprop: s
 @pytest.mark.parametrize("name", ["lightning", "torch"])
 def test_resume_mid_schedule_with_noise_is_exact(name: str, tmp_path: Path) -> None:
     check_rollout_resume(_op, ADAPTERS[name](), tmp_path)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["lightning", "torch"])
-def test_kill_and_resume_mid_schedule_is_exact(name: str, tmp_path: Path) -> None:
-    check_rollout_kill_resume(_op, ADAPTERS[name](), tmp_path)
 
 
 def test_fused_and_accumulated_steps_keep_their_meaning() -> None:
