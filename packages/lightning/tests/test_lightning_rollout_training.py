@@ -210,3 +210,38 @@ def test_gradient_checkpointing_recomputes_the_steps_with_the_same_updates(name:
     np.testing.assert_allclose(ckpt.history["loss"], plain.history["loss"], rtol=1e-6)
     for a, b in zip(ckpt.model.model.parameters(), plain.model.model.parameters(), strict=True):
         np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["lightning", "torch"])
+def test_the_noise_reaches_training_batches_only(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Core's feed attaches `batch["noise"]` to training batches; validation never sees it."""
+    seen: dict[str, list[bool]] = {"train": [], "eval": []}
+    train_loss, eval_loss = TorchRolloutLoss.train_loss, TorchRolloutLoss.eval_loss
+
+    def spy_train(self: Any, model_fn: Any, batch: Any, update: int) -> Any:
+        seen["train"].append("noise" in batch)
+        return train_loss(self, model_fn, batch, update)
+
+    def spy_eval(self: Any, model_fn: Any, batch: Any) -> Any:
+        seen["eval"].append("noise" in batch)
+        return eval_loss(self, model_fn, batch)
+
+    monkeypatch.setattr(TorchRolloutLoss, "train_loss", spy_train)
+    monkeypatch.setattr(TorchRolloutLoss, "eval_loss", spy_eval)
+    train, val = golden_rollout_task()
+    TrainingLoop(
+        _op(),
+        train,
+        validation=val,
+        rollout=Rollout(steps=4, residual=True, noise_std=0.1),
+        normalizer=train.normalizer(),
+        loss="mse",
+        batch_size=16,
+        max_steps=2,
+        validate_every_n_steps=2,
+        adapter=ADAPTERS[name](),
+        progress=False,
+    ).run()
+    assert seen["train"] == [True, True] and seen["eval"] and not any(seen["eval"])
