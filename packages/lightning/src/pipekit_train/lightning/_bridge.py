@@ -104,6 +104,8 @@ class LightningHooks(L.Callback):
         eval_module: the module validation runs `forward(x)` on.
         loss: the plan's loss, for validation.
         dtype: floating core batches are cast to this dtype (the model's).
+        rollout: a `TorchRolloutLoss` (rollout training): validation rolls out the
+            longest rollout (`eval_loss`); None: one-step validation.
 
     Optimizer steps are detected by `trainer.global_step` advancing, so gradient
     accumulation (Lightning batches without a step) needs no configuration here; the
@@ -119,9 +121,11 @@ class LightningHooks(L.Callback):
         eval_module: torch.nn.Module,
         loss: Callable[[Any, Any], Any],
         dtype: torch.dtype = torch.float32,
+        rollout: Any = None,
     ):
         super().__init__()
         self.plan = plan
+        self.rollout = rollout
         self.state = TorchState(save_module)
         self.eval_module = eval_module
         self.loss = loss
@@ -332,6 +336,10 @@ class LightningHooks(L.Callback):
         """`(predictions, mean loss)` of one numpy batch with `eval_module`."""
         module = self.eval_module
         dtype, device = module_dtype(module)
+        if self.rollout is not None:  # the longest rollout, without noise
+            inputs = {k: as_input(batch[k], dtype, device) for k in ("x", "y")}
+            pred, loss = self.rollout.eval_loss(module, inputs)
+            return to_host(pred), float(loss)
         pred = module(as_input(batch["x"], dtype, device))
         target = as_input(batch["y"], dtype, device)
         loss = self.loss(pred, target)
