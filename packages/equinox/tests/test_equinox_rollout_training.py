@@ -144,3 +144,12 @@ def test_resume_mid_schedule_with_noise_is_exact(tmp_path: Path) -> None:
     other = Rollout(steps=4, residual=True, noise_std=0.05, backprop=2)
     with pytest.raises(CheckpointError, match="rollout"):
         _loop(windows, other, max_steps=12, checkpoint=policy, **kw).run()
+
+
+def test_a_rollout_monitor_sees_one_step_per_application() -> None:
+    from pipekit_train.core.testing import check_rollout_monitor_under_rollout
+
+    check_rollout_monitor_under_rollout(
+        lambda: EquinoxModelOp("pipekit_train.equinox.testing:mlp", in_size=2, out_size=2, seed=0),
+        None,
+    )

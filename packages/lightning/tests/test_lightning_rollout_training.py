@@ -16,6 +16,7 @@ import torch
 from pipekit_train.core import Rollout, TrainingLoop, losses
 from pipekit_train.core.testing import (
     check_one_step_rollout,
+    check_rollout_monitor_under_rollout,
     check_rollout_prediction,
     check_rollout_resume,
     golden_rollout_task,
@@ -47,6 +48,11 @@ def test_the_prediction_inside_training_is_neural_forward_k_times() -> None:
 @pytest.mark.parametrize("name", ["lightning", "torch"])
 def test_one_step_rollout_is_one_step_training(name: str) -> None:
     check_one_step_rollout(_op, ADAPTERS[name]())
+
+
+@pytest.mark.parametrize("name", ["lightning", "torch"])
+def test_a_rollout_monitor_sees_one_step_per_application(name: str) -> None:
+    check_rollout_monitor_under_rollout(_op, ADAPTERS[name]())
 
 
 @pytest.mark.parametrize("name", ["lightning", "torch"])

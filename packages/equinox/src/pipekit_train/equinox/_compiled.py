@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
 import equinox as eqx
+from pipekit_train.core.rollout import evaluates_as_rollout
 
 from ._ema import ema_model
 from ._grad_norm import GRAD_NORM, step_grad_norm
@@ -268,8 +269,7 @@ class StepFunctions:
         state = self.unflatten(leaves)
         # validation sees the moving average of the weights when the optimizer keeps one
         model = eqx.nn.inference_mode(ema_model(state.model, state.opt_state))
-        stacked = batch["y"].ndim == batch["x"].ndim + 1
-        if self.rollout is not None and (stacked or self.rollout.rollout.max_steps == 1):
+        if self.rollout is not None and evaluates_as_rollout(batch, self.rollout.rollout):
             # windows: the longest rollout; pairs (`state.predict`, e.g. RolloutMonitor's
             # one-step calls): one model application, below
 

@@ -42,6 +42,7 @@ import torch
 
 import lightning as L
 from pipekit_train.core.adapter import GRAD_NORM, Plan, RunLifecycle, is_core_dataset
+from pipekit_train.core.rollout import evaluates_as_rollout
 
 from ._data import TensorBatches, is_datamodule, loader_pass
 from ._ema import swapped_in
@@ -336,7 +337,9 @@ class LightningHooks(L.Callback):
         """`(predictions, mean loss)` of one numpy batch with `eval_module`."""
         module = self.eval_module
         dtype, device = module_dtype(module)
-        if self.rollout is not None:  # the longest rollout, without noise
+        if self.rollout is not None and evaluates_as_rollout(batch, self.rollout.rollout):
+            # windows: the longest rollout, without noise; pairs (`state.predict`, e.g.
+            # RolloutMonitor's one-step calls): one model application, below
             inputs = {k: as_input(batch[k], dtype, device) for k in ("x", "y")}
             pred, loss = self.rollout.eval_loss(module, inputs)
             return to_host(pred), float(loss)

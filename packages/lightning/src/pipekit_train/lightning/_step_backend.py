@@ -37,6 +37,7 @@ from pipekit_train.core.adapter import (
     adjusts_learning_rate,
     prefetch_depth,
 )
+from pipekit_train.core.rollout import evaluates_as_rollout
 
 from ._amp import amp_for
 from ._checkpoint import checkpointer
@@ -390,7 +391,9 @@ class TorchStepBackend(StepBackend[TorchState]):
         try:
             with swapped_in(state.optimizers), torch.no_grad(), self._amp.autocast(self._device):
                 inputs = self.put(batch)
-                if self._rollout is not None:  # the longest rollout, without noise
+                if self._rollout is not None and evaluates_as_rollout(
+                    inputs, self._rollout.rollout
+                ):  # windows: the longest rollout, without noise; pairs: one application
                     pred, value = self._rollout.eval_loss(net, inputs)
                     loss = float(value)
                 else:

@@ -17,7 +17,7 @@ from ._plan import (
     prepare_rollout,
 )
 from ._step import AffineMap, NonFiniteStateError, RolloutSpec, non_finite_error
-from ._train import check_rollout_loss, rollout_loss, rollout_spec
+from ._train import check_rollout_loss, evaluates_as_rollout, rollout_loss, rollout_spec
 
 __all__ = [
     "NOISE_KEY",
@@ -30,6 +30,7 @@ __all__ = [
     "RolloutSpec",
     "check_hook_steps",
     "check_rollout_loss",
+    "evaluates_as_rollout",
     "drive",
     "first_bad",
     "jax_rollout",

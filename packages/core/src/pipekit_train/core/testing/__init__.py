@@ -87,6 +87,7 @@ from ._rollout_training import (
     ROLLOUT_RESUME_SPEC,
     check_one_step_rollout,
     check_rollout_kill_resume,
+    check_rollout_monitor_under_rollout,
     check_rollout_prediction,
     check_rollout_resume,
 )
@@ -129,6 +130,7 @@ __all__ = [
     "check_device_rollout",
     "check_one_step_rollout",
     "check_rollout_kill_resume",
+    "check_rollout_monitor_under_rollout",
     "check_rollout_monitor",
     "check_rollout_prediction",
     "check_rollout_resume",

@@ -10,7 +10,10 @@ its adapter:
 - `check_rollout_resume`: a run stopped mid-schedule with input noise and resumed from
   its checkpoint ends with the same bytes and losses as an uninterrupted one;
 - `check_rollout_kill_resume`: the same after a SIGKILL (a subprocess, as the
-  conformance suite kills its runs).
+  conformance suite kills its runs);
+- `check_rollout_monitor_under_rollout`: a `RolloutMonitor` on a run trained through
+  the rollout sees one model application per step (its validation evaluator rolls
+  windows out, but applies the model once to pairs).
 
 All of them train on `golden_rollout_task`'s damped-pendulum windows.
 """
@@ -36,6 +39,7 @@ __all__ = [
     "ROLLOUT_RESUME_SPEC",
     "check_one_step_rollout",
     "check_rollout_kill_resume",
+    "check_rollout_monitor_under_rollout",
     "check_rollout_prediction",
     "check_rollout_resume",
 ]
@@ -116,6 +120,32 @@ def check_one_step_rollout(make_model: Callable[[], Any], adapter: Any) -> None:
         rtol=1e-5,
         atol=1e-6,
     )
+
+
+def check_rollout_monitor_under_rollout(make_model: Callable[[], Any], adapter: Any) -> None:
+    """`RolloutMonitor` on a `Rollout(steps=4)` run: its errors at the last validation are
+    those of the trained model's own rollout (`artifact.rollout`, on the host)."""
+    from pipekit_train.core import RolloutMonitor
+
+    train, val = golden_rollout_task(k=4)
+    monitor = RolloutMonitor(val.trajectories, 8, residual=True)
+    artifact = _loop(
+        make_model,
+        adapter,
+        train,
+        Rollout(steps=4, residual=True),
+        validation=val,
+        normalizer=train.normalizer(),
+        callbacks=[monitor],
+        max_steps=4,
+        validate_every_n_steps=4,
+    ).run()
+    assert monitor.last_report is not None, "the monitor never ran"
+    want = artifact.rollout(val.trajectories, 8).metrics
+    got = {k.removeprefix("val_"): v for k, v in monitor.last_report.metrics.items()}
+    assert set(got) == set(want), (sorted(got), sorted(want))
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-4, err_msg=name)
 
 
 def check_rollout_resume(make_model: Callable[[], Any], adapter: Any, tmp_path: Path) -> None:
