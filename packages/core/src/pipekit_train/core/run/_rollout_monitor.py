@@ -19,6 +19,7 @@ from pipekit_train.core.metrics import DEFAULT_LEAD_BOUNDS
 from pipekit_train.core.model._heads import head_for_loss, head_options_for_loss
 from pipekit_train.core.rollout._cycle import NeuralForward
 from pipekit_train.core.rollout._validation import RolloutReport, rollout_validation
+from pipekit_train.core.spec._rollout import Rollout
 
 __all__ = ["RolloutMonitor"]
 
@@ -122,10 +123,17 @@ class RolloutMonitor:
     def validation_metrics(self, state: Any) -> Mapping[str, float]:
         """Roll the trajectories out with the current weights; return the errors."""
         head, options = self._head
+        rollout = state.plan.get("rollout")
+        # a rollout-trained run's evaluator predicts a window of k steps from `x` (its
+        # "y" holds k targets): the first of them is the model's output on `x`
+        k = None if rollout is None else Rollout.from_json(rollout).max_steps
 
         def model(x_norm: np.ndarray) -> np.ndarray:
             x_in = np.asarray(x_norm, dtype=np.float32)
-            return state.predict({"x": x_in, "y": np.zeros_like(x_in)})
+            if k is None:
+                return state.predict({"x": x_in, "y": np.zeros_like(x_in)})
+            targets = np.zeros((x_in.shape[0], k, *x_in.shape[1:]), dtype=np.float32)
+            return np.asarray(state.predict({"x": x_in, "y": targets}))[:, 0]
 
         forward = NeuralForward(
             model,
