@@ -146,9 +146,11 @@ def lead_figure(reports: dict[str, RolloutReport], path: Path, horizon: int) -> 
     for i, (label, report) in enumerate(reports.items()):
         error = np.asarray(report.errors["nrmse"])[:, 0]
         leads = np.arange(1, len(error) + 1) / LYAPUNOV_STEPS
-        style = {"color": "0.5", "ls": ":"} if label == "persistence" else {"color": f"C{i}"}
-        ax.plot(leads, error, label=label, **style)
-    ax.axhline(0.5, color="0.7", lw=0.8, ls="--")
+        still = label == "persistence"
+        ax.plot(
+            leads, error, label=label, color="0.5" if still else f"C{i}", ls=":" if still else "-"
+        )
+    ax.axhline(0.5, color="0.7", lw=0.8, ls="--", label="valid-time threshold")
     ax.set(
         xlabel=f"lead time [Lyapunov times; 1 = {LYAPUNOV_STEPS} steps of "
         f"{lorenz96.EMULATOR_DT:g} time units]",
