@@ -157,3 +157,55 @@ def test_rollout_loss_on_numpy_matches_neural_forward_and_the_one_step_loss(resi
         loss_fn=mse,
     )
     np.testing.assert_allclose(one, mse(_lin(a, b)(pairs["x"]), pairs["y"]), rtol=1e-6)
+
+
+def test_the_feed_draws_the_noise_once_for_every_backend_shard_and_resume() -> None:
+    import dataclasses
+
+    from pipekit_train.core.rollout import NOISE_KEY, rollout_noise
+    from pipekit_train.core.run._context import RunContext
+
+    windows = _windows(k=1)  # a plain plan of these windows, given a rollout below
+    norm = windows.normalizer()
+    plain = TrainingLoop(
+        NumpyLinearOp("pipekit_train.core.testing:linear", in_size=3, out_size=3),
+        windows,
+        adapter=NumpyAdapter(),
+        normalizer=norm,
+        max_steps=4,
+        batch_size=4,
+        seed=5,
+        progress=False,
+    ).plan
+    assert NOISE_KEY not in next(RunContext(plain).train_batches())  # no rollout: no noise
+    rollout = Rollout(steps=1, noise_std=0.1)  # the plan of a backend that accumulates 2
+    plan = dataclasses.replace(plain, rollout=rollout, accumulate_grad_batches=2)
+    ctx = RunContext(plan)
+    whole = ctx.train_batches()
+    batches = [next(whole) for _ in range(6)]
+    for i, batch in enumerate(batches):  # a pure function of (seed, global batch index)
+        assert batch[NOISE_KEY].shape == batch["x"].shape
+        assert batch[NOISE_KEY].dtype == batch["x"].dtype
+        want = rollout_noise(5, i, batch["x"].shape, 0.1, dtype=batch["x"].dtype)
+        np.testing.assert_array_equal(batch[NOISE_KEY], want)
+    assert not np.array_equal(batches[0][NOISE_KEY], batches[1][NOISE_KEY])
+    np.testing.assert_allclose(np.std(batches[0][NOISE_KEY]), 0.1, rtol=0.5)
+    # a second shard holds the second half of the global batch's rows and noise
+    half = next(RunContext(plan).train_batches(shard=(1, 2)))
+    np.testing.assert_array_equal(half["x"], batches[0]["x"][2:])
+    np.testing.assert_array_equal(half[NOISE_KEY], batches[0][NOISE_KEY][2:])
+    # a run resumed at step 2 (accumulating 2 batches) continues at global batch 4
+    resumed = RunContext(plan)
+    resumed.progress.resume_at(2)
+    again = next(resumed.train_batches(_state_after(plan, 4)))
+    np.testing.assert_array_equal(again["x"], batches[4]["x"])
+    np.testing.assert_array_equal(again[NOISE_KEY], batches[4][NOISE_KEY])
+
+
+def _state_after(plan: object, n: int) -> dict:
+    from pipekit_train.core.run._context import RunContext
+
+    it = RunContext(plan).train_batches()  # type: ignore[arg-type]
+    for _ in range(n):
+        next(it)
+    return it.get_state()

@@ -9,8 +9,9 @@ gradient stop and its loop.
 
 The rollout length may grow over training (`schedule`): the length at an optimizer
 update is a pure function of the update's number, so an exact resume needs no state
-beyond the step counter every checkpoint already holds. The input noise is drawn from a
-key derived from `(plan seed, step)` for the same reason.
+beyond the step counter every checkpoint already holds. The input noise is drawn by
+core's training feed from `(plan seed, global batch index)` for the same reason, the
+same on every backend (`pipekit_train.core.rollout.rollout_noise`).
 """
 
 from __future__ import annotations
@@ -149,8 +150,9 @@ class Rollout:
             model application), or an int `m >= 1` (cut backpropagation through time:
             the state is detached after every `m` steps).
         noise_std: the standard deviation of Gaussian noise added to `x_0`, in normalised
-            units of the state (0: none). The noise of an update is drawn from a key
-            derived from `(plan seed, step)`, so a resumed run draws the same noise.
+            units of the state (0: none). Core's training feed draws it (`batch["noise"]`)
+            from `(plan seed, global batch index)`, the same on every backend, so a
+            resumed run draws the same noise.
         schedule: a curriculum of rollout lengths: a `RolloutSchedule`, or a mapping
             `{first update: k}` with a key 0 and non-decreasing lengths (e.g.
             `{0: 1, 1000: 2, 2000: 4}`). The length at an update is a pure function of
