@@ -171,6 +171,8 @@ class FitSession:
 
     def eval_batch(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, float]:
         """`(predictions, mean loss)` of one validation batch."""
+        if self.handle.rollout is not None:  # the longest rollout, without noise
+            return self.handle.rollout.eval_rollout(lambda x: predict(self.handle, x), batch)
         pred = predict(self.handle, batch["x"])
         return pred, eval_loss(self.plan.loss, pred, np.asarray(batch["y"]))
 
@@ -212,7 +214,7 @@ class FitSession:
             if not run.done:
                 with self._scope():
                     handle.model.fit(
-                        fit_batches(feed),
+                        fit_batches(feed, rollout=handle.rollout is not None),
                         epochs=1,
                         verbose=0,
                         shuffle=False,

@@ -494,7 +494,7 @@ def check_plan(adapter: Adapter, plan: Plan) -> None:
         raise adapter._unsupported(
             "Rollout training",
             f"rollout=Rollout(steps={plan.rollout.steps})",
-            "It runs on the Equinox backend for now (Equinox()); drop `rollout` here.",
+            "It runs on Equinox() and Keras() for now; drop `rollout` here.",
         )
     for field in ("data", "validation"):
         data = getattr(plan, field)
