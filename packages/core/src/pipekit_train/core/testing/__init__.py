@@ -14,7 +14,8 @@
   (the same description and initial weights give the same loss curve on every backend);
   `run_golden_field`, `GOLDEN_FIELD_CASES`: its conv-net cases on channels-last fields;
   `run_golden_plateau`, `compare_plateau`, `PLATEAU_CASES`: its `ReduceLROnPlateau` cases;
-  `run_golden_flow`, `compare_golden_flow`: its flow-head case (`flow_nll`, `Flow`).
+  `run_golden_flow`, `compare_golden_flow`: its flow-head case (`flow_nll`, `Flow`);
+  `run_golden_rollout`, `GOLDEN_ROLLOUT_CASES`: its rollout-training cases (`Rollout`).
 """
 
 from typing import Any
@@ -60,6 +61,14 @@ from ._golden_plateau import (
     plateau_loop,
     run_golden_plateau,
 )
+from ._golden_rollout import (
+    GOLDEN_ROLLOUT_CASES,
+    GOLDEN_ROLLOUT_STEPS,
+    GOLDEN_ROLLOUTS,
+    golden_rollout_task,
+    rollout_case_loop,
+    run_golden_rollout,
+)
 from ._lease import plant_lease
 from ._numpy_adapter import NumpyAdapter
 from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arrays, linear
@@ -82,6 +91,9 @@ __all__ = [
     "GOLDEN_FIELD_STEPS",
     "GOLDEN_FLOW_OPTIONS",
     "GOLDEN_FLOW_STEPS",
+    "GOLDEN_ROLLOUTS",
+    "GOLDEN_ROLLOUT_CASES",
+    "GOLDEN_ROLLOUT_STEPS",
     "GOLDEN_STEPS",
     "PLATEAU_CASES",
     "PLATEAU_STEPS",
@@ -114,6 +126,7 @@ __all__ = [
     "golden_conv_weights",
     "golden_field_task",
     "golden_flow_task",
+    "golden_rollout_task",
     "golden_task",
     "golden_weights",
     "host_rollout",
@@ -127,10 +140,12 @@ __all__ = [
     "plant_lease",
     "plateau_loop",
     "regression_task",
+    "rollout_case_loop",
     "run_golden",
     "run_golden_field",
     "run_golden_flow",
     "run_golden_plateau",
+    "run_golden_rollout",
     "small_filesystem",
 ]
 
