@@ -10,6 +10,8 @@
   full disk.
 - `check_device_rollout`, `host_rollout`: the checks every backend's device rollout
   (`model_op.rollout`) passes against the host loop.
+- `check_rollout_prediction`, `check_one_step_rollout`, `check_rollout_resume`,
+  `check_rollout_kill_resume`: the checks every backend's rollout training passes.
 - `run_golden`, `compare_golden`, `GOLDEN_CASES`, ...: the cross-backend golden-run suite
   (the same description and initial weights give the same loss curve on every backend);
   `run_golden_field`, `GOLDEN_FIELD_CASES`: its conv-net cases on channels-last fields;
@@ -79,6 +81,13 @@ from ._rollout import (
     check_stochastic_rollout,
     host_rollout,
 )
+from ._rollout_training import (
+    ROLLOUT_RESUME_SPEC,
+    check_one_step_rollout,
+    check_rollout_kill_resume,
+    check_rollout_prediction,
+    check_rollout_resume,
+)
 from ._s3 import LoopbackS3, loopback_s3
 from ._smallfs import SmallFilesystemUnavailable, small_filesystem
 from ._tasks import damped_oscillator_step, oscillator_task, regression_task
@@ -99,6 +108,7 @@ __all__ = [
     "PLATEAU_STEPS",
     "PLATEAU_VALIDATE_EVERY",
     "ROLLOUT_HEADS",
+    "ROLLOUT_RESUME_SPEC",
     "AdapterConformance",
     "GoldenBackend",
     "GoldenCase",
@@ -112,7 +122,11 @@ __all__ = [
     "SmallFilesystemUnavailable",
     "check_calibration_monitor",
     "check_device_rollout",
+    "check_one_step_rollout",
+    "check_rollout_kill_resume",
     "check_rollout_monitor",
+    "check_rollout_prediction",
+    "check_rollout_resume",
     "check_stochastic_rollout",
     "compare_golden",
     "compare_golden_flow",
