@@ -1,27 +1,27 @@
 """Rollout training on Keras (this process's backend; `test_keras_backends.py` runs the
 file again on torch): the k-step prediction is `NeuralForward`'s, the loss and the updates
 are a hand-written Keras reference's, k = 1 is one-step training, accumulation and fused
-steps count optimizer updates, and a resumed run mid-schedule with noise ends with the same
-bytes."""
+steps count optimizer updates, and a run resumed mid-schedule with noise (after a
+checkpoint, and after a SIGKILL) ends with the same bytes. The shared checks live in
+`core.testing`."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
 import pytest
 from keras import ops
 
-from pipekit_train.core import (
-    Checkpoint,
-    CheckpointError,
-    ConfigError,
-    NeuralForward,
-    Rollout,
-    TrainingLoop,
-    TrajectoryWindows,
-    losses,
+from pipekit_train.core import ConfigError, Rollout, TrainingLoop, TrajectoryWindows, losses
+from pipekit_train.core.testing import (
+    check_one_step_rollout,
+    check_rollout_kill_resume,
+    check_rollout_prediction,
+    check_rollout_resume,
 )
 from pipekit_train.keras import Keras, KerasModelOp
 from pipekit_train.keras._rollout_train import RolloutTraining
@@ -37,6 +37,11 @@ def _states() -> np.ndarray:
 
 def _op(**kw: object) -> KerasModelOp:
     return KerasModelOp("pipekit_train.keras.testing:mlp", in_size=D, out_size=D, width=8, **kw)
+
+
+def _op2() -> KerasModelOp:
+    """The shared checks' model: 2 states in, 2 out, the same weights every call."""
+    return KerasModelOp("pipekit_train.keras.testing:mlp", in_size=2, out_size=2, width=16)
 
 
 def _loop(data: TrajectoryWindows, rollout: Rollout | None, **kw: object) -> TrainingLoop:
@@ -57,25 +62,17 @@ def _weights(art: object) -> list[np.ndarray]:
     return [ops.convert_to_numpy(v.value) for v in art.model.model.weights]  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("residual", [False, True])
-def test_the_prediction_inside_training_is_neural_forward_k_times(residual: bool) -> None:
-    windows = TrajectoryWindows(_states(), k=4, targets="increments" if residual else "states")
-    norm = windows.normalizer()
-    raw = windows.get_batch(np.arange(6))
-    batch = norm.apply(raw)
-    op = _op()
+def _predict(model: Any, batch: dict, normalizer: Any, residual: bool, k: int) -> np.ndarray:
     training = RolloutTraining(
-        op.model, Rollout(steps=4, residual=residual), norm, losses.get("mse"), state_ndim=1
+        model.model, Rollout(steps=k, residual=residual), normalizer, losses.get("mse")
     )
     x, y = ops.convert_to_tensor(batch["x"]), ops.convert_to_tensor(batch["y"])
-    _, pred = training.predict(lambda s: op.model(s, training=True), x, y, 4)
-    pred = ops.convert_to_numpy(pred) * norm.std["y"] + norm.mean["y"]  # physical targets
-    states = raw["x"][:, None] + np.cumsum(pred, axis=1) if residual else pred
-    forward = NeuralForward(op, normalizer=norm, residual=residual)
-    state = raw["x"]
-    for i in range(4):
-        state = forward(state)
-        np.testing.assert_allclose(states[:, i], state, rtol=1e-5, atol=1e-5)
+    _, pred = training.predict(lambda s: model.model(s, training=True), x, y, k)
+    return ops.convert_to_numpy(pred)
+
+
+def test_the_prediction_inside_training_is_neural_forward_k_times() -> None:
+    check_rollout_prediction(_op2, _predict)
 
 
 def _value_and_grad(model: keras.Model, loss_of: object) -> tuple[float, list[object]]:
@@ -134,13 +131,7 @@ def test_loss_and_updates_match_a_hand_written_reference(backprop: str) -> None:
 
 
 def test_one_step_rollout_is_one_step_training() -> None:
-    windows = TrajectoryWindows(_states(), k=1)
-    norm = windows.normalizer()
-    a = _loop(windows, Rollout(steps=1), normalizer=norm, max_steps=5).run()
-    b = _loop(windows, None, normalizer=norm, max_steps=5).run()
-    np.testing.assert_allclose(a.history["loss"], b.history["loss"], rtol=1e-6)
-    for x, y in zip(_weights(a), _weights(b), strict=True):
-        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+    check_one_step_rollout(_op2, Keras())
 
 
 def test_accumulation_and_fused_steps_schedule_by_optimizer_update() -> None:
@@ -168,22 +159,21 @@ def test_accumulation_and_fused_steps_schedule_by_optimizer_update() -> None:
 
 @pytest.mark.slow
 def test_resume_mid_schedule_with_noise_is_exact(tmp_path: Path) -> None:
-    windows = TrajectoryWindows(_states(), k=4, targets="increments")
-    norm = windows.normalizer()
-    spec = Rollout(steps=4, residual=True, noise_std=0.05, backprop=2, schedule={0: 1, 3: 2, 6: 4})
-    policy = Checkpoint(tmp_path / "ck", every_n_steps=4, async_save=False)
-    kw = {"normalizer": norm, "shuffle": True, "validation": windows, "validate_every_n_steps": 4}
-    _loop(windows, spec, max_steps=4, checkpoint=policy, **kw).run()
-    resumed = _loop(windows, spec, max_steps=9, checkpoint=policy, **kw).run()
-    straight = _loop(windows, spec, max_steps=9, **kw).run()
-    assert resumed.resumed_from_step == 4
-    assert resumed.model.serialize_weights() == straight.model.serialize_weights()
-    assert resumed.history["loss"] == straight.history["loss"]
-    quiet = _loop(windows, Rollout(**{**spec.to_json(), "noise_std": 0.0}), max_steps=9, **kw)
-    assert quiet.run().history["loss"] != straight.history["loss"]  # the noise is used
-    other = Rollout(steps=4, residual=True, noise_std=0.05, backprop=2)
-    with pytest.raises(CheckpointError, match="rollout"):
-        _loop(windows, other, max_steps=12, checkpoint=policy, **kw).run()
+    check_rollout_resume(_op2, Keras(), tmp_path)
+
+
+@pytest.mark.slow
+def test_kill_and_resume_mid_schedule_is_exact(tmp_path: Path) -> None:
+    env = {"KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "jax")}
+    check_rollout_kill_resume(_op2, Keras(), tmp_path, env=env)
+
+
+def test_the_noise_of_core_s_feed_reaches_the_loss() -> None:
+    windows = TrajectoryWindows(_states(), k=2, targets="increments")
+    spec = Rollout(steps=2, residual=True, noise_std=0.1)
+    noisy = _loop(windows, spec).run()
+    quiet = _loop(windows, Rollout(steps=2, residual=True)).run()
+    assert noisy.history["loss"][0] != quiet.history["loss"][0]
 
 
 def test_a_model_with_layer_state_is_refused_before_any_work() -> None:

@@ -141,8 +141,10 @@ class Keras(Adapter):
         self.validate_online(plan)
         self.distribution(plan)
         if plan.rollout is not None:
+            from ._model import KerasModelOp
             from ._rollout_train import check_rollout_model
 
+            assert isinstance(plan.model, KerasModelOp)  # validate_online checked it
             check_rollout_model(plan.model.model, plan.rollout)
         if plan.log_grad_norm and plan.on_nonfinite == "skip":
             raise ConfigError(
