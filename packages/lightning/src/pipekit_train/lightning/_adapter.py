@@ -199,7 +199,9 @@ class Lightning(Adapter):
 
     name = "lightning"
     native_loaders = "a torch DataLoader or a LightningDataModule"
-    capabilities = Capabilities.full(fused_steps=False, sharding=False, rollout=False)
+    capabilities = Capabilities.full(
+        fused_steps=False, sharding=False, rollout=False, rollout_checkpointing=False
+    )
 
     def __init__(self, **trainer_kwargs: Any):
         for key, value in trainer_kwargs.items():

@@ -101,7 +101,7 @@ class Torch(StepAdapter):
 
     name = "torch"
     native_loaders = "a torch DataLoader"
-    capabilities = Capabilities.full(sharding=False, rollout=False)
+    capabilities = Capabilities.full(sharding=False, rollout=False, rollout_checkpointing=False)
 
     def __init__(
         self,

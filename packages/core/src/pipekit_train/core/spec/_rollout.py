@@ -160,6 +160,14 @@ class Rollout:
             None: always `steps`.
         residual: the model predicts the increment (`next = state + prediction`), as in
             `NeuralForward(residual=True)`.
+        gradient_checkpointing: recompute each unrolled step's model application in the
+            backward pass instead of keeping its activations (`jax.checkpoint`,
+            `torch.utils.checkpoint`): the activation memory of an update grows with `k`
+            by one state per step instead of one model's activations per step, at the
+            cost of about one more forward pass. The loss and the updates are the same
+            (to float tolerance), so a run may resume with the flag flipped (it is not
+            part of the resume key). A backend without it refuses it before any work
+            (`Capabilities.rollout_checkpointing`).
 
     Raises:
         ConfigError: a bad field, naming the field, the value and the fix.
@@ -177,6 +185,7 @@ class Rollout:
     noise_std: float = 0.0
     schedule: RolloutSchedule | Mapping[int, int] | None = None
     residual: bool = False
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         steps = _count("steps", self.steps, "Use steps=1 for one-step training, e.g. steps=4.")
@@ -218,6 +227,12 @@ class Rollout:
         if not isinstance(self.residual, bool):
             raise ConfigError(
                 f"`residual` must be True or False. Received: residual={self.residual!r}."
+            )
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise ConfigError(
+                "`gradient_checkpointing` must be True or False. Received: "
+                f"gradient_checkpointing={self.gradient_checkpointing!r}. Use True to "
+                "recompute each unrolled step in the backward pass (less memory, more time)."
             )
         schedule = self.schedule
         if schedule is not None:
@@ -284,7 +299,19 @@ class Rollout:
             "noise_std": self.noise_std,
             "schedule": schedule,
             "residual": self.residual,
+            "gradient_checkpointing": self.gradient_checkpointing,
         }
+
+    def resume_json(self) -> dict[str, Any]:
+        """The JSON a resumed run must match: `to_json` without `gradient_checkpointing`.
+
+        Checkpointing the unrolled steps changes the memory an update needs, not its
+        loss or its updates, so a run may resume with it switched (e.g. on a smaller
+        accelerator) and a checkpoint written before the field existed still resumes.
+        """
+        data = self.to_json()
+        del data["gradient_checkpointing"]
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Rollout:

@@ -496,6 +496,14 @@ def check_plan(adapter: Adapter, plan: Plan) -> None:
             f"rollout=Rollout(steps={plan.rollout.steps})",
             "It runs on Equinox() and Keras() for now; drop `rollout` here.",
         )
+    if plan.rollout is not None and plan.rollout.gradient_checkpointing:
+        if not caps.rollout_checkpointing:
+            raise adapter._unsupported(
+                "Gradient checkpointing of the unrolled steps",
+                "rollout=Rollout(..., gradient_checkpointing=True)",
+                "Use gradient_checkpointing=False (the same loss, more memory), or a "
+                "backend that declares Capabilities(rollout_checkpointing=True) (Equinox()).",
+            )
     for field in ("data", "validation"):
         data = getattr(plan, field)
         if data is None or is_core_dataset(data):
