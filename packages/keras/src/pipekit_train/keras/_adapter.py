@@ -59,7 +59,7 @@ class Keras(Adapter):
 
     name = "keras"
     native_loaders = "a keras.utils.PyDataset"
-    capabilities = Capabilities.full(rollout_checkpointing=False)
+    capabilities = Capabilities.full()
 
     def __init__(
         self,

@@ -19,6 +19,9 @@ non-finite policies keep their meaning:
   on jax inside the jitted step, `lax.switch` over the schedule's lengths (one branch
   per length, one compilation); on torch a host int (read from the device only when a
   schedule has several lengths).
+- `Rollout(gradient_checkpointing=True)` recomputes each model application in the
+  backward pass (`jax.checkpoint` / `torch.utils.checkpoint`), so an update keeps one
+  state per step instead of the model's activations.
 
 Validation (`eval_rollout`) rolls the longest rollout out without noise on the host,
 one `predict_on_batch` per step, and returns the predicted targets `(B, k, ...)` and the
@@ -109,6 +112,7 @@ class RolloutTraining:
         import array_api_compat
 
         xp = array_api_compat.array_namespace(x)
+        call = self._checkpointed(model_fn) if self.rollout.gradient_checkpointing else model_fn
         if self.jax:
             import jax
 
@@ -129,7 +133,7 @@ class RolloutTraining:
         return rollout_loss(
             xp,
             spec=self.spec,
-            model_fn=lambda s: keras.ops.cast(model_fn(s), x.dtype),
+            model_fn=lambda s: keras.ops.cast(call(s), x.dtype),
             x=x,
             y=y,
             weights=self.rollout.step_weights(k),
@@ -139,6 +143,17 @@ class RolloutTraining:
             noise=noise,
             constant=constant,
         )
+
+    def _checkpointed(self, model_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """`model_fn` recomputed in the backward pass (`Rollout(gradient_checkpointing=True)`):
+        `jax.checkpoint` on jax, `torch.utils.checkpoint` on torch."""
+        if self.jax:
+            import jax
+
+            return jax.checkpoint(model_fn)
+        from torch.utils.checkpoint import checkpoint
+
+        return lambda s: checkpoint(model_fn, s, use_reentrant=False)
 
     # -- Keras's hooks -------------------------------------------------------------------
     def compute_loss(
