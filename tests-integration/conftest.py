@@ -35,8 +35,8 @@ GOLDEN_SETUPS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
     "lightning": ("lightning", None, ("mlp", "plateau", "field", "flow", "rollout")),
     "torch": ("torch", None, ("mlp", "plateau", "flow", "rollout")),
     "torch-k10": ("torch_k10", None, ("mlp", "rollout")),
-    "keras-jax": ("keras", "jax", ("mlp", "plateau", "field", "flow")),
-    "keras-torch": ("keras", "torch", ("mlp", "plateau", "field", "flow")),
+    "keras-jax": ("keras", "jax", ("mlp", "plateau", "field", "flow", "rollout")),
+    "keras-torch": ("keras", "torch", ("mlp", "plateau", "field", "flow", "rollout")),
     "plain-torch": ("plain_torch", None, ("mlp", "plateau")),
 }
 # the test file of each suite (the root conftest keeps them in one xdist work unit)

@@ -35,22 +35,3 @@ def test_seeded_stochastic_rollouts_repeat_and_have_the_predicted_spread() -> No
 
 def test_rollout_monitor_reads_the_moving_average_and_ranks_checkpoints() -> None:
     check_rollout_monitor(make_op(2, 2))
-
-
-def test_rollout_training_is_refused_before_any_work(tmp_path) -> None:
-    import numpy as np
-
-    from pipekit_train.core import NotSupportedError, Rollout, TrainingLoop, TrajectoryWindows
-
-    windows = TrajectoryWindows(np.zeros((2, 10, 3), np.float32), k=2)
-    with pytest.raises(NotSupportedError, match=r"Rollout training is not supported.*Equinox"):
-        TrainingLoop(
-            make_op(3, 3),
-            windows,
-            rollout=Rollout(steps=2),
-            max_steps=1,
-            batch_size=2,
-            checkpoint=str(tmp_path / "ck"),
-            progress=False,
-        )
-    assert not (tmp_path / "ck").exists()

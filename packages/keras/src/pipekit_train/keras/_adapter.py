@@ -59,7 +59,7 @@ class Keras(Adapter):
 
     name = "keras"
     native_loaders = "a keras.utils.PyDataset"
-    capabilities = Capabilities.full(rollout=False, rollout_checkpointing=False)
+    capabilities = Capabilities.full()
 
     def __init__(
         self,
@@ -140,6 +140,12 @@ class Keras(Adapter):
         (core checks the plan against `capabilities` after this)."""
         self.validate_online(plan)
         self.distribution(plan)
+        if plan.rollout is not None:
+            from ._model import KerasModelOp
+            from ._rollout_train import check_rollout_model
+
+            assert isinstance(plan.model, KerasModelOp)  # validate_online checked it
+            check_rollout_model(plan.model.model, plan.rollout)
         if plan.log_grad_norm and plan.on_nonfinite == "skip":
             raise ConfigError(
                 "On Keras, `log_grad_norm` does not combine with skipping non-finite steps "

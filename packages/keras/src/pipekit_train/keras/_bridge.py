@@ -31,6 +31,7 @@ import numpy as np
 import keras
 from pipekit_train.core import TrainingArtifact
 from pipekit_train.core.adapter import GRAD_NORM, Plan, RunLifecycle
+from pipekit_train.core.rollout import evaluates_as_rollout
 
 from ._checkpoint import checkpointer
 from ._data import fit_batches, native_batches, native_eval_batches
@@ -171,6 +172,11 @@ class FitSession:
 
     def eval_batch(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, float]:
         """`(predictions, mean loss)` of one validation batch."""
+        rollout = self.handle.rollout
+        if rollout is not None and evaluates_as_rollout(batch, rollout.rollout):
+            # windows: the longest rollout, without noise; pairs (`state.predict`, e.g.
+            # RolloutMonitor's one-step calls): one model application, below
+            return self.handle.rollout.eval_rollout(lambda x: predict(self.handle, x), batch)
         pred = predict(self.handle, batch["x"])
         return pred, eval_loss(self.plan.loss, pred, np.asarray(batch["y"]))
 
@@ -212,7 +218,7 @@ class FitSession:
             if not run.done:
                 with self._scope():
                     handle.model.fit(
-                        fit_batches(feed),
+                        fit_batches(feed, rollout=handle.rollout is not None),
                         epochs=1,
                         verbose=0,
                         shuffle=False,

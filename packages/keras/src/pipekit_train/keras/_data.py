@@ -38,9 +38,20 @@ __all__ = [
 ]
 
 
-def fit_batches(batches: Iterator[Mapping[str, Any]]) -> Iterator[tuple[Any, Any]]:
+def fit_batches(
+    batches: Iterator[Mapping[str, Any]], *, rollout: bool = False
+) -> Iterator[tuple[Any, Any]]:
     """`(x, y)` forever for `model.fit`, from the run's batches (core's `Feed`, which
-    repeats epochs and remembers the data position after each batch)."""
+    repeats epochs and remembers the data position after each batch).
+
+    With `rollout` the input noise of core's feed (`batch["noise"]`) travels in `y`
+    (`_rollout_train.rollout_targets`): Keras hands `y` to the loss only."""
+    if rollout:
+        from ._rollout_train import rollout_targets
+
+        while True:
+            batch = next(batches)
+            yield batch["x"], rollout_targets(batch)
     while True:
         batch = next(batches)
         yield batch["x"], batch["y"]

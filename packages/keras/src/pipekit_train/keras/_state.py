@@ -24,6 +24,7 @@ from ._ema import has_ema, swapped_in
 from ._grad_norm import NORMS_NAME, install_grad_norm
 from ._model import KerasModelOp, model_variables, output_model_op
 from ._optim import attach_lr_scale, build_optimizer
+from ._rollout_train import RolloutTraining, install_rollout
 from ._skip import install_skip
 from ._tracker import install_tracker, keras_loss
 
@@ -71,6 +72,7 @@ class TrainHandle:
     sync: Any = None  # () -> None: bring jax fit state back into the variables
     defer_rng: bool = False
     grad_norms: Any = None  # the `GradNormBuffer` of `log_grad_norm` runs
+    rollout: RolloutTraining | None = None  # the rollout loss of `rollout=` runs
     _pending_rng: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
     @property
@@ -130,9 +132,11 @@ def build_train_handle(
     model = plan.model.build_model(precision=precision)
     micro = plan.accumulate_grad_batches
     scaled = adjusts_learning_rate(plan)
+    rollout = getattr(plan, "rollout", None)
     model.compile(
         optimizer=build_optimizer(plan.optimizer_config, accumulate=micro, lr_scale=scaled),
-        loss=keras_loss(plan.loss),
+        # a rollout run computes its loss itself (`_rollout_train`): no compiled loss
+        loss=keras_loss(plan.loss) if rollout is None else None,
         # fused executions run whole updates; unfused ones run one batch per call
         steps_per_execution=steps_per_execution * micro if steps_per_execution > 1 else 1,
         jit_compile=jit_compile,
@@ -152,6 +156,7 @@ def build_train_handle(
     norms = None
     if plan.log_grad_norm:
         norms = install_grad_norm(optimizer, max(1, capacity // micro))
+    training = install_rollout(model, plan) if rollout is not None else None
     sync = getattr(model, "jax_state_sync", None)
     return TrainHandle(
         model=model,
@@ -160,6 +165,7 @@ def build_train_handle(
         sync=sync,
         defer_rng=deferred,
         grad_norms=norms,
+        rollout=training,
     )
 
 

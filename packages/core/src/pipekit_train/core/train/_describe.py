@@ -494,7 +494,7 @@ def check_plan(adapter: Adapter, plan: Plan) -> None:
         raise adapter._unsupported(
             "Rollout training",
             f"rollout=Rollout(steps={plan.rollout.steps})",
-            "It runs on Equinox(), Lightning() and Torch() for now; drop `rollout` here.",
+            "It runs on Equinox(), Lightning(), Torch() and Keras(); drop `rollout` here.",
         )
     if plan.rollout is not None and plan.rollout.gradient_checkpointing:
         if not caps.rollout_checkpointing:
@@ -503,7 +503,7 @@ def check_plan(adapter: Adapter, plan: Plan) -> None:
                 "rollout=Rollout(..., gradient_checkpointing=True)",
                 "Use gradient_checkpointing=False (the same loss, more memory), or a "
                 "backend that declares Capabilities(rollout_checkpointing=True) (Equinox(), "
-                "Lightning(), Torch()).",
+                "Lightning(), Torch(), Keras()).",
             )
     for field in ("data", "validation"):
         data = getattr(plan, field)

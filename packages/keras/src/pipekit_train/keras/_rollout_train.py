@@ -1,0 +1,262 @@
+"""`TrainingLoop(rollout=Rollout(...))` on Keras: core's rollout loss inside Keras's own step.
+
+`install_rollout` changes two things on the compiled training model, the way `_skip`
+wraps its step, and leaves the rest of Keras's train step (jax and torch alike) as it
+is, so gradient accumulation, loss scaling, clipping, the moving average and the
+non-finite policies keep their meaning:
+
+- `model.compute_loss` becomes core's `rollout_loss` (`pipekit_train.core.rollout`):
+  the model is called `k` times on the backend's arrays (`array_api_compat`'s namespace
+  of the batch: `jax.numpy` or torch), each step exactly `NeuralForward`'s inference
+  step, with the backend's gradient stop (`jax.lax.stop_gradient`, `Tensor.detach`) for
+  pushforward and cut backpropagation, and the input noise core's feed drew
+  (`batch["noise"]`, carried in `y`). Keras's own forward pass of `x` is not used (on
+  jax XLA drops it; on torch it is one extra forward without backward). The model's
+  added losses (regularizers) are added, as Keras adds them to its compiled loss.
+- `model.train_step` first notes the optimizer update being computed
+  (`iterations // accumulate`, from the optimizer's batch counter, so it is in every
+  checkpoint), from which the loss reads the rollout length `rollout.steps_at(update)`:
+  on jax inside the jitted step, `lax.switch` over the schedule's lengths (one branch
+  per length, one compilation); on torch a host int (read from the device only when a
+  schedule has several lengths).
+- `Rollout(gradient_checkpointing=True)` recomputes each model application in the
+  backward pass (`jax.checkpoint` / `torch.utils.checkpoint`), so an update keeps one
+  state per step instead of the model's activations.
+
+Validation (`eval_rollout`) rolls the longest rollout out without noise on the host,
+one `predict_on_batch` per step, and returns the predicted targets `(B, k, ...)` and the
+rollout loss, like Equinox's `eval_loss`.
+
+This module imports keras; import it only after the Keras backend is chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+import keras
+from pipekit_train.core import ConfigError, Rollout
+from pipekit_train.core.rollout import NOISE_KEY, rollout_loss, rollout_spec
+
+__all__ = ["RolloutTraining", "check_rollout_model", "install_rollout", "rollout_targets"]
+
+TARGET_KEY = "y"
+
+
+def check_rollout_model(model: Any, rollout: Rollout) -> None:
+    """Refuse a model with layer state (BatchNorm statistics, dropout seed states).
+
+    Raises:
+        ConfigError: the model has non-trainable variables.
+    """
+    state = [getattr(v, "path", getattr(v, "name", "?")) for v in model.non_trainable_variables]
+    if state:
+        raise ConfigError(
+            "Rollout training on Keras does not carry layer state (BatchNorm statistics, "
+            "dropout seed states) through the unrolled steps. Received: a model with "
+            f"non-trainable variables {state[:3]} and rollout=Rollout(steps={rollout.steps}). "
+            "Use a model without such layers, or drop `rollout`."
+        )
+
+
+def rollout_targets(batch: Mapping[str, Any]) -> Any:
+    """The `y` that `model.fit` gets for a rollout batch: the targets, with the noise.
+
+    Without noise the targets themselves; with `batch["noise"]` a dict
+    `{"y": targets, "noise": noise}` (Keras passes `y` through to `compute_loss` only).
+    """
+    if NOISE_KEY not in batch:
+        return batch[TARGET_KEY]
+    return {TARGET_KEY: batch[TARGET_KEY], NOISE_KEY: batch[NOISE_KEY]}
+
+
+class RolloutTraining:
+    """Core's rollout loss on one compiled Keras model (see the module).
+
+    Args:
+        model: the compiled training model.
+        rollout: the `Rollout` spec.
+        normalizer: the run's normalizer (or None).
+        loss_fn: core's loss (`"mse"`).
+        accumulate: batches per optimizer update.
+        state_ndim: the axes of one state.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        rollout: Rollout,
+        normalizer: Any,
+        loss_fn: Callable[[Any, Any], Any],
+        *,
+        accumulate: int = 1,
+        state_ndim: int = 1,
+    ):
+        self.model = model
+        self.rollout = rollout
+        self.spec = rollout_spec(normalizer, rollout.residual, state_ndim)
+        self.loss_fn = loss_fn
+        self.accumulate = int(accumulate)
+        self.stages = rollout.stages()
+        self.jax = keras.backend.backend() == "jax"
+        self.update: Any = None  # the update of the step being computed (set per step)
+
+    # -- one rollout ---------------------------------------------------------------------
+    def predict(
+        self, model_fn: Callable[[Any], Any], x: Any, y: Any, k: int, noise: Any = None
+    ) -> tuple[Any, Any]:
+        """`(loss, predicted targets (B, k, ...))` of a `k`-step rollout on device arrays."""
+        import array_api_compat
+
+        xp = array_api_compat.array_namespace(x)
+        call = self._checkpointed(model_fn) if self.rollout.gradient_checkpointing else model_fn
+        if self.jax:
+            import jax
+
+            def detach(a: Any) -> Any:
+                return jax.lax.stop_gradient(a)
+
+            def constant(a: np.ndarray) -> Any:
+                return xp.asarray(a, dtype=x.dtype)
+
+        else:
+
+            def detach(a: Any) -> Any:
+                return a.detach()
+
+            def constant(a: np.ndarray) -> Any:
+                return xp.asarray(a, dtype=x.dtype, device=x.device)
+
+        return rollout_loss(
+            xp,
+            spec=self.spec,
+            model_fn=lambda s: keras.ops.cast(call(s), x.dtype),
+            x=x,
+            y=y,
+            weights=self.rollout.step_weights(k),
+            backprop=self.rollout.backprop,
+            loss_fn=self.loss_fn,
+            detach=detach,
+            noise=noise,
+            constant=constant,
+        )
+
+    def _checkpointed(self, model_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """`model_fn` recomputed in the backward pass (`Rollout(gradient_checkpointing=True)`):
+        `jax.checkpoint` on jax, `torch.utils.checkpoint` on torch."""
+        if self.jax:
+            import jax
+
+            return jax.checkpoint(model_fn)
+        from torch.utils.checkpoint import checkpoint
+
+        return lambda s: checkpoint(model_fn, s, use_reentrant=False)
+
+    # -- Keras's hooks -------------------------------------------------------------------
+    def compute_loss(
+        self,
+        x: Any = None,
+        y: Any = None,
+        y_pred: Any = None,
+        sample_weight: Any = None,
+        training: bool = True,
+    ) -> Any:
+        """`Model.compute_loss`: the rollout loss of the batch (`y_pred` is not used)."""
+        target, noise = (y[TARGET_KEY], y.get(NOISE_KEY)) if isinstance(y, Mapping) else (y, None)
+        model = self.model
+
+        def model_fn(s: Any) -> Any:
+            return model(s, training=training)
+
+        lengths = [k for _, k in self.stages]
+        if not training or len(lengths) == 1:  # evaluation: the longest, without noise
+            loss = self.predict(model_fn, x, target, lengths[-1], noise if training else None)[0]
+        elif self.update is None:
+            raise RuntimeError("the rollout loss was computed outside the wrapped train step")
+        elif self.jax:
+            import jax
+            import jax.numpy as jnp
+
+            update = jnp.asarray(self.update)
+            firsts = jnp.asarray([first for first, _ in self.stages[1:]], update.dtype)
+            index = jnp.sum((update >= firsts).astype(jnp.int32))
+            branches = [
+                (lambda k=k: self.predict(model_fn, x, target, k, noise)[0]) for k in lengths
+            ]
+            loss = jax.lax.switch(index, branches)
+        else:
+            loss = self.predict(model_fn, x, target, self.rollout.steps_at(self.update), noise)[0]
+        for extra in model.losses:  # regularizers, as Keras adds them to its loss
+            loss = loss + keras.ops.cast(keras.ops.sum(extra), loss.dtype)
+        return loss
+
+    def wrap_train_step(self, iterations_index: int) -> None:
+        """Note the optimizer update before each of Keras's train steps (see the module)."""
+        step = self.model.train_step  # Keras's own (or `_skip`'s), bound
+        m = self.accumulate
+        single = len(self.stages) == 1
+
+        if self.jax:
+
+            def train_step(state: Any, data: Any) -> Any:
+                self.update = 0 if single else state[2][iterations_index] // m
+                try:
+                    return step(state, data)
+                finally:
+                    self.update = None
+
+        else:
+            variable = self.model.optimizer.variables[iterations_index]
+
+            def train_step(data: Any) -> Any:  # type: ignore[misc]  # per backend branch
+                self.update = 0 if single else int(variable.value) // m
+                try:
+                    return step(data)
+                finally:
+                    self.update = None
+
+        object.__setattr__(self.model, "train_step", train_step)
+
+    # -- validation ----------------------------------------------------------------------
+    def eval_rollout(
+        self, predict: Callable[[np.ndarray], np.ndarray], batch: Mapping[str, np.ndarray]
+    ) -> tuple[np.ndarray, float]:
+        """`(predicted targets (B, k, ...), loss)` of the longest rollout, without noise, on
+        the host (`predict`: the model on a numpy batch)."""
+        x = np.asarray(batch["x"])
+        loss, pred = rollout_loss(
+            np,
+            spec=self.spec,
+            model_fn=lambda s: np.asarray(predict(np.asarray(s, x.dtype)), x.dtype),
+            x=x,
+            y=np.asarray(batch["y"]),
+            weights=self.rollout.step_weights(self.rollout.max_steps),
+            backprop=self.rollout.backprop,
+            loss_fn=self.loss_fn,
+            constant=lambda a: np.asarray(a, x.dtype),
+        )
+        return np.asarray(pred), float(loss)
+
+
+def install_rollout(model: Any, plan: Any) -> RolloutTraining:
+    """Make the compiled `model` minimise `plan.rollout`'s loss (see the module); return it."""
+    rollout = plan.rollout
+    trajectories = getattr(plan.data, "trajectories", None)  # TrajectoryWindows (checked)
+    ndim = len(trajectories.state_shape) if trajectories is not None else 1
+    training = RolloutTraining(
+        model,
+        rollout,
+        plan.normalizer,
+        plan.loss,
+        accumulate=plan.accumulate_grad_batches,
+        state_ndim=ndim,
+    )
+    optimizer = model.optimizer
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    index = next(i for i, v in enumerate(optimizer.variables) if v is inner._iterations)
+    object.__setattr__(model, "compute_loss", training.compute_loss)
+    training.wrap_train_step(index)
+    return training
