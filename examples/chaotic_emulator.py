@@ -21,8 +21,8 @@ Lyapunov times (+22%); it was the only setting that helped clearly (fixed k = 4 
 input noise hardly changed the error, pushforward made it worse). The example prints
 both runs and persistence, so you can see it on your machine.
 
-Rollout training runs on Equinox today; `--backend` lists the backends whose adapters
-have it (the model factory below already covers Lightning and Keras).
+`--backend equinox | lightning | keras`: the same description on each (Keras on the
+backend `KERAS_BACKEND` names).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from pipekit_train.core import (
 )
 from pipekit_train.core.data import Trajectories, fit_trajectory_normalizer
 
-ROLLOUT_BACKENDS = ("equinox",)  # the backends whose adapters train through the rollout
+ROLLOUT_BACKENDS = ("equinox", "lightning", "keras")  # adapters with rollout training
 LYAPUNOV_STEPS = round(lorenz96.LYAPUNOV_TIME / lorenz96.EMULATOR_DT)  # 13 emulator steps
 SMALL = {"steps": 600, "n_train": 16}
 FULL = {"steps": 3000, "n_train": 64}
