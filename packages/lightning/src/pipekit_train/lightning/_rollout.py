@@ -14,7 +14,7 @@ copy. Nothing in the loop synchronises with the host.
 length `k = rollout.steps_at(update)` chosen on the host, the input noise the feed
 attached to the batch, and `Tensor.detach` as the gradient stop.
 
-**CUDA graphs: not yet.** On a CUDA device each step of this loop launches the model's
+**CUDA graphs: not yet.** On a CUDA device each step of the rollout loop launches the model's
 and the step's kernels one by one; issue 33 asks for a CUDA-graph capture of the step
 loop where `compile=` asks for it (as `Torch(compile="cuda-graphs")` captures the
 training update, `_graphs.py`). Not built, because no GPU reaches this project's machines
