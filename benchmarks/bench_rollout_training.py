@@ -40,11 +40,13 @@ simulator) from 2 starts each for `--horizon` steps; the error at a lead is the 
 The table gives the mean and the range (min–max) over the seeds of each side; they are
 "equal within the spread of three seeds" when the two ranges overlap.
 
-**The torch reference (a hook).** The Lightning/`Torch()` rollout training lands on another
-branch; its reference goes into `benchmarks/reference_rollout_torch.py` with the same
-`train(...)` / `rollout(...)` signatures as the optax one, and into `SIDES` below as
-`("torch", library_torch, hand_torch)`: every side gets the same data, seeds, budget and
-error definition from `bench_round`, and the table grows a pair of rows per backend.
+**The torch reference (a hook).** `Lightning()` and `Torch()` train through the rollout too
+(`TrainingLoop(rollout=..., adapter=Torch())`); their plain-torch reference is not written
+yet. It goes into `benchmarks/reference_rollout_torch.py` with the same `train(...)` /
+`rollout(...)` signatures as the optax one, and into `SIDES` below as
+`("torch", library_torch, hand_torch)` (each side takes `(train, seed, args, clock)` and
+returns the trained emulator's rollout function): every side gets the same data, seeds,
+budget and error definition from `bench`, and the tables grow a pair of rows per backend.
 """
 
 from __future__ import annotations
