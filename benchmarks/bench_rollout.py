@@ -28,7 +28,9 @@ Each backend runs in a process of its own. Each round runs every variant of a ca
 (compilation excluded). Rates are ensemble steps per second; the table shows the best
 rate over the rounds, and the ratio is paired: library ÷ hand in the same round, median
 over the rounds. Target (issue 33): library ≥ 0.9× the hand-written rollout at
-ensembles of 64 and 1024. `--quick`: 3 rounds of 200 steps. torch runs with one
+ensembles of 64 and 1024. `--quick`: 3 rounds of 200 steps. `--device cuda` puts the
+torch module and the hand loop's tensors on the GPU (jax and Keras on jax take jax's
+default device: the GPU where jax has one); `scripts/gpu_check.py` runs it so. torch runs with one
 intra-op thread (`--torch-threads`): on a shared 2-core machine two threads made its
 rates swing by 10× from round to round.
 """
@@ -72,7 +74,7 @@ def _normalizer() -> Any:
     )
 
 
-def _op(backend: str) -> Any:
+def _op(backend: str, device: str = "cpu") -> Any:
     kw = {"in_size": D, "out_size": D, "width": WIDTH, "depth": DEPTH, "seed": 0}
     if backend == "equinox":
         from pipekit_train.equinox import EquinoxModelOp
@@ -81,7 +83,9 @@ def _op(backend: str) -> Any:
     if backend == "torch":
         from pipekit_train.lightning import LightningModelOp
 
-        return LightningModelOp("pipekit_train.lightning.testing:mlp", **kw)
+        op = LightningModelOp("pipekit_train.lightning.testing:mlp", **kw)
+        op.model.to(device)  # the device rollout runs where the module's parameters are
+        return op
     from pipekit_train.keras import KerasModelOp
 
     return KerasModelOp("pipekit_train.keras.testing:mlp", **kw)
@@ -94,16 +98,17 @@ def _hand(backend: str, op: Any, norm: Any, steps: int) -> Callable[[np.ndarray]
         import torch
 
         module = op.model.eval()
-        txm, txs, tym, tys = (torch.from_numpy(a) for a in (xm, xs, ym, ys))
+        device = next(module.parameters()).device
+        txm, txs, tym, tys = (torch.from_numpy(a).to(device) for a in (xm, xs, ym, ys))
 
         def hand_torch(x0: np.ndarray) -> np.ndarray:
             with torch.no_grad():
-                x = torch.from_numpy(x0.astype(np.float32))
+                x = torch.from_numpy(x0.astype(np.float32)).to(device)
                 states = [x]
                 for _ in range(steps):
                     x = x + module((x - txm) / txs) * tys + tym
                     states.append(x)
-                return torch.stack(states).numpy()
+                return torch.stack(states).cpu().numpy()  # (waits for the device)
 
         return hand_torch
     import jax
@@ -156,7 +161,7 @@ def bench_case(
     """Best rates and per-round library ÷ hand ratios of one case."""
     from pipekit_train.core import Cycle, NeuralForward
 
-    op, norm = _op(backend), _normalizer()
+    op, norm = _op(backend, args.device), _normalizer()
     forward = NeuralForward(op, normalizer=norm, residual=True)
     x0 = np.random.default_rng(1).uniform(-1, 1, (members, D))
     steps = args.steps
@@ -258,7 +263,8 @@ def in_subprocesses(args: argparse.Namespace) -> list[dict[str, Any]]:
             out = Path(tmp) / "rows.json"
             cmd = [sys.executable, __file__, "--backends", backend, "--json", str(out)]
             cmd += ["--steps", str(args.steps), "--rounds", str(args.rounds)]
-            cmd += ["--torch-threads", str(args.torch_threads), "--members"]
+            cmd += ["--torch-threads", str(args.torch_threads), "--device", args.device]
+            cmd += ["--members"]
             cmd += [str(m) for m in args.members]
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
             print("\n".join(line for line in proc.stdout.splitlines() if line.startswith("  ")))
@@ -279,6 +285,13 @@ def main() -> None:
         type=int,
         default=1,
         help="torch's intra-op threads (default 1: steadier on a shared machine)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="torch's device (cuda: the module and the hand loop's tensors on the GPU); jax "
+        "and Keras on jax use jax's default device (set JAX_PLATFORMS=cpu for the CPU)",
     )
     parser.add_argument("--quick", action="store_true", help="a short run (run_all)")
     parser.add_argument("--json", help="also write the result rows to this JSON file")
@@ -326,11 +339,12 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     )
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load = ", ".join(f"{v:.1f}" for v in LOAD_AT_START)
+    where = "CPU only" if args.device == "cpu" else "torch on CUDA, jax on its default device"
     return "\n".join(
         [
             f"Measured with `uv run python benchmarks/bench_rollout.py {flags} --markdown "
             f"benchmarks/rollout.md` on {when}, on {cpu} ({os.cpu_count()} cores, shared with "
-            f"other jobs: load average {load} at the start), CPU only. Ensemble steps per second (best of the rounds); "
+            f"other jobs: load average {load} at the start), {where}. Ensemble steps per second (best of the rounds); "
             "library ÷ hand is paired per round (median); the target is ≥ 0.9× at ensembles "
             "of 64 and 1024. The host loop at 1024 members (and on Keras) ran a tenth of the "
             "steps.",

@@ -59,6 +59,8 @@ ROOT = HERE.parent
 GPU_RESULTS = HERE / "gpu-check.md"
 #: The ensemble-rollout table `bench_rollout.py --markdown benchmarks/rollout.md` wrote.
 ROLLOUT_RESULTS = HERE / "rollout.md"
+#: The rollout-training reference `bench_rollout_training.py --markdown ...` wrote.
+ROLLOUT_TRAINING_RESULTS = HERE / "rollout-training.md"
 FIELDS = ("benchmark", "case", "metric", "value", "unit", "ratio", "target", "ok")
 LIBRARIES = (
     "pipekit-train-core",
@@ -360,6 +362,7 @@ def render(
     lines.append(f"| Run time | {timing} |")
     lines.append("")
     lines += rollout_section()
+    lines += rollout_training_section()
     lines += gpu_section()
     if raw:
         lines += ["## Output of scripts without `--json`", ""]
@@ -381,6 +384,25 @@ def rollout_section() -> list[str]:
         "`benchmarks/bench_rollout.py` (see its docstring):",
         "",
         ROLLOUT_RESULTS.read_text().strip(),
+        "",
+    ]
+
+
+def rollout_training_section() -> list[str]:
+    """The page's "Rollout training" section: `benchmarks/rollout-training.md` (its title
+    and notes marker left out) when it exists."""
+    if not ROLLOUT_TRAINING_RESULTS.exists():
+        return []
+    text = ROLLOUT_TRAINING_RESULTS.read_text()
+    body = "\n".join(x for x in text.splitlines() if not x.startswith(("# ", "<!-- notes")))
+    return [
+        "## Rollout training",
+        "",
+        "The library's Equinox rollout training (k = 4) against a hand-written Equinox + optax",
+        "one on the Lorenz-96 example, from `benchmarks/bench_rollout_training.py` (see its",
+        "docstring):",
+        "",
+        body.strip(),
         "",
     ]
 

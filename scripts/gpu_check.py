@@ -37,7 +37,11 @@ Then the side-by-side benchmarks, on the GPU: `benchmarks/bench_equinox.py --qui
 --skip-rss`, `bench_lightning.py --quick --accelerator gpu`, `bench_torch.py --quick
 --device cuda` and `bench_keras.py --quick` (jax): the adapter's steps/s against the
 hand-written loops (`ratio`); from bench_torch's rows, a table of `Torch()`'s compile
-modes (eager, `compile=True`, `"cuda-graphs"`, at K=1 and K=10). Last (`--skip-compute`
+modes (eager, `compile=True`, `"cuda-graphs"`, at K=1 and K=10). Then the ensemble
+rollouts (`bench_rollout.py --quick --members 64 1024 --device cuda`): the library's
+`NeuralForward.rollout` against a hand-written rollout of the same emulator per backend
+(Equinox and Keras on jax: a jitted `lax.scan`; torch: a no-grad loop on tensors on the
+GPU) and the host loop, in a table of their own ("Ensemble rollouts"). Last (`--skip-compute`
 leaves it out), `bench_compute.py --device cuda`: the compute-bound MLP (64 → 4096 ×3 →
 64, batch 4096, 0.84 TFLOP per step) per backend in float32 and bf16 against its hand
 loop (Keras: `model.fit`), K=10 against K=1, and TFLOP/s with the share of the bf16 peak
@@ -469,6 +473,20 @@ def bench_commands(
         # K=1 and compile="cuda-graphs" at K=1 and K=10
         ("bench_torch", ["--quick", "--device", "cpu" if device == "cpu" else "cuda"], {}),
         ("bench_keras", ["--quick", "--backend", "jax"], jax_env),
+        # ensemble rollouts (issue 33): NeuralForward.rollout against a hand-written
+        # rollout per backend (jax lax.scan, torch no-grad loop, Keras on jax), 64 and 1024
+        (
+            "bench_rollout",
+            [
+                "--quick",
+                "--members",
+                "64",
+                "1024",
+                "--device",
+                "cpu" if device == "cpu" else "cuda",
+            ],
+            jax_env,
+        ),
     ]
     if compute:
         # the compute-bound MLP (full sizes on the GPU; each backend in its own child,
@@ -676,6 +694,30 @@ def compile_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def rollout_table(rows: list[dict[str, Any]]) -> list[str]:
+    """bench_rollout's rows (library, hand, host loop per backend and ensemble), one line each
+    case; a failed script's row as it is."""
+    lines = [
+        "| backend | ensemble | library `rollout` | hand-written | library ÷ hand | OK "
+        "| host-loop `Cycle` | host ÷ hand |",
+        "| --- | ---: | ---: | ---: | ---: | :---: | ---: | ---: |",
+    ]
+    cases: dict[tuple[Any, Any], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        if "variant" not in r:  # the script failed: its one row says why
+            lines.append(f"| (bench_rollout) | | | | | ❌ | | {r.get('note') or ''} |")
+            continue
+        cases.setdefault((r["backend"], r["members"]), {})[r["variant"]] = r
+    for (backend, members), case in cases.items():
+        lib, hand, host = (case.get(v, {}) for v in ("library", "hand", "host loop"))
+        lines.append(
+            f"| {backend} | {members} | {_fmt(lib.get('value'))} | {_fmt(hand.get('value'))} | "
+            f"{_fmt(lib.get('ratio'))} | {_mark(lib.get('ok'))} | {_fmt(host.get('value'))} | "
+            f"{_fmt(host.get('ratio'))} |"
+        )
+    return lines
+
+
 def bench_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| benchmark | case | steps/s | ratio | target | OK | note |",
@@ -724,6 +766,8 @@ def report(
             "",
         ]
     if bench is not None:
+        rollout = [r for r in bench if r.get("benchmark") == "rollout"]
+        bench = [r for r in bench if r.get("benchmark") != "rollout"]
         overhead = [r for r in bench if r.get("benchmark") != "compute"]
         compute = [r for r in bench if r.get("benchmark") == "compute"]
         lines += [
@@ -740,6 +784,20 @@ def report(
         modes = compile_table(overhead)
         if modes:
             lines += ["#### `Torch()` compile modes", "", *modes, ""]
+        if rollout:
+            lines += [
+                "#### Ensemble rollouts",
+                "",
+                "`benchmarks/bench_rollout.py --quick --members 64 1024 --device "
+                f"{args.device}`: `NeuralForward.rollout` against the hand-written rollout of "
+                "the same 8→64→64→8 MLP emulator (jax: a jitted `lax.scan`; torch: a no-grad "
+                "loop on tensors) and the host loop (`Cycle` with a per-step hook); ensemble "
+                "steps per second, best of 3 rounds of 200 steps; library ÷ hand paired per "
+                "round (median). Target (issue 33): ≥ 0.9× at 64 and 1024 members.",
+                "",
+                *rollout_table(rollout),
+                "",
+            ]
         if compute:
             sizes = (
                 "the CPU sizes (`--device cpu --quick`: MLP 64→128×3→64, batch 256; "

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,16 +131,60 @@ def test_bench_compute_refuses_boundaries_that_split_a_fused_call() -> None:
     assert "Received: --warmup 10, --steps 25." in proc.stderr
 
 
-def test_gpu_check_runs_bench_compute_after_the_other_benchmarks() -> None:
+def _gpu_check_module() -> Any:
     spec = importlib.util.spec_from_file_location("pipekit_gpu_check", SCRIPT)
     assert spec is not None and spec.loader is not None
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
+    return gpu_check
+
+
+def test_gpu_check_runs_bench_compute_after_the_other_benchmarks() -> None:
+    gpu_check = _gpu_check_module()
     names = [name for name, _, _ in gpu_check.bench_commands("cpu")]
     assert names[-1] == "bench_compute" and "bench_torch" in names
     flags = {name: flags for name, flags, _ in gpu_check.bench_commands("cuda")}
     assert flags["bench_compute"] == ["--device", "cuda"]  # the full, compute-bound sizes
     assert "bench_compute" not in [n for n, _, _ in gpu_check.bench_commands("cpu", compute=False)]
+
+
+def test_gpu_check_runs_the_ensemble_rollouts_at_64_and_1024_members() -> None:
+    gpu_check = _gpu_check_module()
+    for device in ("cpu", "cuda"):
+        flags = {name: flags for name, flags, _ in gpu_check.bench_commands(device)}
+        assert flags["bench_rollout"] == [
+            "--quick", "--members", "64", "1024", "--device", device
+        ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_bench_rollout_rows_make_the_ensemble_rollout_table(tmp_path: Path) -> None:
+    """bench_rollout.py on the CPU (Equinox, 64 members, a short run) writes rows that
+    gpu_check's report turns into the "Ensemble rollouts" table, one line per case."""
+    out = tmp_path / "rollout.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_rollout.py"), "--backends", "equinox",
+         "--members", "64", "--steps", "20", "--rounds", "1", "--device", "cpu",
+         "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, **PYCACHE, "JAX_PLATFORMS": "cpu"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["variant"] for r in rows] == ["library", "hand", "host loop"]
+    gpu_check = _gpu_check_module()
+    args = gpu_check.parse(["--device", "cpu", "--quick"])
+    text = gpu_check.report([], rows, args, "test machine")
+    lines = text.splitlines()
+    at = lines.index("#### Ensemble rollouts")
+    [line] = [x for x in lines[at:] if x.startswith("| equinox | 64 |")]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    library, hand = float(cells[2].replace(",", "")), float(cells[3].replace(",", ""))
+    assert library > 0 and hand > 0
+    assert float(cells[4]) == pytest.approx(rows[0]["ratio"], rel=0.01)
+    assert cells[5] in ("✅", "❌")  # the 0.9x target is judged at 64 members
+    # the rollout rows are not repeated in the generic benchmark table
+    assert not any(x.startswith("| rollout |") for x in lines)
 
 
 def _bash(*args: str) -> subprocess.CompletedProcess[str]:

@@ -13,6 +13,27 @@ copy. Nothing in the loop synchronises with the host.
 `training_step`, `Torch()`'s step): core's `rollout_loss` with the torch namespace, its
 length `k = rollout.steps_at(update)` chosen on the host, the input noise the feed
 attached to the batch, and `Tensor.detach` as the gradient stop.
+
+**CUDA graphs: not yet.** On a CUDA device each step of the rollout loop launches the model's
+and the step's kernels one by one; issue 33 asks for a CUDA-graph capture of the step
+loop where `compile=` asks for it (as `Torch(compile="cuda-graphs")` captures the
+training update, `_graphs.py`). Not built, because no GPU reaches this project's machines
+to test it. What it would take, kept out of the CPU path:
+
+1. A `compile=` keyword through the rollout contract (`NeuralForward.rollout` →
+   `model_op.rollout` → core's `torch_rollout`), refused on Equinox and Keras on jax
+   (their loop is compiled already) and with `ConfigError` off CUDA
+   (`torch.cuda.is_available()` and the module's device).
+2. In core's `torch_rollout`: static buffers for the state `(n, *state)` and one
+   segment's stored states; the step warmed up a few times on a side stream, then one
+   segment of the plan's full length captured with `torch.cuda.graph`, writing into the
+   static buffers; per segment: copy the state in, `replay()`, then the same finiteness
+   sum and host copy as now. The plan's last, shorter segment runs eagerly.
+3. Stochastic rollouts: the seeded `torch.Generator` registered with the graph
+   (`CUDAGraph.register_generator_state`), so that each replay draws fresh numbers in
+   the same stream; a test that the graphed and eager rollouts of one seed agree.
+4. A graphed variant in `benchmarks/bench_rollout.py` (which `scripts/gpu_check.py`
+   runs on the GPU) to show whether the eager loop is launch-bound there at all.
 """
 
 from __future__ import annotations

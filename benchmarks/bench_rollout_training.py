@@ -1,0 +1,401 @@
+"""Rollout training: the library's k = 4 update against a hand-written one, and the errors
+per lead time they reach (issue 32's reference runs; not part of the test run).
+
+```bash
+uv run python benchmarks/bench_rollout_training.py                    # 3 seeds, 3000 updates
+uv run python benchmarks/bench_rollout_training.py --quick --json /tmp/rt.json   # run_all
+uv run python benchmarks/bench_rollout_training.py --markdown benchmarks/rollout-training.md
+```
+
+`--markdown` rewrites the tables of that page and keeps what follows its notes marker
+(`NOTES`): the reading of the numbers, written by hand.
+
+The problem is the chaotic example's (`examples/lorenz96.py`: Lorenz-96, 20 variables,
+one emulator step = 0.05 time units, about 13 steps per Lyapunov time). Both sides train
+the same residual emulator, a 20 → 128 → 128 → 20 tanh MLP initialised from
+`PRNGKey(seed)`, on the same 48 training trajectories of 201 states, windows of 5
+states (stride 1), per-variable statistics of states and increments, adam at a constant
+learning rate of 1e-3, batches of 256, with k = 4 rollout steps per update and the mean
+of the four per-step losses (mse in normalised units of the state):
+
+- `library`: `TrainingLoop(model=EquinoxModelOp(...testing:mlp...), data=TrajectoryWindows(
+  train, k=4, targets="increments"), normalizer=windows.normalizer(),
+  rollout=Rollout(steps=4, residual=True), ...)` on the Equinox adapter, then
+  `NeuralForward(artifact.model, normalizer, residual=True).rollout(...)` for the errors.
+- `hand`: `reference_rollout_optax.py` beside this file, plain Equinox + optax + numpy
+  (no pipekit code), its own batch order from the same seed.
+
+Each round is one seed: both sides train `--updates` updates, interleaved in one process
+(`_shared.interleaved_round`: each in a thread of its own, one at a time, taking turns
+of `--chunk` updates, so the machine's slow and fast seconds hit both alike), and the
+time of updates `--warmup + 1 .. --updates` (set-up and compilation excluded) gives the
+cost of one update. The library's clock reads at its metric flushes (every 50 updates,
+each waits for the device; a metric writer hands the step to the clock); the hand loop
+waits for the loss at the same updates. The cost ratio is paired per round (library ÷
+hand seconds per update), median over the rounds; target ≤ 1.1×.
+
+Errors: every trained emulator rolls out 16 held-out trajectories (another seed of the
+simulator) from 2 starts each for `--horizon` steps; the error at a lead is the nRMSE
+`sqrt(mean((pred - true)²) / mean(true²))` over trajectories, starts and variables.
+The table gives the mean and the range (min–max) over the seeds of each side; they are
+"equal within the spread of three seeds" when the two ranges overlap.
+
+**The torch reference (a hook).** `Lightning()` and `Torch()` train through the rollout too
+(`TrainingLoop(rollout=..., adapter=Torch())`); their plain-torch reference is not written
+yet. It goes into `benchmarks/reference_rollout_torch.py` with the same `train(...)` /
+`rollout(...)` signatures as the optax one, and into `SIDES` below as
+`("torch", library_torch, hand_torch)` (each side takes `(train, seed, args, clock)` and
+returns the trained emulator's rollout function): every side gets the same data, seeds,
+budget and error definition from `bench`, and the tables grow a pair of rows per backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _shared import apply_quick, interleaved_round, row, write_rows
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import lorenz96  # noqa: E402  (examples/, put on the path above)
+import reference_rollout_optax as hand_optax  # noqa: E402
+
+K = 4
+WIDTH, DEPTH = 128, 2
+BATCH = 256
+LR = 1e-3
+TRAIN_TRAJ, TRAIN_LEN = 48, 200
+TEST_TRAJ, TEST_STARTS = 16, (0, 60)
+TARGET = 1.1
+LEADS = (1, 4, 13, 26, 50)
+FLUSH = 50  # the library's metric flush (log_every_n_steps): its clock reads there
+QUICK = {"updates": 1000, "warmup": 250, "rounds": 2, "horizon": 26}
+LOAD_AT_START = os.getloadavg()
+
+
+class _Ticks:
+    """A metric writer that hands each flushed step to the round's `ChunkClock`."""
+
+    def __init__(self, clock: Any):
+        self.clock = clock
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        self.clock.tick(step)
+
+
+def library_equinox(
+    train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
+) -> Callable[[np.ndarray, int], np.ndarray]:
+    """Train with `TrainingLoop(rollout=Rollout(...))`; the trained emulator's rollout."""
+    from pipekit_train.core import NeuralForward, Rollout, TrainingLoop, TrajectoryWindows
+    from pipekit_train.equinox import EquinoxModelOp
+
+    windows = TrajectoryWindows(train, k=K, targets="increments")
+    normalizer = windows.normalizer()
+    artifact = TrainingLoop(
+        model=EquinoxModelOp(
+            "pipekit_train.equinox.testing:mlp",
+            in_size=lorenz96.N,
+            out_size=lorenz96.N,
+            width=WIDTH,
+            depth=DEPTH,
+            seed=seed,
+        ),
+        data=windows,
+        normalizer=normalizer,
+        rollout=Rollout(steps=K, residual=True),
+        loss="mse",
+        optimizer_config={"name": "adam", "lr": LR},
+        batch_size=BATCH,
+        max_steps=args.updates,
+        seed=seed,
+        writers=[_Ticks(clock)],
+        log_every_n_steps=FLUSH,
+        progress=False,
+    ).run()
+    forward = NeuralForward(artifact.model, normalizer=normalizer, residual=True)
+    return lambda x0, n: forward.rollout(x0, n)
+
+
+def hand_equinox(
+    train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
+) -> Callable[[np.ndarray, int], np.ndarray]:
+    """Train with the hand-written optax loop; the trained emulator's rollout."""
+    import jax
+
+    def on_update(i: int, loss: Any) -> None:
+        if i % args.chunk == 0:  # a reading of the clock: wait for the device first
+            jax.block_until_ready(loss)
+            clock.tick(i)
+
+    model, stats = hand_optax.train(
+        train,
+        k=K,
+        updates=args.updates,
+        batch_size=BATCH,
+        lr=LR,
+        width=WIDTH,
+        depth=DEPTH,
+        seed=seed,
+        on_update=on_update,
+    )
+    return lambda x0, n: hand_optax.rollout(model, stats, x0, n)
+
+
+# (backend, library side, hand-written side); the torch pair joins here (see the docstring)
+SIDES: list[tuple[str, Callable[..., Any], Callable[..., Any]]] = [
+    ("equinox", library_equinox, hand_equinox),
+]
+
+
+def lead_errors(rollout: Callable[[np.ndarray, int], np.ndarray], test: np.ndarray, horizon: int):
+    """nRMSE per lead `1..horizon` of rollouts from every start of every test trajectory."""
+    pred, true = [], []
+    for start in TEST_STARTS:
+        pred.append(np.asarray(rollout(test[:, start], horizon), np.float64)[1:])  # (H, n, d)
+        true.append(np.moveaxis(test[:, start + 1 : start + horizon + 1], 0, 1))
+    p, t = np.concatenate(pred, axis=1), np.concatenate(true, axis=1).astype(np.float64)
+    return np.sqrt(((p - t) ** 2).mean(axis=(1, 2)) / (t**2).mean(axis=(1, 2)))
+
+
+def _side_run(
+    side: Callable[..., Any],
+    name: str,
+    trained: dict[str, Any],
+    train: np.ndarray,
+    seed: int,
+    args: argparse.Namespace,
+) -> Callable[[Any], None]:
+    """One side's body for `interleaved_round`: train, keep its rollout in `trained`."""
+
+    def body(clock: Any) -> None:
+        trained[name] = side(train, seed, args, clock)
+
+    return body
+
+
+def bench(args: argparse.Namespace, say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every round (seed) trains each side once, interleaved; the rows of the table."""
+    train = lorenz96.trajectories(TRAIN_TRAJ, TRAIN_LEN, seed=0)
+    test = lorenz96.trajectories(TEST_TRAJ, max(TEST_STARTS) + args.horizon, seed=1)
+    persistence = lead_errors(lambda x0, n: np.repeat(x0[None], n + 1, axis=0), test, args.horizon)
+    rows: list[dict[str, Any]] = []
+    for backend, library, hand in SIDES:
+        sides = {"library": library, "hand": hand}
+        cost: dict[str, list[float]] = {"library": [], "hand": []}
+        errors: dict[str, list[np.ndarray]] = {"library": [], "hand": []}
+        for r in range(args.rounds):
+            seed = r
+            order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+            trained: dict[str, Callable[[np.ndarray, int], np.ndarray]] = {}
+
+            runs = [_side_run(sides[name], name, trained, train, seed, args) for name in order]
+            timer = time.process_time if args.timer == "cpu" else time.perf_counter
+            rates = interleaved_round(runs, args.warmup, args.updates, args.chunk, timer=timer)
+            for name, rate in zip(order, rates, strict=True):
+                cost[name].append(1.0 / rate)
+                errors[name].append(lead_errors(trained[name], test, args.horizon))
+                say(
+                    f"  {backend} {name:7s} seed {seed}: {1e3 / rate:.2f} ms/update, "
+                    + ", ".join(
+                        f"lead {lead} {errors[name][-1][lead - 1]:.3f}"
+                        for lead in LEADS
+                        if lead <= args.horizon
+                    )
+                )
+        rows += backend_rows(backend, cost, errors, persistence, args)
+    return rows
+
+
+def backend_rows(
+    backend: str,
+    cost: dict[str, list[float]],
+    errors: dict[str, list[np.ndarray]],
+    persistence: np.ndarray,
+    args: argparse.Namespace,
+) -> list[dict[str, Any]]:
+    """One cost row, then per lead one error row of each side (ratio: library ÷ hand)."""
+    ratio = statistics.median(a / b for a, b in zip(cost["library"], cost["hand"], strict=True))
+    rounds = f"{args.updates - args.warmup} updates timed, {args.rounds} rounds"
+    rows = [
+        row(
+            "rollout-training",
+            f"{backend}: library k={K} update (TrainingLoop, Rollout(steps={K}))",
+            f"ms per update, best of rounds; {rounds} (ratio: x hand, paired, median)",
+            1e3 * min(cost["library"]),
+            "ms",
+            ratio=ratio,
+            target=f"<= {TARGET}",
+            ok=ratio <= TARGET,
+        ),
+        row(
+            "rollout-training",
+            f"{backend}: hand-written k={K} update (equinox + optax)",
+            f"ms per update, best of rounds; {rounds}",
+            1e3 * min(cost["hand"]),
+            "ms",
+        ),
+    ]
+    for lead in LEADS:
+        if lead > args.horizon:
+            continue
+        lib = [float(e[lead - 1]) for e in errors["library"]]
+        hnd = [float(e[lead - 1]) for e in errors["hand"]]
+        overlap = max(min(lib), min(hnd)) <= min(max(lib), max(hnd))
+        note = (
+            f"range over seeds {min(lib):.4f}-{max(lib):.4f}; hand {min(hnd):.4f}-{max(hnd):.4f};"
+            f" persistence {persistence[lead - 1]:.4f}"
+        )
+        rows.append(
+            row(
+                "rollout-training",
+                f"{backend}: nRMSE at lead {lead} after {args.updates} updates",
+                f"mean over {args.rounds} seeds (ratio: library ÷ hand; ok: the ranges overlap)",
+                statistics.mean(lib),
+                "nRMSE",
+                ratio=statistics.mean(lib) / statistics.mean(hnd),
+                target="ranges overlap",
+                ok=overlap,
+                note=note,
+                digits=4,
+            )
+        )
+        rows[-1].update(hand=statistics.mean(hnd), lib_range=(min(lib), max(lib)))
+        rows[-1].update(hand_range=(min(hnd), max(hnd)), persistence=float(persistence[lead - 1]))
+    for r in rows:
+        r["backend"] = backend
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Two markdown tables: the cost of an update, and the errors per lead time."""
+    cost = [
+        "| backend | library ms/update | hand-written ms/update | library ÷ hand |",
+        "|---|---:|---:|---:|",
+    ]
+    errs = [
+        "| backend | lead (steps) | library nRMSE: mean (range) | hand-written nRMSE: mean "
+        "(range) | ranges overlap | persistence |",
+        "|---|---:|---:|---:|:---:|---:|",
+    ]
+    for i, r in enumerate(rows):
+        if r["case"].endswith(")") and "library" in r["case"]:
+            cost.append(
+                f"| {r['backend']} | {r['value']:.2f} | {rows[i + 1]['value']:.2f} "
+                f"| {r['ratio']:.2f}× |"
+            )
+        elif "nRMSE at lead" in r["case"]:
+            lead = r["case"].split("lead ")[1].split(" ")[0]
+            (llo, lhi), (hlo, hhi) = r["lib_range"], r["hand_range"]
+            errs.append(
+                f"| {r['backend']} | {lead} | {r['value']:.4f} ({llo:.4f}–{lhi:.4f}) "
+                f"| {r['hand']:.4f} ({hlo:.4f}–{hhi:.4f}) | {'yes' if r['ok'] else 'no'} "
+                f"| {r['persistence']:.3f} |"
+            )
+    return "\n".join(cost) + "\n\n" + "\n".join(errs)
+
+
+def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """The tables as a page: what was run, where and when."""
+    import datetime as dt
+
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = (
+        f"--updates {args.updates} --warmup {args.warmup} --rounds {args.rounds} "
+        f"--chunk {args.chunk} --timer {args.timer}"
+    )
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load = ", ".join(f"{v:.1f}" for v in LOAD_AT_START)
+    return "\n".join(
+        [
+            "# Rollout training against a hand-written reference",
+            "",
+            f"Measured with `uv run python benchmarks/bench_rollout_training.py {flags} "
+            f"--markdown benchmarks/rollout-training.md` on {when}, on {cpu} "
+            f"({os.cpu_count()} cores, shared with other jobs: load average {load} at the "
+            "start), CPU only. Lorenz-96 (20 variables), a 20 → 128 → 128 → 20 tanh MLP, "
+            f"k = {K}, batches of {BATCH}, adam 1e-3; one round per seed (seeds 0.."
+            f"{args.rounds - 1}). What each side is, and how it is timed, is in the "
+            "script's docstring; the hand-written side is `reference_rollout_optax.py`.",
+            "",
+            f"The cost of one k = 4 update ({args.timer} clock; best over the rounds; the "
+            f"ratio is paired per round, median; target ≤ {TARGET}×):",
+            "",
+            table(rows).split("\n\n")[0],
+            "",
+            f"The errors per lead time after {args.updates} updates (nRMSE over "
+            f"{TEST_TRAJ} held-out trajectories × {len(TEST_STARTS)} starts; one Lyapunov "
+            "time is about 13 steps; mean and range over the seeds):",
+            "",
+            table(rows).split("\n\n")[1],
+            "",
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--updates", type=int, default=3000)
+    parser.add_argument("--warmup", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=3, help="seeds 0..rounds-1")
+    parser.add_argument(
+        "--chunk", type=int, default=250, help="updates per turn of the interleaving"
+    )
+    parser.add_argument("--horizon", type=int, default=50)
+    parser.add_argument(
+        "--timer",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall: time.perf_counter; cpu: time.process_time (the process's CPU time, all "
+        "its threads: steadier on a loaded machine, but it counts the library's prefetching "
+        "thread in whichever turn it runs)",
+    )
+    parser.add_argument("--quick", action="store_true", help="a short run (run_all)")
+    parser.add_argument("--json", help="also write the result rows to this JSON file")
+    parser.add_argument("--markdown", help="also write the tables to this file")
+    args = parser.parse_args()
+    apply_quick(parser, args, QUICK)
+    if (
+        args.chunk % FLUSH
+        or args.warmup % args.chunk
+        or args.updates % args.chunk
+        or not 0 < args.warmup < args.updates
+    ):
+        parser.error(
+            f"Received: --chunk {args.chunk}, --warmup {args.warmup}, --updates "
+            f"{args.updates}, but the chunk must be a multiple of {FLUSH} (the library's "
+            "metric flush), warmup and updates multiples of the chunk, 0 < warmup < updates."
+        )
+    rows = bench(args, print)
+    print()
+    print(table(rows))
+    if args.json:
+        write_rows(args.json, [{k: v for k, v in r.items() if k in _SCHEMA} for r in rows])
+    if args.markdown:
+        path = Path(args.markdown)
+        notes = path.read_text().partition(NOTES)[2] if path.exists() else ""
+        path.write_text(markdown(rows, args) + (f"\n{NOTES}{notes}" if notes else ""))
+
+
+NOTES = "<!-- notes: kept when the tables are written again -->"
+_SCHEMA = ("benchmark", "case", "metric", "value", "unit", "ratio", "target", "ok", "note")
+
+
+if __name__ == "__main__":
+    main()
