@@ -67,16 +67,18 @@ def ray_runtime() -> Iterator[None]:
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import it
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in RAY_ENV.items():
-            mp.setenv(key, value)
-        mp.delenv("XLA_FLAGS", raising=False)  # one CPU device per worker
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-        try:
-            yield
-        finally:
-            ray.shutdown()
-            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in RAY_ENV.items():
+                mp.setenv(key, value)
+            mp.delenv("XLA_FLAGS", raising=False)  # one CPU device per worker
+            ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+            try:
+                yield
+            finally:
+                ray.shutdown()
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 def _records(out: Path, tag: str) -> list[dict[str, Any]]:

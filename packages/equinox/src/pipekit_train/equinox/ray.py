@@ -13,7 +13,8 @@ CPU workers it does not (Ray 2.60: `_JaxBackend.on_start` returns early unless
 address, `ray.train.collective.broadcast_from_rank_zero` hands it to the others, and
 every worker calls `jax.distributed.initialize` with gloo CPU collectives.
 
-Checkpoints stay pipekit's own (the loop's `Checkpoint`, Orbax, local or `s3://`). After
+Checkpoints stay pipekit's own (the loop's `Checkpoint`, Orbax) in a folder every worker
+reaches (a shared file system: Equinox refuses a URI in a multi-process run). After
 a lost worker Ray restarts the group (`max_failures`) and the new group resumes from
 pipekit's latest complete checkpoint; each checkpoint's step and location, and the
 metrics, reach Ray through `ray.train.report`.
@@ -97,8 +98,8 @@ def fit_on_ray(
     `loop_factory` is pickled by Ray and called on every worker after the workers joined
     `jax.distributed`; it returns a `TrainingLoop` with the Equinox adapter, usually with
     `sharding=ShardingSpec(jax.make_mesh((jax.device_count(),), ("data",)))`, and, for a
-    job that should survive a lost worker, a `checkpoint=` every worker reaches (a shared
-    folder or `s3://`).
+    job that should survive a lost worker, a `checkpoint=` folder every worker reaches (a
+    shared file system; an `s3://` location is refused with several processes).
 
     Args:
         loop_factory: builds the `TrainingLoop` (no arguments).

@@ -38,7 +38,6 @@ from ._torch import Torch
 
 _EXTRA = {"extra": "ray", "package": "pipekit-train-lightning"}
 _ray_torch = optional_import("ray.train.torch", **_EXTRA)
-_ray_lightning = optional_import("ray.train.lightning", **_EXTRA)
 
 __all__ = ["fit_on_ray", "on_ray"]
 
@@ -71,11 +70,12 @@ def on_ray(plan: Any) -> Any:
             "pipekit_train.lightning.ray runs loops whose adapter is Lightning(). Received: "
             f"adapter={type(adapter).__name__}. Use pipekit_train.equinox.ray for Equinox."
         )
+    ray_lightning = optional_import("ray.train.lightning", **_EXTRA)  # imports lightning
     kwargs = {k: v for k, v in adapter.trainer_kwargs.items() if k not in _RAY_OWNED}
     kwargs.update(
         devices="auto",
-        strategy=_ray_lightning.RayDDPStrategy(),
-        plugins=[_ray_lightning.RayLightningEnvironment()],
+        strategy=ray_lightning.RayDDPStrategy(),
+        plugins=[ray_lightning.RayLightningEnvironment()],
     )
     ray_adapter = copy.copy(adapter)
     ray_adapter.trainer_kwargs = kwargs
