@@ -62,6 +62,16 @@ def make_loop(out: str, tag: str, kill_at: int | None) -> Any:
     )
 
 
+def reference_then(out: str, loop: Any) -> Any:
+    """On each worker: first the uninterrupted two-worker reference run (once per job:
+    not again in the restarted group), then hand `loop` to `fit_on_ray`. One Ray Train
+    run then holds both, which saves starting a third worker group."""
+    if not all((Path(out) / f"reference-rank{r}.json").exists() for r in (0, 1)):
+        reference = make_loop(out, "reference", None).plan
+        reference.adapter.run(reference)
+    return loop
+
+
 @pytest.fixture(scope="module")
 def ray_runtime() -> Iterator[None]:
     from ray import cloudpickle
@@ -104,7 +114,7 @@ def test_bad_arguments_fail_before_ray_starts(tmp_path: Path) -> None:
     assert not ray.is_initialized()
 
 
-@pytest.mark.slow  # two Ray Train runs of two jax.distributed workers, one of them restarted
+@pytest.mark.slow  # a Ray Train run of two jax.distributed workers, restarted once (~85 s)
 def test_a_killed_worker_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
     tmp_path: Path, ray_runtime: None
 ) -> None:
@@ -112,11 +122,8 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
     from pipekit_train.equinox.ray import fit_on_ray
 
     out = str(tmp_path)
-    reference = fit_on_ray(
-        lambda: make_loop(out, "reference", None), num_workers=2, storage=tmp_path / "ray"
-    )
     killed = fit_on_ray(
-        lambda: make_loop(out, "killed", KILL_AT),
+        lambda: reference_then(out, make_loop(out, "killed", KILL_AT)),
         num_workers=2,
         max_failures=1,
         storage=tmp_path / "ray",
@@ -137,6 +144,6 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
     # pipekit's checkpoints reached Ray's reporting, with the metrics
     last = str(tmp_path / "killed-ckpt" / str(MAX_STEPS))
     assert killed.metrics["step"] == MAX_STEPS and killed.metrics["pipekit_checkpoint"] == last
-    assert "loss" in killed.metrics and reference.metrics["step"] == MAX_STEPS
+    assert "loss" in killed.metrics
     with killed.checkpoint.as_directory() as marker:  # Ray's checkpoint: only the marker
         assert json.loads((Path(marker) / "pipekit.json").read_text())["step"] == MAX_STEPS

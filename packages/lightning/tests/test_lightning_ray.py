@@ -71,6 +71,18 @@ def make_loop(
     )
 
 
+def reference_then(out: str, loop: Any) -> Any:
+    """On each worker: first the uninterrupted two-worker reference run (once per job:
+    not again in the restarted group), then hand `loop` to `fit_on_ray`. One Ray Train
+    run then holds both, which saves starting a third worker group."""
+    from pipekit_train.lightning.ray import on_ray
+
+    if not all((Path(out) / f"reference-rank{r}.json").exists() for r in (0, 1)):
+        reference = on_ray(make_loop(out, "reference", None).plan)
+        reference.adapter.run(reference)
+    return loop
+
+
 @pytest.fixture(scope="module")
 def ray_runtime() -> Iterator[LoopbackS3]:
     """A Ray runtime, started inside a loopback S3 server's environment (credentials, no
@@ -125,7 +137,7 @@ def test_torch_adapter_is_refused_with_a_pointer_to_lightning(tmp_path: Path) ->
         on_ray(plan)
 
 
-@pytest.mark.slow  # two Ray Train runs of two Lightning workers, one of them restarted
+@pytest.mark.slow  # a Ray Train run of two Lightning workers, restarted once (~110 s)
 def test_a_killed_worker_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
     tmp_path: Path, ray_runtime: LoopbackS3
 ) -> None:
@@ -135,11 +147,8 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
     from pipekit_train.lightning.ray import fit_on_ray
 
     out, s3 = str(tmp_path), ray_runtime.storage_options
-    reference = fit_on_ray(
-        lambda: make_loop(out, "reference", None), num_workers=2, storage=tmp_path / "ray"
-    )
     killed = fit_on_ray(
-        lambda: make_loop(out, "killed", KILL_AT, s3=s3),
+        lambda: reference_then(out, make_loop(out, "killed", KILL_AT, s3=s3)),
         num_workers=2,
         max_failures=1,
         storage=tmp_path / "ray",
@@ -161,6 +170,6 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
     # pipekit's checkpoints reached Ray's reporting, with the metrics
     last = policy.step_location(MAX_STEPS)
     assert killed.metrics["step"] == MAX_STEPS and killed.metrics["pipekit_checkpoint"] == last
-    assert "loss" in killed.metrics and reference.metrics["step"] == MAX_STEPS
+    assert "loss" in killed.metrics
     with killed.checkpoint.as_directory() as marker:  # Ray's checkpoint: only the marker
         assert json.loads((Path(marker) / "pipekit.json").read_text())["step"] == MAX_STEPS
