@@ -45,6 +45,7 @@ GOLDEN_FILES = (
     "tests-integration/test_golden_plateau.py",
     "tests-integration/test_golden_fields.py",
     "tests-integration/test_golden_flow.py",
+    "tests-integration/test_golden_rollout.py",
 )
 
 

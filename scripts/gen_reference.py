@@ -153,6 +153,8 @@ def cli_keys() -> str:
         "`[data]`": cfg._DATA_KEYS,
         "`[validation]`": cfg._VALIDATION_KEYS,
         "`[normalizer]`": cfg._NORMALIZER_KEYS,
+        "`[rollout]`": cfg.ROLLOUT_KEYS,
+        "`[rollout.schedule]`": (*cfg._SCHEDULE_KEYS, '"<update> = <k>"'),
         "`[checkpoint]`": cfg.checkpoint_keys(),
         "`[registry]`": cfg._REGISTRY_KEYS,
         "`[[writers]]` `type`": (*cfg.WRITERS, '"module:Class"'),

@@ -31,10 +31,10 @@ import pytest  # noqa: E402
 GOLDEN_WORKER = Path(__file__).resolve().parent / "golden_worker.py"
 # label -> (backend package, KERAS_BACKEND, the suites it runs)
 GOLDEN_SETUPS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
-    "equinox": ("equinox", None, ("mlp", "plateau", "field", "flow")),
-    "lightning": ("lightning", None, ("mlp", "plateau", "field", "flow")),
-    "torch": ("torch", None, ("mlp", "plateau", "flow")),
-    "torch-k10": ("torch_k10", None, ("mlp",)),
+    "equinox": ("equinox", None, ("mlp", "plateau", "field", "flow", "rollout")),
+    "lightning": ("lightning", None, ("mlp", "plateau", "field", "flow", "rollout")),
+    "torch": ("torch", None, ("mlp", "plateau", "flow", "rollout")),
+    "torch-k10": ("torch_k10", None, ("mlp", "rollout")),
     "keras-jax": ("keras", "jax", ("mlp", "plateau", "field", "flow")),
     "keras-torch": ("keras", "torch", ("mlp", "plateau", "field", "flow")),
     "plain-torch": ("plain_torch", None, ("mlp", "plateau")),
@@ -45,7 +45,13 @@ GOLDEN_FILES = {
     "plateau": "test_golden_plateau.py",
     "field": "test_golden_fields.py",
     "flow": "test_golden_flow.py",
+    "rollout": "test_golden_rollout.py",
 }
+
+
+def golden_labels(suite: str) -> list[str]:
+    """The setups that run `suite` (adding a backend to a suite is one line above)."""
+    return [label for label, (_, _, suites) in GOLDEN_SETUPS.items() if suite in suites]
 
 
 @pytest.fixture(scope="session")
@@ -90,4 +96,5 @@ def golden_outputs(
     def outputs(label: str, suite: str) -> str:
         return results[label, suite]
 
+    outputs.labels = golden_labels  # type: ignore[attr-defined]
     return outputs

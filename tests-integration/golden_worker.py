@@ -3,7 +3,8 @@
 `python golden_worker.py <equinox|lightning|torch|torch_k10|keras|plain_torch> <out.json>` (Keras's
 backend comes from `KERAS_BACKEND`); a third argument `field` runs the conv-net field cases
 (`run_golden_field`) instead, `plateau` the `ReduceLROnPlateau` cases (`run_golden_plateau`,
-any backend above), `flow` the flow-head case (`run_golden_flow`). A comma-separated list (`mlp,plateau,field`) runs several suites in
+any backend above), `flow` the flow-head case (`run_golden_flow`), `rollout` the rollout-training cases
+(`run_golden_rollout`). A comma-separated list (`mlp,plateau,field`) runs several suites in
 this one process (one framework import for all), writing `<out>.<suite>.json` each. One process per backend: Keras's backend is fixed per
 process. `plain_torch` is the example adapter of `examples/plain_torch_adapter.py`;
 `torch` / `torch_k10` are `pipekit_train.lightning.Torch()` with 1 / 10 fused steps.
@@ -26,6 +27,11 @@ def main(backend: str, out: str, suite: str = "mlp") -> None:
         return
     if suite == "flow":
         _flow(backend, out)
+        return
+    if suite == "rollout":
+        from pipekit_train.core.testing import run_golden_rollout
+
+        Path(out).write_text(dump_runs(run_golden_rollout(_backend(backend))))
         return
     if suite == "field":
         from pipekit_train.core.testing import run_golden_field
@@ -77,18 +83,21 @@ def _plateau(backend: str, out: str) -> None:
     Path(out).write_text(json.dumps({k: v.to_json() for k, v in runs.items()}))
 
 
+def _backend(backend: str) -> object:
+    """The `GoldenBackend` of a package name (`torch` / `torch_k10`: `Torch()`)."""
+    if backend in ("torch", "torch_k10"):
+        from pipekit_train.lightning.testing import torch_golden_backend
+
+        return torch_golden_backend(10 if backend == "torch_k10" else 1)
+    return importlib.import_module(f"pipekit_train.{backend}.testing").golden_backend()
+
+
 def _flow(backend: str, out: str) -> None:
     import json
 
     from pipekit_train.core.testing import run_golden_flow
 
-    if backend in ("torch", "torch_k10"):
-        from pipekit_train.lightning.testing import torch_golden_backend
-
-        golden = torch_golden_backend(10 if backend == "torch_k10" else 1)
-    else:
-        golden = importlib.import_module(f"pipekit_train.{backend}.testing").golden_backend()
-    Path(out).write_text(json.dumps(run_golden_flow(golden)))
+    Path(out).write_text(json.dumps(run_golden_flow(_backend(backend))))
 
 
 def main_many(backend: str, out: str, suites: str) -> None:

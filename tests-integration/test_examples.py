@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import amortized
+import chaotic_emulator
 import direct
 import numpy as np
 import pytest
@@ -124,3 +125,37 @@ def test_two_moons(backend: str, tmp_path: Path) -> None:
     # both crescents, each with about half the draws (a Gaussian head scores C2ST ~0.98)
     assert all(abs(share - 0.5) < 0.1 for share in result["mode_share"])
     assert (tmp_path / backend / "mixture" / "posterior.png").stat().st_size > 30_000
+
+
+@pytest.mark.slow
+def test_chaotic_emulator(tmp_path: Path) -> None:
+    """A reduced budget (60 updates per run, 30-step rollouts): both emulators train with
+    the rollout monitor in their history, beat persistence at lead 1, and the figure is
+    written. The measured setting (`--full`) is in docs/guides/rollout-training.md."""
+    result = chaotic_emulator.main(
+        ["--steps", "60", "--horizon", "30", "--out", str(tmp_path)]
+    )  # fmt: skip
+    assert set(result) == {"one-step", "curriculum 1→4", "persistence"}
+    for label in ("one-step", "curriculum 1→4"):
+        assert result[label]["lead_1"] < result["persistence"]["lead_1"]
+        assert np.isfinite(result[label]["val_rollout_nrmse_lead_11_30"])
+    assert (tmp_path / "equinox" / "error_vs_lead.png").stat().st_size > 10_000
+
+
+def test_chaotic_emulator_lead_figure(tmp_path: Path) -> None:
+    """The figure draws one line per report against lead time in Lyapunov times."""
+    from pipekit_train.core import rollout_validation
+
+    truth = 1.0 + np.arange(31, dtype=np.float64)[None, :, None] * np.ones((1, 1, 20))
+    reports = {
+        "one-step": rollout_validation(lambda s: s + 1.01, truth, 30),
+        "persistence": rollout_validation(lambda s: s, truth, 30),
+    }
+    fig = chaotic_emulator.lead_figure(reports, tmp_path / "lead.png", 30)
+    (ax,) = fig.axes
+    lines = ax.get_lines()
+    assert [line.get_label() for line in lines[:2]] == ["one-step", "persistence"]
+    steps = chaotic_emulator.LYAPUNOV_STEPS
+    np.testing.assert_allclose(lines[0].get_xdata(), np.arange(1, 31) / steps)
+    np.testing.assert_allclose(lines[1].get_ydata(), reports["persistence"].errors["nrmse"][:, 0])
+    assert (tmp_path / "lead.png").stat().st_size > 10_000

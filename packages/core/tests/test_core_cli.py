@@ -154,6 +154,41 @@ def test_set_overrides_parse_toml_values_and_fall_back_to_strings(tmp_path) -> N
         ),
         (GOOD, ("adapter.tf.x=1",), r"Unknown key `adapter.tf`"),
         (GOOD, ("normalizer.keys=[]",), r"`normalizer.keys` must be a list of sample keys"),
+        (
+            GOOD,
+            ("normalizer.keys=['x']", "normalizer.per=channel"),
+            r"exactly one of `keys`.*`path`.*`per`",
+        ),
+        (GOOD, ("normalizer.per=grid",), r"`normalizer.per` must be 'channel' or 'feature'"),
+        (
+            GOOD,
+            ("rollout.step=4",),
+            r"Unknown key `rollout.step`.*Did you mean `steps`.*Accepted keys at \[rollout\]: "
+            r"\['steps', 'weights', 'backprop', 'noise_std', 'schedule', 'residual', "
+            r"'gradient_checkpointing'\]",
+        ),
+        (GOOD, ("rollout.steps=0",), r"\[rollout\] `steps` must be an int >= 1.*steps=0"),
+        (
+            GOOD,
+            ("rollout.steps=2", "rollout.weights=[1.0]"),
+            r"\[rollout\] `weights` needs one loss weight per rollout step",
+        ),
+        (
+            GOOD,
+            ("rollout.steps=4", "rollout.schedule={0 = 2, 10 = 1}"),
+            r"\[rollout\] `schedule` must be monotone",
+        ),
+        (
+            GOOD,
+            ("rollout.steps=4", "rollout.schedule={first = 1}"),
+            r"`rollout.schedule` maps the first update.*rollout.schedule.first=1",
+        ),
+        (
+            GOOD,
+            ("rollout.steps=4", "rollout.schedule={start = 1, every = 10, maximum = 4}"),
+            r"Unknown key `rollout.schedule.every`.*every_n_steps",
+        ),
+        (GOOD, ("rollout=4",), r"`rollout` must be a table"),
         (GOOD, ("pythonpath=['no-such-dir']",), r"`pythonpath` names a folder that does not exist"),
         (GOOD, ("progress=bars",), r"`progress` must be one of \['auto', 'bar', 'lines', 'none'\]"),
         (GOOD, ("oops",), r"`--set` takes key=value.*Received: --set 'oops'"),
@@ -163,6 +198,41 @@ def test_bad_configs_name_the_field_the_value_and_the_fix(tmp_path, text, overri
     message = _error(tmp_path, text, *overrides)
     assert re.search(expected, message, flags=re.S), message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.toml"]  # nothing written
+
+
+def test_the_rollout_table_is_a_rollout_spec(tmp_path) -> None:
+    from pipekit_train.core import Rollout, RolloutSchedule
+
+    text = GOOD + (
+        '\n[rollout]\nsteps = 4\nresidual = true\nbackprop = "last"\n'
+        "weights = [1, 1, 2, 2]\ngradient_checkpointing = true\n"
+        "schedule = { 0 = 1, 100 = 2, 200 = 4 }\n"
+    )
+    config = load_run_config(_write(tmp_path, text))
+    assert config.loop["rollout"] == Rollout(
+        steps=4,
+        residual=True,
+        backprop="last",
+        weights=(1, 1, 2, 2),
+        gradient_checkpointing=True,
+        schedule={0: 1, 100: 2, 200: 4},
+    )
+    # the other spellings of a schedule, and --set
+    config = load_run_config(
+        _write(tmp_path, GOOD),
+        overrides=[
+            "rollout.steps=3",
+            "rollout.backprop=2",
+            "rollout.schedule={start = 1, every_n_steps = 50, maximum = 3}",
+        ],
+    )
+    assert config.loop["rollout"] == Rollout(
+        steps=3, backprop=2, schedule=RolloutSchedule(start=1, every_n_steps=50, maximum=3)
+    )
+    config = load_run_config(
+        _write(tmp_path, GOOD), overrides=["rollout.steps=2", "rollout.schedule=[[0, 1], [9, 2]]"]
+    )
+    assert config.loop["rollout"].stages() == ((0, 1), (9, 2))
 
 
 def test_a_per_backend_factory_table_must_name_the_chosen_backend(tmp_path) -> None:

@@ -90,3 +90,24 @@ def test_a_feed_that_did_not_track_refuses_a_position_it_does_not_know() -> None
     next(feed)
     with pytest.raises(RuntimeError, match="lost the data position"):
         feed.state_after(1)
+
+
+def test_prefetching_is_chosen_only_for_batches_large_enough_to_pay() -> None:
+    from types import SimpleNamespace
+
+    from pipekit_train.core.adapter import PREFETCH_MIN_BYTES, prefetch_depth
+
+    def plan(features: int, batch_size: int, accumulate: int = 1, data: Any = None) -> Any:
+        if data is None:
+            data = ArrayDataset(x=np.zeros((4, features), np.float32), y=np.zeros((4, 1)))
+        return SimpleNamespace(data=data, batch_size=batch_size, accumulate_grad_batches=accumulate)
+
+    # a sample of 8 float32 features and one float64 target: 40 bytes
+    rows = -(-PREFETCH_MIN_BYTES // 40)  # the fewest rows that reach the bound
+    assert prefetch_depth(plan(8, rows)) == 2  # just enough bytes per update
+    assert prefetch_depth(plan(8, rows - 1)) == 0
+    assert prefetch_depth(plan(8, 256)) == 0  # the small batches of most examples
+    assert prefetch_depth(plan(8, rows // 4 + 1, accumulate=4)) == 2  # micro-batches add up
+    assert prefetch_depth(plan(8, rows // 10 + 1), steps_per_execution=10, depth=3) == 3
+    # a dataset that does not say its sample size keeps the backend's depth
+    assert prefetch_depth(plan(8, 1, data=object()), depth=2) == 2

@@ -18,6 +18,7 @@ from pipekit_train.core import (
     TrajectoryWindows,
     losses,
 )
+from pipekit_train.core.adapter import Capabilities
 from pipekit_train.core.rollout import rollout_loss, rollout_spec
 from pipekit_train.core.testing import NumpyAdapter, NumpyLinearOp
 
@@ -28,10 +29,10 @@ def _windows(k: int = 4, targets: str = "states") -> TrajectoryWindows:
 
 
 def _loop(data: object, rollout: object, **kw: object) -> TrainingLoop:
+    kw.setdefault("adapter", NumpyAdapter())
     return TrainingLoop(
         NumpyLinearOp("pipekit_train.core.testing:linear", in_size=3, out_size=3),
         data,
-        adapter=NumpyAdapter(),
         rollout=rollout,  # type: ignore[arg-type]
         max_steps=2,
         batch_size=4,
@@ -56,6 +57,7 @@ def _loop(data: object, rollout: object, **kw: object) -> TrainingLoop:
         ({"steps": 4, "schedule": {5: 2}}, r"from the first update \(a key 0\)"),
         ({"steps": 2, "schedule": {0: 1, 10: 4}}, r"reaches k=4, longer than steps=2.*steps=4"),
         ({"steps": 2, "schedule": RolloutSchedule(1, 10, 3)}, r"reaches k=3"),
+        ({"gradient_checkpointing": 1}, r"Received: gradient_checkpointing=1\. Use True"),
     ],
 )
 def test_bad_fields_name_the_field_value_and_fix(kwargs: dict, match: str) -> None:
@@ -67,7 +69,11 @@ def test_schedule_is_a_pure_function_of_the_update_and_json_round_trips() -> Non
     r = Rollout(steps=4, schedule=RolloutSchedule(start=1, every_n_steps=10, maximum=4))
     assert [r.steps_at(n) for n in (0, 9, 10, 29, 30, 10**6)] == [1, 1, 2, 3, 4, 4]
     assert r.max_steps == 4
-    for spec in (r, Rollout(steps=3, weights=(1, 2, 3), backprop=2, schedule={0: 1, 7: 3})):
+    for spec in (
+        r,
+        Rollout(steps=3, weights=(1, 2, 3), backprop=2, schedule={0: 1, 7: 3}),
+        Rollout(steps=2, gradient_checkpointing=True),
+    ):
         back = Rollout.from_json(json.loads(json.dumps(spec.to_json())))
         assert back == spec and hash(back) == hash(spec)
     with pytest.raises(ConfigError, match="`maximum` must be an int >= `start`"):
@@ -100,6 +106,62 @@ def test_the_resume_key_names_the_rollout() -> None:
     from pipekit_train.core.spec._plan import RESUME_KEY_FIELDS
 
     assert "rollout" in RESUME_KEY_FIELDS  # a resume with another rollout is refused
+
+
+def test_gradient_checkpointing_is_not_part_of_the_resume_key() -> None:
+    class RolloutNumpy(NumpyAdapter):  # declares rollout training and its checkpointing
+        capabilities = Capabilities(rollout=True, rollout_checkpointing=True)
+
+    keys = [
+        _loop(
+            _windows(), Rollout(steps=2, gradient_checkpointing=flag), adapter=RolloutNumpy()
+        ).plan.resume_key()
+        for flag in (False, True)
+    ]
+    assert keys[0] == keys[1]  # memory, not math: a run may resume with the flag flipped
+    assert "gradient_checkpointing" not in keys[0]["rollout"]
+    # a checkpoint written before the field existed holds the same key
+    old = {k: v for k, v in Rollout(steps=2).to_json().items() if k != "gradient_checkpointing"}
+    assert keys[0]["rollout"] == old and Rollout.from_json(old) == Rollout(steps=2)
+    # another rollout setting does change it
+    other = _loop(_windows(), Rollout(steps=3), adapter=RolloutNumpy()).plan.resume_key()
+    assert other["rollout"] != keys[0]["rollout"]
+
+
+def test_a_backend_without_rollout_checkpointing_refuses_it(tmp_path) -> None:
+    class RolloutNumpy(NumpyAdapter):  # rollout training, no checkpointing of its steps
+        capabilities = Capabilities(rollout=True)
+
+    with pytest.raises(
+        NotSupportedError,
+        match=r"Gradient checkpointing of the unrolled steps is not supported by the 'numpy'"
+        r".*gradient_checkpointing=False",
+    ):
+        _loop(
+            _windows(),
+            Rollout(steps=2, gradient_checkpointing=True),
+            adapter=RolloutNumpy(),
+            checkpoint=str(tmp_path / "ck"),
+        )
+    assert not (tmp_path / "ck").exists()
+
+
+def test_online_trainer_refuses_a_rollout_before_any_work(tmp_path) -> None:
+    from pipekit_train.core import OnlineTrainer
+
+    op = NumpyLinearOp("pipekit_train.core.testing:linear", in_size=3, out_size=3)
+    with pytest.raises(
+        ConfigError,
+        match=r"an online stream of \(x, y\) pairs has no trajectories.*Received: "
+        r"rollout=Rollout\(steps=4\)\. Train through the rollout with TrainingLoop",
+    ):
+        OnlineTrainer(
+            op, adapter=NumpyAdapter(), checkpoint=str(tmp_path / "ck"), rollout=Rollout(steps=4)
+        )
+    assert not (tmp_path / "ck").exists()
+    trainer = OnlineTrainer(op, adapter=NumpyAdapter(), rollout=None)  # None: one-step
+    trainer({"x": np.ones((2, 3), np.float32), "y": np.ones((2, 3), np.float32)})
+    assert trainer.step == 1
 
 
 def _lin(a: np.ndarray, b: np.ndarray):
@@ -157,3 +219,55 @@ def test_rollout_loss_on_numpy_matches_neural_forward_and_the_one_step_loss(resi
         loss_fn=mse,
     )
     np.testing.assert_allclose(one, mse(_lin(a, b)(pairs["x"]), pairs["y"]), rtol=1e-6)
+
+
+def test_the_feed_draws_the_noise_once_for_every_backend_shard_and_resume() -> None:
+    import dataclasses
+
+    from pipekit_train.core.rollout import NOISE_KEY, rollout_noise
+    from pipekit_train.core.run._context import RunContext
+
+    windows = _windows(k=1)  # a plain plan of these windows, given a rollout below
+    norm = windows.normalizer()
+    plain = TrainingLoop(
+        NumpyLinearOp("pipekit_train.core.testing:linear", in_size=3, out_size=3),
+        windows,
+        adapter=NumpyAdapter(),
+        normalizer=norm,
+        max_steps=4,
+        batch_size=4,
+        seed=5,
+        progress=False,
+    ).plan
+    assert NOISE_KEY not in next(RunContext(plain).train_batches())  # no rollout: no noise
+    rollout = Rollout(steps=1, noise_std=0.1)  # the plan of a backend that accumulates 2
+    plan = dataclasses.replace(plain, rollout=rollout, accumulate_grad_batches=2)
+    ctx = RunContext(plan)
+    whole = ctx.train_batches()
+    batches = [next(whole) for _ in range(6)]
+    for i, batch in enumerate(batches):  # a pure function of (seed, global batch index)
+        assert batch[NOISE_KEY].shape == batch["x"].shape
+        assert batch[NOISE_KEY].dtype == batch["x"].dtype
+        want = rollout_noise(5, i, batch["x"].shape, 0.1, dtype=batch["x"].dtype)
+        np.testing.assert_array_equal(batch[NOISE_KEY], want)
+    assert not np.array_equal(batches[0][NOISE_KEY], batches[1][NOISE_KEY])
+    np.testing.assert_allclose(np.std(batches[0][NOISE_KEY]), 0.1, rtol=0.5)
+    # a second shard holds the second half of the global batch's rows and noise
+    half = next(RunContext(plan).train_batches(shard=(1, 2)))
+    np.testing.assert_array_equal(half["x"], batches[0]["x"][2:])
+    np.testing.assert_array_equal(half[NOISE_KEY], batches[0][NOISE_KEY][2:])
+    # a run resumed at step 2 (accumulating 2 batches) continues at global batch 4
+    resumed = RunContext(plan)
+    resumed.progress.resume_at(2)
+    again = next(resumed.train_batches(_state_after(plan, 4)))
+    np.testing.assert_array_equal(again["x"], batches[4]["x"])
+    np.testing.assert_array_equal(again[NOISE_KEY], batches[4][NOISE_KEY])
+
+
+def _state_after(plan: object, n: int) -> dict:
+    from pipekit_train.core.run._context import RunContext
+
+    it = RunContext(plan).train_batches()  # type: ignore[arg-type]
+    for _ in range(n):
+        next(it)
+    return it.get_state()

@@ -144,3 +144,39 @@ def test_resume_mid_schedule_with_noise_is_exact(tmp_path: Path) -> None:
     other = Rollout(steps=4, residual=True, noise_std=0.05, backprop=2)
     with pytest.raises(CheckpointError, match="rollout"):
         _loop(windows, other, max_steps=12, checkpoint=policy, **kw).run()
+
+
+def test_a_rollout_monitor_sees_one_step_per_application() -> None:
+    from pipekit_train.core.testing import check_rollout_monitor_under_rollout
+
+    check_rollout_monitor_under_rollout(
+        lambda: EquinoxModelOp("pipekit_train.equinox.testing:mlp", in_size=2, out_size=2, seed=0),
+        None,
+    )
+
+
+def test_rollout_monitor_on_a_rollout_trained_run_scores_the_one_step_emulator() -> None:
+    """A `RolloutMonitor` on a rollout-trained run rolls out the emulator one step at a
+    time: its last metrics are `rollout_validation` of `NeuralForward` on the final weights."""
+    from pipekit_train.core import RolloutMonitor, rollout_validation
+
+    states = _states()
+    windows = TrajectoryWindows(states[:3], k=4, targets="increments")
+    held_out = states[3:]
+    norm = windows.normalizer()
+    monitor = RolloutMonitor(held_out, 10, residual=True)
+    spec = Rollout(steps=4, residual=True, schedule={0: 1, 2: 4})
+    art = _loop(
+        windows,
+        spec,
+        normalizer=norm,
+        validation=TrajectoryWindows(held_out, k=4, targets="increments"),
+        validate_every_n_steps=2,
+        max_steps=4,
+        callbacks=[monitor],
+    ).run()
+    steps, values = art.history.series("val_rollout_nrmse_lead_1_10")
+    assert steps == [2, 4]
+    want = rollout_validation(NeuralForward(art.model, norm, residual=True), held_out, 10)
+    np.testing.assert_allclose(values[-1], want.metrics["val_rollout_nrmse_lead_1_10"], rtol=1e-5)
+    assert values[-1] != pytest.approx(monitor.persistence.metrics["val_rollout_nrmse_lead_1_10"])

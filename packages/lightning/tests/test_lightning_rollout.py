@@ -47,23 +47,3 @@ def test_rollout_monitor_reads_the_moving_average_and_ranks_checkpoints(adapter:
     check_rollout_monitor(
         make_op(2, 2), Lightning(accelerator="cpu") if adapter == "lightning" else Torch()
     )
-
-
-@pytest.mark.parametrize("which", ["lightning", "torch"])
-def test_rollout_training_is_refused_before_any_work(which: str, tmp_path) -> None:
-    from pipekit_train.core import NotSupportedError, Rollout, TrainingLoop, TrajectoryWindows
-    from pipekit_train.lightning import Lightning, Torch
-
-    windows = TrajectoryWindows(np.zeros((2, 10, 3), np.float32), k=2)
-    with pytest.raises(NotSupportedError, match=r"Rollout training is not supported.*Equinox"):
-        TrainingLoop(
-            make_op(3, 3),
-            windows,
-            rollout=Rollout(steps=2),
-            adapter=Lightning() if which == "lightning" else Torch(),
-            max_steps=1,
-            batch_size=2,
-            checkpoint=str(tmp_path / "ck"),
-            progress=False,
-        )
-    assert not (tmp_path / "ck").exists()

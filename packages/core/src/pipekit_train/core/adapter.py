@@ -52,6 +52,7 @@ from .metrics._grad_norm import GRAD_NORM, global_grad_norm
 from .model._embeddings import check_deep_set_options
 from .model._embeddings import set_shape_error as deep_set_shape_error
 from .run._lifecycle import RunLifecycle
+from .run._prefetch import PREFETCH_MIN_BYTES, prefetch_depth
 from .spec._lr_scale import adjusts_learning_rate
 from .spec._optimizer import (
     OPTIMIZERS,
@@ -72,6 +73,7 @@ __all__ = [
     "global_grad_norm",
     "BackendEntry",
     "OPTIMIZERS",
+    "PREFETCH_MIN_BYTES",
     "PRECISIONS",
     "SCHEDULES",
     "Adapter",
@@ -101,6 +103,7 @@ __all__ = [
     "learning_rate_at",
     "open_store",
     "optimizer_spec",
+    "prefetch_depth",
     "resolve_precision",
     "translate_precision",
     "run_step_loop",

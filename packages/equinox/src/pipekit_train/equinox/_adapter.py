@@ -153,7 +153,8 @@ class Equinox(StepAdapter):
                 "Rollout training does not carry layer state (e.g. BatchNorm statistics) "
                 "through the unrolled steps yet. Received: a model with layer state and "
                 f"rollout=Rollout(steps={plan.rollout.steps}). Use a model without layer "
-                "state, or drop `rollout`."
+                "state (e.g. eqx.nn.LayerNorm in place of BatchNorm: it keeps no running "
+                "statistics), or drop `rollout`."
             )
         sharding = plan.sharding
         if sharding is not None:

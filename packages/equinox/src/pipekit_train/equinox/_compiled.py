@@ -21,6 +21,7 @@ the update's start (accumulated gradients and the update count included).
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,6 +31,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
 import equinox as eqx
+from pipekit_train.core.rollout import evaluates_as_rollout
 
 from ._ema import ema_model
 from ._grad_norm import GRAD_NORM, step_grad_norm
@@ -173,8 +175,19 @@ class StepFunctions:
         def loss_of(model: Any) -> tuple[Array, tuple[Array, Any]]:
             if self.rollout is not None:  # layer state: refused by `Equinox.validate`
 
+                def apply(module: Any, inputs: Array, step_key: Any) -> Array:
+                    return self._forward(module, inputs, state.model_state, step_key)[0]
+
+                if self.rollout.rollout.gradient_checkpointing:
+                    # each unrolled step's activations are recomputed in the backward pass
+                    apply = eqx.filter_checkpoint(apply)
+                calls = itertools.count()
+
                 def model_fn(inputs: Array) -> Array:
-                    return self._forward(model, inputs, state.model_state, sub)[0]
+                    # each unrolled application draws its own dropout masks (as a
+                    # framework that draws at every call does); traced in a fixed order
+                    step_key = None if sub is None else jax.random.fold_in(sub, next(calls))
+                    return apply(model, inputs, step_key)
 
                 loss = self.rollout.train_loss(model_fn, batch, state.step)
                 new_mstate = state.model_state
@@ -256,7 +269,9 @@ class StepFunctions:
         state = self.unflatten(leaves)
         # validation sees the moving average of the weights when the optimizer keeps one
         model = eqx.nn.inference_mode(ema_model(state.model, state.opt_state))
-        if self.rollout is not None:
+        if self.rollout is not None and evaluates_as_rollout(batch, self.rollout.rollout):
+            # windows: the longest rollout; pairs (`state.predict`, e.g. RolloutMonitor's
+            # one-step calls): one model application, below
 
             def model_fn(inputs: Array) -> Array:
                 return self._forward(model, inputs, state.model_state, None)[0]

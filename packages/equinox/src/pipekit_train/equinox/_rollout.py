@@ -22,6 +22,7 @@ import numpy as np
 import equinox as eqx
 from pipekit_train.core import Rollout
 from pipekit_train.core.rollout import (
+    NOISE_KEY,
     RolloutSpec,
     jax_rollout,
     prepare_rollout,
@@ -30,8 +31,6 @@ from pipekit_train.core.rollout import (
 )
 
 __all__ = ["RolloutLoss", "equinox_rollout"]
-
-_NOISE_TAG = 0x524F4C4C  # "ROLL": the noise stream's key, apart from the model's key
 
 
 def _float_dtype(tree: Any) -> Any:
@@ -114,8 +113,9 @@ class RolloutLoss:
 
     The length `k` of an update is `rollout.steps_at(update)`, chosen on the device from
     the state's step counter (`lax.switch` over the schedule's lengths, one branch per
-    length), and the noise key is `fold_in(key(seed, "ROLL"), step)`: both are pure
-    functions of the checkpointed counter, so a resumed run continues exactly. The
+    length), a pure function of the checkpointed counter; the input noise arrives with
+    the batch (`batch["noise"]`, drawn by core's feed from `(seed, batch index)`), so
+    a resumed run continues exactly and every backend trains on the same noise. The
     unrolled steps are a Python loop under `jit` (activation memory grows linearly with
     `k`); `jax.lax.stop_gradient` cuts the gradient for pushforward and cut BPTT.
 
@@ -187,18 +187,9 @@ class RolloutLoss:
             constant=lambda a: jnp.asarray(a, x.dtype),
         )
 
-    def noise(self, x: Any, counter: Any) -> Any:
-        """The input noise of the batch at `counter` (None without noise)."""
-        if self.rollout.noise_std <= 0:
-            return None
-        key = jax.random.fold_in(
-            jax.random.fold_in(jax.random.PRNGKey(self.seed), _NOISE_TAG), counter
-        )
-        return self.rollout.noise_std * jax.random.normal(key, x.shape, x.dtype)
-
     def train_loss(self, model_fn: Callable[[Any], Any], batch: Any, counter: Any) -> Any:
         """The loss of the batch at step counter `counter` (batches seen so far)."""
-        noise = self.noise(batch["x"], counter)
+        noise = batch.get(NOISE_KEY)  # core's feed draws it (`Rollout.noise_std > 0`)
         lengths = [k for _, k in self.stages]
         if len(lengths) == 1:
             return self.predict(model_fn, batch, lengths[0], noise)[0]

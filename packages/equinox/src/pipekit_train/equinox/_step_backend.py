@@ -16,7 +16,13 @@ import numpy as np
 
 import equinox as eqx
 from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import Plan, StepBackend, adjusts_learning_rate, is_core_dataset
+from pipekit_train.core.adapter import (
+    Plan,
+    StepBackend,
+    adjusts_learning_rate,
+    is_core_dataset,
+    prefetch_depth,
+)
 
 from ._checkpoint import OrbaxCheckpointer, abstract_of
 from ._compiled import flatten_state, step_functions
@@ -87,8 +93,10 @@ class EquinoxBackend(StepBackend[FlatState]):
         self.data_shard = (jax.process_index(), jax.process_count()) if multi else (0, 1)
         self.is_chief = jax.process_index() == 0
         # on an accelerator a thread puts the next batches on the device while the step
-        # runs (core's step loop); on the CPU there is nothing to overlap
-        self.prefetch = 2 if jax.default_backend() != "cpu" else 0
+        # runs (core's step loop) when they are large enough to pay; on the CPU there is
+        # nothing to overlap
+        accelerator = jax.default_backend() != "cpu"
+        self.prefetch = prefetch_depth(plan, self.steps_per_execution) if accelerator else 0
         self._stack_fn: Any = None
         self._template = self._host_state()
         self._names = _leaf_names(self._template)

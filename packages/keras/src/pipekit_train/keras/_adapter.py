@@ -59,7 +59,7 @@ class Keras(Adapter):
 
     name = "keras"
     native_loaders = "a keras.utils.PyDataset"
-    capabilities = Capabilities.full(rollout=False)
+    capabilities = Capabilities.full(rollout=False, rollout_checkpointing=False)
 
     def __init__(
         self,

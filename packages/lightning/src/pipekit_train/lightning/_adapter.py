@@ -38,6 +38,7 @@ from ._nvml import without_nvml_check
 from ._optim import build_optimizer, check_optimizer_config, gradient_clip
 from ._precision import trainer_precision
 from ._probe import expected_input_shape, output_shape
+from ._rollout import TorchRolloutLoss
 
 __all__ = ["TRAINER_KWARGS", "Lightning"]
 
@@ -199,7 +200,7 @@ class Lightning(Adapter):
 
     name = "lightning"
     native_loaders = "a torch DataLoader or a LightningDataModule"
-    capabilities = Capabilities.full(fused_steps=False, sharding=False, rollout=False)
+    capabilities = Capabilities.full(fused_steps=False, sharding=False)
 
     def __init__(self, **trainer_kwargs: Any):
         for key, value in trainer_kwargs.items():
@@ -289,6 +290,13 @@ class Lightning(Adapter):
                 f"model={type(plan.model).__name__}, on_nonfinite='skip'",
                 "Pass the network (a torch.nn.Module or LightningModelOp) so the adapter's "
                 "training step can drop non-finite updates, or use on_nonfinite='stop'.",
+            )
+        if plan.rollout is not None and is_lightning_module(plan.model):
+            raise self._unsupported(
+                "Rollout training with your own LightningModule",
+                f"model={type(plan.model).__name__}, rollout=Rollout(steps={plan.rollout.steps})",
+                "Pass the network (a torch.nn.Module or LightningModelOp) so the adapter's "
+                "training step unrolls it, or drop `rollout`.",
             )
         if is_datamodule(plan.data) and plan.validation is not None:
             raise ConfigError(
@@ -397,12 +405,20 @@ class Lightning(Adapter):
                 module.configure_optimizers = configure_optimizers
                 patched = True
         dtype, _ = module_dtype(net)
-        bridge = LightningHooks(plan, save_module=net, eval_module=net, loss=loss, dtype=dtype)
+        rollout = TorchRolloutLoss.of(plan, loss)
+        bridge = LightningHooks(
+            plan, save_module=net, eval_module=net, loss=loss, dtype=dtype, rollout=rollout
+        )
         if is_lightning_module(net):
             callbacks = [bridge]  # your module's hooks stay yours: the bridge is a Callback
         else:
             module = PlanModule(
-                net, loss, build, bridge=bridge, skip_nonfinite=plan.on_nonfinite == "skip"
+                net,
+                loss,
+                build,
+                bridge=bridge,
+                skip_nonfinite=plan.on_nonfinite == "skip",
+                rollout=rollout,
             )
             callbacks = []  # the generated module forwards its hooks to the bridge
         with _without_advert():

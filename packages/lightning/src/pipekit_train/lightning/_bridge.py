@@ -42,6 +42,7 @@ import torch
 
 import lightning as L
 from pipekit_train.core.adapter import GRAD_NORM, Plan, RunLifecycle, is_core_dataset
+from pipekit_train.core.rollout import evaluates_as_rollout
 
 from ._data import TensorBatches, is_datamodule, loader_pass
 from ._ema import swapped_in
@@ -104,6 +105,8 @@ class LightningHooks(L.Callback):
         eval_module: the module validation runs `forward(x)` on.
         loss: the plan's loss, for validation.
         dtype: floating core batches are cast to this dtype (the model's).
+        rollout: a `TorchRolloutLoss` (rollout training): validation rolls out the
+            longest rollout (`eval_loss`); None: one-step validation.
 
     Optimizer steps are detected by `trainer.global_step` advancing, so gradient
     accumulation (Lightning batches without a step) needs no configuration here; the
@@ -119,9 +122,11 @@ class LightningHooks(L.Callback):
         eval_module: torch.nn.Module,
         loss: Callable[[Any, Any], Any],
         dtype: torch.dtype = torch.float32,
+        rollout: Any = None,
     ):
         super().__init__()
         self.plan = plan
+        self.rollout = rollout
         self.state = TorchState(save_module)
         self.eval_module = eval_module
         self.loss = loss
@@ -332,6 +337,12 @@ class LightningHooks(L.Callback):
         """`(predictions, mean loss)` of one numpy batch with `eval_module`."""
         module = self.eval_module
         dtype, device = module_dtype(module)
+        if self.rollout is not None and evaluates_as_rollout(batch, self.rollout.rollout):
+            # windows: the longest rollout, without noise; pairs (`state.predict`, e.g.
+            # RolloutMonitor's one-step calls): one model application, below
+            inputs = {k: as_input(batch[k], dtype, device) for k in ("x", "y")}
+            pred, loss = self.rollout.eval_loss(module, inputs)
+            return to_host(pred), float(loss)
         pred = module(as_input(batch["x"], dtype, device))
         target = as_input(batch["y"], dtype, device)
         loss = self.loss(pred, target)

@@ -42,6 +42,9 @@ class PlanModule(L.LightningModule):
         build_optimizer: `params -> (optimizer, scheduler or None)`.
         bridge: the run bridge (`LightningHooks`) whose hooks this module forwards.
         skip_nonfinite: drop updates with a non-finite loss (see above).
+        rollout: a `TorchRolloutLoss` (rollout training): `training_step` minimises the
+            rollout loss of the batch at the run's current update (`bridge.run.step`,
+            which counts the run's updates across a resume), with the feed's noise.
     """
 
     def __init__(
@@ -51,8 +54,10 @@ class PlanModule(L.LightningModule):
         build_optimizer: Callable[[Any], tuple[Any, Any]],
         bridge: Any = None,
         skip_nonfinite: bool = False,
+        rollout: Any = None,
     ):
         super().__init__()
+        self._rollout = rollout
         self.model = model
         self._loss = loss
         self._build_optimizer = build_optimizer
@@ -76,16 +81,26 @@ class PlanModule(L.LightningModule):
         """The wrapped model's forward."""
         return self.model(x)
 
-    def training_step(self, batch: Any, batch_idx: int) -> Any:
-        """The plan's loss on one (micro-)batch."""
+    def _update(self) -> int:
+        """The run's current optimizer update (0-based; 0 without a bridge)."""
+        run = getattr(self._bridge, "run", None)
+        return 0 if run is None else int(run.step)
+
+    def _batch_loss(self, batch: Any) -> Any:
+        if self._rollout is not None:
+            return self._rollout.train_loss(self.model, batch, self._update())
         x, y = (batch["x"], batch["y"]) if isinstance(batch, dict) else unpack(batch)
+        return self._loss(self.model(x), y)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        """The plan's loss on one (micro-)batch (the rollout loss with `rollout`)."""
         if not self._skip_nonfinite:
-            return self._loss(self.model(x), y)
+            return self._batch_loss(batch)
         # floating buffers (BatchNorm statistics) are not updated from a non-finite batch
         buffers = [b for b in self.model.buffers() if b.is_floating_point()]
         with torch.no_grad():
             saved = [b.clone() for b in buffers]
-        loss = self._loss(self.model(x), y)
+        loss = self._batch_loss(batch)
         finite = torch.isfinite(loss.detach())
         if buffers:  # restored after backward, which may still read them
             self._restore = (buffers, saved, finite)

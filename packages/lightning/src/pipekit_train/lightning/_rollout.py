@@ -8,19 +8,38 @@ Keras on torch. The states of a segment stay on the device; at its end one sum o
 them (a NaN or inf anywhere makes it non-finite) checks them, the first non-finite step
 and member are looked for only then, and the stored states come back to the host in one
 copy. Nothing in the loop synchronises with the host.
+
+`TorchRolloutLoss` is rollout training's loss inside a torch update (`Lightning()`'s
+`training_step`, `Torch()`'s step): core's `rollout_loss` with the torch namespace, its
+length `k = rollout.steps_at(update)` chosen on the host, the input noise the feed
+attached to the batch, and `Tensor.detach` as the gradient stop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import array_api_compat
 import numpy as np
 import torch
+import torch.utils.checkpoint
 
-from pipekit_train.core.rollout import RolloutSpec, prepare_rollout
+from pipekit_train.core import Rollout
+from pipekit_train.core.rollout import (
+    NOISE_KEY,
+    RolloutSpec,
+    prepare_rollout,
+    rollout_loss,
+    rollout_spec,
+)
 from pipekit_train.core.rollout import torch_rollout as run_rollout
 
-__all__ = ["torch_rollout"]
+__all__ = ["TorchRolloutLoss", "torch_rollout"]
+
+#: `TorchState.extra`'s key of the optimizer updates a `Torch()` run has made (the
+#: rollout length is a function of it; it is checkpointed with the state).
+UPDATES = "rollout_updates"
 
 
 def torch_rollout(
@@ -76,3 +95,88 @@ def torch_rollout(
         )
     finally:
         module.train(was_training)
+
+
+def _detach(t: Any) -> Any:
+    return t.detach()
+
+
+class TorchRolloutLoss:
+    """The rollout-training loss of a torch update: core's `rollout_loss` on tensors.
+
+    The unrolled steps are a Python loop recorded by autograd, so activation memory
+    grows linearly with `k` (`backprop="last"` keeps one step's graph). With
+    `Rollout(gradient_checkpointing=True)` each step's model application runs under
+    `torch.utils.checkpoint` (non-reentrant, the RNG state preserved): only its input
+    is kept, and its activations are recomputed in the backward pass.
+
+    Args:
+        rollout: the `Rollout` spec.
+        normalizer: the run's normalizer (or None).
+        loss_fn: the plan's loss on tensors (`"mse"`).
+        state_ndim: the axes of one state.
+    """
+
+    def __init__(
+        self,
+        rollout: Rollout,
+        normalizer: Any,
+        loss_fn: Callable[[Any, Any], Any],
+        *,
+        state_ndim: int = 1,
+    ):
+        self.rollout = rollout
+        self.spec = rollout_spec(normalizer, rollout.residual, state_ndim)
+        self.loss_fn = loss_fn
+
+    @classmethod
+    def of(cls, plan: Any, loss_fn: Callable[[Any, Any], Any]) -> TorchRolloutLoss | None:
+        """The loss of a plan with `rollout` (None without one)."""
+        if plan.rollout is None:
+            return None
+        trajectories = getattr(plan.data, "trajectories", None)  # TrajectoryWindows (checked)
+        ndim = len(trajectories.state_shape) if trajectories is not None else 1
+        return cls(plan.rollout, plan.normalizer, loss_fn, state_ndim=ndim)
+
+    def predict(
+        self, model_fn: Callable[[Any], Any], batch: Mapping[str, Any], k: int, noise: Any = None
+    ) -> tuple[Any, Any]:
+        """`(loss, predicted targets (B, k, ...))` of a `k`-step rollout of `batch`."""
+        x = batch["x"]
+
+        def constant(a: np.ndarray) -> Any:
+            return torch.tensor(np.array(a), device=x.device).to(x.dtype)
+
+        return rollout_loss(
+            array_api_compat.array_namespace(x),
+            spec=self.spec,
+            model_fn=lambda state: model_fn(state).to(x.dtype),
+            x=x,
+            y=batch["y"],
+            weights=self.rollout.step_weights(k),
+            backprop=self.rollout.backprop,
+            loss_fn=self.loss_fn,
+            detach=_detach,
+            noise=noise,
+            constant=constant,
+        )
+
+    def train_loss(
+        self, model_fn: Callable[[Any], Any], batch: Mapping[str, Any], update: int
+    ) -> Any:
+        """The loss of a batch of optimizer update `update` (0-based) with its noise."""
+        k = self.rollout.steps_at(int(update))
+        if self.rollout.gradient_checkpointing and torch.is_grad_enabled():
+            inner = model_fn
+
+            def model_fn(state: Any) -> Any:
+                return torch.utils.checkpoint.checkpoint(inner, state, use_reentrant=False)
+
+        return self.predict(model_fn, batch, k, batch.get(NOISE_KEY))[0]
+
+    def eval_loss(
+        self, model_fn: Callable[[Any], Any], batch: Mapping[str, Any]
+    ) -> tuple[Any, Any]:
+        """`(predicted targets, loss)` of the longest rollout, without noise."""
+        loss, pred = self.predict(model_fn, batch, self.rollout.max_steps)
+        return pred, loss

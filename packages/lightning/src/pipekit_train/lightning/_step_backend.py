@@ -35,7 +35,9 @@ from pipekit_train.core.adapter import (
     Plan,
     StepBackend,
     adjusts_learning_rate,
+    prefetch_depth,
 )
+from pipekit_train.core.rollout import evaluates_as_rollout
 
 from ._amp import amp_for
 from ._checkpoint import checkpointer
@@ -51,6 +53,7 @@ from ._losses import torch_loss
 from ._lr_scale import apply_lr_scale
 from ._model import LightningModelOp, as_input, module_dtype
 from ._optim import build_optimizer, gradient_clip
+from ._rollout import UPDATES, TorchRolloutLoss
 from ._state import TorchState, derive_seed
 
 __all__ = ["TorchStepBackend"]
@@ -90,6 +93,7 @@ class TorchStepBackend(StepBackend[TorchState]):
             assert isinstance(model, torch.nn.Module)  # the adapter's validate() checked it
             self._op = LightningModelOp.wrap(model, seed=plan.seed)
         self._loss = torch_loss(plan.loss)
+        self._rollout = TorchRolloutLoss.of(plan, self._loss)
         self._clip = gradient_clip(plan.optimizer_config)
         self._dtype, self._home = module_dtype(self._op.model)
         self._device = self._home if device is None else torch.device(device)
@@ -104,8 +108,9 @@ class TorchStepBackend(StepBackend[TorchState]):
         self._graphs = compile == CUDA_GRAPHS  # the whole update as a CUDA graph
         self._graphed: GraphedUpdate | None = None
         self.steps_per_execution = max(1, int(steps_per_execution))
-        # on CUDA a thread copies the next batches to the device while the step runs
-        self.prefetch = 2 if self._cuda else 0
+        # on CUDA a thread copies the next batches to the device while the step runs,
+        # when they are large enough to pay (`prefetch_depth`)
+        self.prefetch = prefetch_depth(plan, self.steps_per_execution) if self._cuda else 0
         self.objective: Objective | None = None
         self._zero_grad = GradReset()
         # the private RNG is swapped in only around modules that may draw from it
@@ -173,11 +178,41 @@ class TorchStepBackend(StepBackend[TorchState]):
         return loader_pass(data)
 
     # -- steps -----------------------------------------------------------------------------
+    def _next_update(self, state: TorchState) -> int:
+        """The number of the update about to run (0-based), counted in the state."""
+        update = int(state.extra.get(UPDATES, 0))
+        state.extra[UPDATES] = update + 1
+        return update
+
+    def _rollout_objective(self, state: TorchState, update: int) -> Any:
+        """`batch -> loss` of rollout training at `update` (the model under autocast)."""
+        rollout, net, amp, device = self._rollout, state.module, self._amp, self._device
+        assert rollout is not None
+
+        def model_fn(x: Any) -> Any:
+            if amp.dtype is None:
+                return net(x)
+            with torch.autocast(device_type=device.type, dtype=amp.dtype):
+                return net(x)
+
+        return lambda batch: rollout.train_loss(model_fn, batch, update)
+
+    def _objective(self, state: TorchState) -> Any:
+        """`batch -> loss` of the update about to run."""
+        if self._rollout is not None:
+            return self._rollout_objective(state, self._next_update(state))
+        objective = self.objective
+        assert objective is not None  # set per run (eager or compiled)
+        return lambda batch: objective(batch["x"], batch["y"])
+
     def _plain_update(self, state: TorchState, batch: Mapping[str, Any]) -> Any:
         """The update of a hand-written loop (one batch, no scaler, no skip); its loss."""
         optimizer = state.optimizers[0]
         self._zero_grad(optimizer)
-        loss = self.objective(batch["x"], batch["y"])  # type: ignore[misc]  # objective is set per run (eager or compiled)
+        if self._rollout is None:
+            loss = self.objective(batch["x"], batch["y"])  # type: ignore[misc]  # objective is set per run (eager or compiled)
+        else:
+            loss = self._objective(state)(batch)
         loss.backward()
         self._norm = self._clip_grads(state.module)
         optimizer.step()
@@ -200,11 +235,10 @@ class TorchStepBackend(StepBackend[TorchState]):
     def _update(self, state: TorchState, batches: Sequence[Mapping[str, Any]]) -> list[Any]:
         """One optimizer update from `len(batches)` accumulated batches; their losses."""
         net, optimizer, scaler = state.module, state.optimizers[0], state.scaler
-        objective = self.objective
-        assert objective is not None
         m = len(batches)
         if m == 1 and scaler is None and not self._skip:
             return [self._plain_update(state, batches[0])]
+        objective = self._objective(state)
         saved = None
         if self._skip:
             buffers = [b for b in net.buffers() if b.is_floating_point()]
@@ -214,7 +248,7 @@ class TorchStepBackend(StepBackend[TorchState]):
         self._zero_grad(optimizer)
         losses = []
         for batch in batches:
-            loss = objective(batch["x"], batch["y"])
+            loss = objective(batch)
             scaled = loss / m if m > 1 else loss
             if scaler is not None:
                 scaled = scaler.scale(scaled)
@@ -357,8 +391,14 @@ class TorchStepBackend(StepBackend[TorchState]):
         try:
             with swapped_in(state.optimizers), torch.no_grad(), self._amp.autocast(self._device):
                 inputs = self.put(batch)
-                pred = net(inputs["x"])
-                loss = float(self._loss(pred, inputs["y"]))
+                if self._rollout is not None and evaluates_as_rollout(
+                    inputs, self._rollout.rollout
+                ):  # windows: the longest rollout, without noise; pairs: one application
+                    pred, value = self._rollout.eval_loss(net, inputs)
+                    loss = float(value)
+                else:
+                    pred = net(inputs["x"])
+                    loss = float(self._loss(pred, inputs["y"]))
         finally:
             net.train(was)
         out = pred.detach()

@@ -101,7 +101,7 @@ class Torch(StepAdapter):
 
     name = "torch"
     native_loaders = "a torch DataLoader"
-    capabilities = Capabilities.full(sharding=False, rollout=False)
+    capabilities = Capabilities.full(sharding=False)
 
     def __init__(
         self,
@@ -248,6 +248,12 @@ class Torch(StepAdapter):
                 "CUDA-graph mode replays captured CUDA kernels, so it needs a CUDA device. "
                 f"Received: compile='cuda-graphs' on device={str(device)!r}. Use compile=True "
                 "(or False) on the CPU, or device='cuda'."
+            )
+        if self.compile is not False and plan.rollout is not None:
+            raise self._unsupported(
+                "Rollout training with `compile`",
+                f"compile={self.compile!r}, rollout=Rollout(steps={plan.rollout.steps})",
+                "The unrolled steps run eagerly: use compile=False with `rollout`.",
             )
         if self.compile == CUDA_GRAPHS:
             self._check_capturable(plan)

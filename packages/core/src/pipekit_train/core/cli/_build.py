@@ -238,17 +238,38 @@ def build_loop(
                 "config also defines validation data (data.split or [validation]). "
                 "Received: both. Keep one."
             )
+    from pipekit_train.core.data import Trajectories, TrajectoryWindows
+
     if config.split is not None:
         from pipekit_train.core.data import split
 
-        data, validation = split(data, config.split, seed=config.split_seed)
+        if isinstance(data, (Trajectories, TrajectoryWindows)):  # by trajectory: no leakage
+            data, validation = data.split(config.split, config.split_seed)
+        else:
+            data, validation = split(data, config.split, seed=config.split_seed)
     if val_fn is not None and config.validation is not None:
         validation = _call_dataset(config.validation, val_fn)
     normalizer = None
     if config.normalizer is not None:
         from pipekit_train.core.data import Normalizer
 
-        if "keys" in config.normalizer:
+        if "per" in config.normalizer:
+            if not isinstance(data, TrajectoryWindows):
+                raise ConfigError(
+                    "`normalizer.per` fits the trajectory normalizer of TrajectoryWindows "
+                    f"data, but the training data (from `data.factory` {config.data.factory!r}) "
+                    f"is a {type(data).__name__}. Received: normalizer.per="
+                    f'{config.normalizer["per"]!r}. Use normalizer.keys = ["x", "y"].'
+                )
+            normalizer = data.normalizer(per=config.normalizer["per"])
+        elif "keys" in config.normalizer:
+            if isinstance(data, TrajectoryWindows) and "rollout" in config.loop:
+                raise ConfigError(
+                    "Rollout training normalises states and targets per channel, over the "
+                    "trajectories; `normalizer.keys` fits every window position apart. "
+                    f"Received: normalizer.keys={config.normalizer['keys']!r} with a [rollout] "
+                    'table. Use normalizer.per = "channel" instead.'
+                )
             normalizer = Normalizer.fit(data, keys=config.normalizer["keys"])
         else:
             path = Path(config.normalizer["path"])

@@ -26,6 +26,7 @@ from pipekit_train.core.checkpoint._policy import Checkpoint
 from pipekit_train.core.contract._backends import backend_names
 from pipekit_train.core.spec._optimizer import resolve_optimizer_config
 from pipekit_train.core.spec._policies import NonFinitePolicy
+from pipekit_train.core.spec._rollout import Rollout, RolloutSchedule
 
 from ._wording import in_cli_terms
 
@@ -35,6 +36,7 @@ __all__ = [
     "LOOP_ELSEWHERE",
     "LOOP_EXCLUDED",
     "PROGRESS",
+    "ROLLOUT_KEYS",
     "WRITERS",
     "ComponentSpec",
     "FactorySpec",
@@ -75,6 +77,7 @@ LOOP_ELSEWHERE: dict[str, str] = {
     "writers": "the [[writers]] array of tables",
     "adapter": "the `backend` key and the [adapter.<backend>] table",
     "normalizer": "the [normalizer] table",
+    "rollout": "the [rollout] table (the `Rollout` fields; schedule as a table)",
     "progress": "the `progress` key (auto, bar, lines, none) and `progress_interval_s`",
 }
 #: `TrainingLoop` parameters with no run-config key: their values are Python objects.
@@ -82,8 +85,6 @@ LOOP_EXCLUDED: dict[str, str] = {
     "sharding": "a backend-specific Python object (e.g. an Equinox ShardingSpec over a "
     "device mesh); a config file has no way to build one",
     "sweep_id": "set by pipekit_train.sweep on each trial it runs, not by a user",
-    "rollout": "a `Rollout` spec; the run config has no [rollout] table yet (issue 32: "
-    "train through the rollout from Python for now)",
 }
 #: `Checkpoint` fields with no `[checkpoint]` key.
 CHECKPOINT_EXCLUDED: dict[str, str] = {
@@ -124,6 +125,7 @@ def _top_keys() -> tuple[str, ...]:
         "data",
         "validation",
         "normalizer",
+        "rollout",
         "checkpoint",
         "writers",
         "callbacks",
@@ -145,7 +147,11 @@ _BOOLS = ("shuffle", "drop_remainder", "log_grad_norm")
 _MODEL_KEYS = ("factory", "kwargs", "seed")
 _DATA_KEYS = ("factory", "kwargs", "split", "split_seed")
 _VALIDATION_KEYS = ("factory", "kwargs")
-_NORMALIZER_KEYS = ("keys", "path")
+_NORMALIZER_KEYS = ("keys", "path", "per")
+#: The `[rollout]` keys: the `Rollout` fields.
+ROLLOUT_KEYS = tuple(f.name for f in dataclasses.fields(Rollout))
+#: The keys of a `[rollout.schedule]` table that is a `RolloutSchedule`.
+_SCHEDULE_KEYS = tuple(f.name for f in dataclasses.fields(RolloutSchedule))
 _REGISTRY_KEYS = ("uri", "name")
 
 
@@ -469,12 +475,20 @@ def _split(value: Any) -> tuple[float, float]:
 def _normalizer(value: Any) -> dict[str, Any]:
     table = _table("normalizer", value)
     _unknown("normalizer", table, _NORMALIZER_KEYS)
-    if ("keys" in table) == ("path" in table):
+    if sum(k in table for k in _NORMALIZER_KEYS) != 1:
         raise ConfigError(
-            "`normalizer` needs exactly one of `keys` (fit on the training data) and `path` "
-            f"(a saved Normalizer JSON). Received: [normalizer] keys={sorted(table)}. "
-            'Use e.g. keys = ["x", "y"].'
+            "`normalizer` needs exactly one of `keys` (fit on the training data), `path` "
+            "(a saved Normalizer JSON) and `per` (the trajectory normalizer of "
+            f"TrajectoryWindows data). Received: [normalizer] keys={sorted(table)}. "
+            'Use e.g. keys = ["x", "y"], or per = "channel" for trajectory windows.'
         )
+    if "per" in table:
+        if table["per"] not in ("channel", "feature"):
+            raise ConfigError(
+                "`normalizer.per` must be 'channel' or 'feature' (statistics per channel, "
+                f"or per grid point and channel). Received: normalizer.per={table['per']!r}."
+            )
+        return {"per": table["per"]}
     if "keys" in table:
         keys = table["keys"]
         if isinstance(keys, str):
@@ -490,6 +504,48 @@ def _normalizer(value: Any) -> dict[str, Any]:
             )
         return {"keys": list(keys)}
     return {"path": _string("normalizer.path", table["path"])}
+
+
+def _schedule(value: Any) -> Any:
+    """`rollout.schedule`: a `RolloutSchedule` table, `{update = k}` or `[[update, k], ...]`."""
+    if isinstance(value, Mapping) and any(k in _SCHEDULE_KEYS for k in value):
+        _unknown("rollout.schedule", value, _SCHEDULE_KEYS)
+        try:
+            return RolloutSchedule(**value)
+        except ConfigError as exc:
+            raise ConfigError(f"[rollout.schedule] {exc}") from exc
+    if isinstance(value, Mapping):
+        stages: dict[int, Any] = {}
+        for key, k in value.items():
+            if not (isinstance(key, str) and key.isdigit()):
+                raise ConfigError(
+                    "`rollout.schedule` maps the first update of each length (a whole number) "
+                    f"to the length, or holds {list(_SCHEDULE_KEYS)}. Received: "
+                    f"rollout.schedule.{key}={k!r}. Use e.g. schedule = {{0 = 1, 1000 = 4}}, "
+                    "or schedule = {start = 1, every_n_steps = 1000, maximum = 4}."
+                )
+            stages[int(key)] = k
+        return stages
+    if isinstance(value, list):
+        return [tuple(p) if isinstance(p, list) else p for p in value]
+    raise ConfigError(
+        "`rollout.schedule` must be a table ({0 = 1, 1000 = 4}, or start, every_n_steps and "
+        f"maximum) or a list of [update, k] pairs. Received: rollout.schedule={value!r}."
+    )
+
+
+def _rollout(value: Any) -> Rollout:
+    """The `[rollout]` table as a `Rollout` (its own checks, in config terms)."""
+    table = _table("rollout", value)
+    _unknown("rollout", table, ROLLOUT_KEYS)
+    if "schedule" in table:
+        table["schedule"] = _schedule(table["schedule"])
+    if isinstance(table.get("weights"), list):
+        table["weights"] = tuple(table["weights"])
+    try:
+        return Rollout(**table)
+    except ConfigError as exc:
+        raise ConfigError(f"[rollout] {exc}") from exc
 
 
 def _checkpoint(value: Any) -> Checkpoint:
@@ -681,6 +737,8 @@ def load_run_config(
     loop["loss"], metrics = _loss_and_metrics(raw)
     if metrics is not None:
         loop["metrics"] = metrics
+    if "rollout" in raw:
+        loop["rollout"] = _rollout(raw["rollout"])
     if "optimizer" in raw:
         optimizer = _table("optimizer", raw["optimizer"])
         try:

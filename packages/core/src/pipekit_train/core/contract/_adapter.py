@@ -84,6 +84,9 @@ class Capabilities:
             use it, `StepBackend.raw_model_op` gives the trained weights).
         rollout: trains through the rollout (`TrainingLoop(rollout=Rollout(...))`): the
             step minimises core's `rollout_loss` (see `pipekit_train.core.Rollout`).
+        rollout_checkpointing: honours `Rollout(gradient_checkpointing=True)`: each
+            unrolled step's model application is recomputed in the backward pass instead
+            of keeping its activations (same loss and updates, less memory).
     """
 
     native_data: bool = False
@@ -97,6 +100,7 @@ class Capabilities:
     lr_scale: bool = False
     ema: bool = False
     rollout: bool = False
+    rollout_checkpointing: bool = False
 
     @classmethod
     def full(cls, **overrides: Any) -> Capabilities:

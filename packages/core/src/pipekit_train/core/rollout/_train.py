@@ -26,12 +26,28 @@ from pipekit_train.core._errors import ConfigError
 
 from ._step import RolloutSpec
 
-__all__ = ["check_rollout_loss", "rollout_loss", "rollout_spec"]
+__all__ = ["check_rollout_loss", "evaluates_as_rollout", "rollout_loss", "rollout_spec"]
 
 
 def rollout_spec(normalizer: Any, residual: bool, state_ndim: int) -> RolloutSpec:
     """The `RolloutSpec` a rollout-trained model is rolled out with (`NeuralForward`'s)."""
     return RolloutSpec(normalizer=normalizer, residual=residual, state_ndim=state_ndim)
+
+
+def evaluates_as_rollout(batch: Any, rollout: Any) -> bool:
+    """Whether a rollout-trained run's evaluator rolls `batch` out (or applies the model once).
+
+    Windows (targets `(B, K, *state)`: one axis more than `x`) are evaluated as the
+    longest rollout, as validation does; pairs (`(B, *state)` targets: the one-step calls
+    of `state.predict`, e.g. `RolloutMonitor`'s) as one model application. With a
+    rollout of length 1 the two are the same, and pairs go through the rollout too.
+
+    Args:
+        batch: the batch's arrays (anything with `ndim`) under `"x"` and `"y"`.
+        rollout: the run's `Rollout`.
+    """
+    windows = batch["y"].ndim == batch["x"].ndim + 1
+    return bool(windows or rollout.max_steps == 1)
 
 
 def check_rollout_loss(loss: Any) -> None:

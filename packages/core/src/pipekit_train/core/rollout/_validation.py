@@ -242,7 +242,7 @@ def rollout_validation(
     n = len(trajectories)
     items = np.repeat(np.arange(n), len(start_list))
     t0 = np.tile(np.asarray(start_list), n)
-    times = t0[:, None] + np.arange(span)[None, :] * step
+    times = t0[:, None] + np.arange(horizon + 1)[None, :] * step
     states, _, _ = trajectories.window(items, times)
     x = states[:, 0]
     preds = np.empty((len(items), horizon, *x.shape[1:]), dtype=np.float64)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.metrics import DEFAULT_LEAD_BOUNDS
 from pipekit_train.core.model._heads import head_for_loss, head_options_for_loss
 
 from ._history import History
+from ._rollout_evaluation import artifact_rollout, rollout_options, rollout_window_loss
 
 __all__ = ["TrainingArtifact"]
 
@@ -94,6 +96,7 @@ class TrainingArtifact:
         metrics: Any = None,
         batch_size: int | None = None,
         calibration: bool | Mapping[str, Any] = False,
+        rollout: bool | Mapping[str, Any] = False,
     ) -> dict[str, float]:
         """The run's loss and metrics on `data` (e.g. a held-out test set).
 
@@ -109,6 +112,14 @@ class TrainingArtifact:
         passes options to `calibration` (`{"num_samples": 500, "seed": 1}`). Registered
         as `test_metrics` they land in the registry record.
 
+        With `rollout=True` (an emulator, `data` windows of held-out trajectories) the
+        trajectories under the windows are rolled out with the trained model and their
+        errors per lead-time window and field are added (`rollout_nrmse`,
+        `rollout_nrmse_lead_1_10`, `rollout_vrmse_lead_11_30`, …; see `rollout`); a
+        dict passes options to `rollout` (`{"horizon": 50, "dt": 0.05}`). A run trained
+        through the rollout (`TrainingLoop(rollout=...)`) reports as its `loss` the
+        longest rollout's weighted loss on the windows, as its validation did.
+
         Computed with core's loss and metric definitions on the trained operator's own
         predictions (`artifact.model(x)` on numpy), in the units validation used (the
         run's normalizer is applied to the batches), so every backend gives the same
@@ -121,6 +132,8 @@ class TrainingArtifact:
             batch_size: rows per prediction call; default: the run's batch size.
             calibration: add the calibration diagnostics (True, or a dict of options for
                 `calibration()`).
+            rollout: add the rollout errors on the held-out trajectories of `data` (True,
+                or a dict of options for `rollout()`).
 
         Returns:
             `{"loss": ..., <metric>: ...}` as floats.
@@ -151,17 +164,98 @@ class TrainingArtifact:
             batch_size = int(self.plan.get("batch_size") or 256)
         if options is not None:
             report = self.calibration(data, **options)  # refuses bad input before the loss
-        out = evaluate(
+        rollout_opts = rollout_options(rollout)
+        rollout_report = None
+        if rollout_opts is not None:
+            rollout_report = self.rollout(data, **rollout_opts)
+        out = rollout_window_loss(
             self.model,
             data,
+            self.plan,
             loss=loss,
             metrics=metrics,
             batch_size=batch_size,
             normalizer=self.normalizer,
         )
+        if out is None:
+            out = evaluate(
+                self.model,
+                data,
+                loss=loss,
+                metrics=metrics,
+                batch_size=batch_size,
+                normalizer=self.normalizer,
+            )
         if options is not None:
             out.update(report.metrics())
+        if rollout_report is not None:
+            out.update(rollout_report.metrics)
         return out
+
+    def rollout(
+        self,
+        trajectories: Any,
+        horizon: int | None = None,
+        *,
+        residual: bool | None = None,
+        starts: int | Sequence[int] = (0,),
+        spatial_ndim: int | None = None,
+        per_channel: bool | None = None,
+        channels: Sequence[str] | None = None,
+        bounds: Sequence[int] = DEFAULT_LEAD_BOUNDS,
+        prefix: str = "rollout_",
+        dt: float = 1.0,
+    ) -> Any:
+        """Roll held-out trajectories out with the trained emulator and score them.
+
+        ```python
+        report = artifact.rollout(held_out, horizon=50, dt=0.05)
+        report.metrics["rollout_nrmse_lead_11_50"]    # scalars for the registry
+        report.figure("figures/rollout.png")          # error against lead time per field
+        ```
+
+        The emulator step is `NeuralForward`'s (the run's normalizer, the model on numpy,
+        the head's mean, the residual), so every backend gives the same numbers for the
+        same weights; the errors are `rollout_validation`'s (nRMSE and VRMSE per lead,
+        lead-time window and field, and the spectral error on a grid).
+
+        Args:
+            trajectories: held-out `Trajectories`, `TrajectoryWindows` over them (their
+                `step`, and `residual` from their targets) or an array
+                `(n_traj, T, *state_shape)`.
+            horizon: the steps rolled out; default: the whole trajectories.
+            residual: whether the model predicts the increment; default: from the
+                windows' targets, else the run's `Rollout`; required otherwise.
+            starts: start times (indices along the trajectories).
+            spatial_ndim: the grid axes of a state before its channel axis; default: all
+                axes but the last (0 for vectors).
+            per_channel: errors per channel (None: on a grid only).
+            channels: channel names.
+            bounds: last leads of the lead-time windows.
+            prefix: prepended to the metric names.
+            dt: the time one lead represents (the figure and the valid prediction time).
+
+        Returns:
+            A `pipekit_train.core.RolloutReport`.
+
+        Raises:
+            ConfigError: bad trajectories or options, or `residual` unknown.
+        """
+        return artifact_rollout(
+            self.model,
+            self.normalizer,
+            self.plan,
+            trajectories,
+            horizon,
+            residual=residual,
+            starts=starts,
+            spatial_ndim=spatial_ndim,
+            per_channel=per_channel,
+            channels=channels,
+            bounds=bounds,
+            prefix=prefix,
+            dt=dt,
+        )
 
     def posterior(self, *, state_ndim: int = 1) -> Any:
         """The trained model as a posterior: a `NeuralForward` whose `distribution(x)` is

@@ -35,6 +35,7 @@ from ._history import History, loss_label
 from ._lr_scale import LearningRateScale
 from ._metrics import MetricLog, default_fetch
 from ._progress import Progress
+from ._rollout_noise import NoisyBatches
 from ._state import RunState
 from ._validation import Validation
 from ._versions import library_versions
@@ -140,7 +141,7 @@ class RunContext:
         )
         if data_state:
             it.set_state(data_state)
-        return self._normalized(it)
+        return self._with_noise(self._normalized(it), shard)
 
     def adopt_train_iterator(self, it: Any) -> Any:
         """Adopt a backend's own training batch iterator (a native loader's batches).
@@ -158,12 +159,21 @@ class RunContext:
                 "beginning, so the resumed run sees different batches than an uninterrupted one.",
                 stacklevel=3,
             )
-        return self._normalized(it)
+        return self._with_noise(self._normalized(it), (0, 1))
 
     def _normalized(self, it: Any) -> Any:
         if self.plan.normalizer is not None:
             return _Normalized(it, self.plan.normalizer)
         return it
+
+    def _with_noise(self, it: Any, shard: tuple[int, int]) -> Any:
+        """Attach the rollout's input noise (`batch["noise"]`) when the plan asks for it."""
+        rollout = self.plan.rollout
+        if rollout is None or rollout.noise_std <= 0:
+            return it
+        plan = self.plan
+        start = self.progress.step * plan.accumulate_grad_batches
+        return NoisyBatches(it, std=rollout.noise_std, seed=plan.seed, start=start, shard=shard)
 
     # -- run state ---------------------------------------------------------------------
     def _annotate(self, history: History) -> None:

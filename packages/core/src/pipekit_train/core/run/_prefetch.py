@@ -10,16 +10,50 @@ position after every batch it hands out; the lifecycle counts the batches traine
 An error in the thread (a dataset that raises, a failed copy) is raised in the training
 thread when it asks for the batch that failed, so it surfaces at the same step as without
 prefetching.
+
+**When it pays.** A thread that hands over a small batch costs the training thread more
+(the queue, the interpreter lock) than the copy it overlaps. Measured on one TPU v5e
+(jax 0.10.2, Equinox, 2026-12-05; steps/s, prefetching at depth 0 / 2 / a hand `jax.jit`
+loop): MLP 2-32-1 at batch 32, 2,074 / 1,330 / 2,180; MLP 8-256-256-1 at batch 256,
+1,853 / 1,272 / 1,894; 1 MiB batches 1,430 / 1,219 / 1,422; 4 MiB 815 / 843 / 814;
+16 MiB 309 / 314 / 305. `prefetch_depth` therefore turns prefetching on only for groups
+of at least `PREFETCH_MIN_BYTES`.
 """
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["Prefetcher"]
+import numpy as np
+
+__all__ = ["PREFETCH_MIN_BYTES", "Prefetcher", "prefetch_depth"]
+
+#: The bytes of one update's batches from which a prefetching thread pays (see above).
+PREFETCH_MIN_BYTES = 4 << 20
+
+
+def prefetch_depth(plan: Any, steps_per_execution: int = 1, depth: int = 2) -> int:
+    """How far ahead an accelerator backend should prefetch for this plan: `depth` or 0.
+
+    0 when one call's batches (`batch_size * accumulate_grad_batches *
+    steps_per_execution` samples of the dataset's `element_spec`) hold fewer than
+    `PREFETCH_MIN_BYTES`; `depth` when they hold more, or when the dataset does not say
+    its sample size.
+    """
+    spec = getattr(plan.data, "element_spec", None)
+    try:
+        per_sample = sum(
+            math.prod(tuple(s.shape)) * np.dtype(s.dtype).itemsize for s in dict(spec).values()
+        )
+    except (TypeError, AttributeError, ValueError):
+        return depth
+    samples = plan.batch_size * plan.accumulate_grad_batches * max(1, int(steps_per_execution))
+    return depth if per_sample * samples >= PREFETCH_MIN_BYTES else 0
+
 
 _DONE = object()
 

@@ -125,7 +125,10 @@ class RolloutMonitor:
 
         def model(x_norm: np.ndarray) -> np.ndarray:
             x_in = np.asarray(x_norm, dtype=np.float32)
-            return state.predict({"x": x_in, "y": np.zeros_like(x_in)})
+            pred = np.asarray(state.predict({"x": x_in, "y": np.zeros_like(x_in)}))
+            # a run trained through a one-step rollout evaluates pairs as a rollout of
+            # length 1: its predicted targets `(B, 1, ...)` are the model's output
+            return pred[:, 0] if pred.ndim == x_in.ndim + 1 else pred
 
         forward = NeuralForward(
             model,

@@ -206,4 +206,7 @@ class Plan:
     def resume_key(self) -> dict[str, Any]:
         """The plan fields that must match for a checkpoint to be resumed."""
         plan = self.to_json()
-        return {k: plan[k] for k in RESUME_KEY_FIELDS}
+        key = {k: plan[k] for k in RESUME_KEY_FIELDS}
+        if self.rollout is not None:  # memory settings do not change the math
+            key["rollout"] = self.rollout.resume_json()
+        return key

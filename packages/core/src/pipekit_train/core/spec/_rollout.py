@@ -9,8 +9,9 @@ gradient stop and its loop.
 
 The rollout length may grow over training (`schedule`): the length at an optimizer
 update is a pure function of the update's number, so an exact resume needs no state
-beyond the step counter every checkpoint already holds. The input noise is drawn from a
-key derived from `(plan seed, step)` for the same reason.
+beyond the step counter every checkpoint already holds. The input noise is drawn by
+core's training feed from `(plan seed, global batch index)` for the same reason, the
+same on every backend (`pipekit_train.core.rollout.rollout_noise`).
 """
 
 from __future__ import annotations
@@ -149,8 +150,9 @@ class Rollout:
             model application), or an int `m >= 1` (cut backpropagation through time:
             the state is detached after every `m` steps).
         noise_std: the standard deviation of Gaussian noise added to `x_0`, in normalised
-            units of the state (0: none). The noise of an update is drawn from a key
-            derived from `(plan seed, step)`, so a resumed run draws the same noise.
+            units of the state (0: none). Core's training feed draws it (`batch["noise"]`)
+            from `(plan seed, global batch index)`, the same on every backend, so a
+            resumed run draws the same noise.
         schedule: a curriculum of rollout lengths: a `RolloutSchedule`, or a mapping
             `{first update: k}` with a key 0 and non-decreasing lengths (e.g.
             `{0: 1, 1000: 2, 2000: 4}`). The length at an update is a pure function of
@@ -158,6 +160,15 @@ class Rollout:
             None: always `steps`.
         residual: the model predicts the increment (`next = state + prediction`), as in
             `NeuralForward(residual=True)`.
+        gradient_checkpointing: recompute each unrolled step's model application in the
+            backward pass instead of keeping its activations (`jax.checkpoint`,
+            `torch.utils.checkpoint`): the activation memory of an update grows with `k`
+            by one state per step instead of one model's activations per step, at the
+            cost of about one more forward pass (XLA on the CPU merges the recomputation
+            back, so there it saves nothing). The loss and the updates are the same
+            (to float tolerance), so a run may resume with the flag flipped (it is not
+            part of the resume key). A backend without it refuses it before any work
+            (`Capabilities.rollout_checkpointing`).
 
     Raises:
         ConfigError: a bad field, naming the field, the value and the fix.
@@ -175,6 +186,7 @@ class Rollout:
     noise_std: float = 0.0
     schedule: RolloutSchedule | Mapping[int, int] | None = None
     residual: bool = False
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         steps = _count("steps", self.steps, "Use steps=1 for one-step training, e.g. steps=4.")
@@ -216,6 +228,12 @@ class Rollout:
         if not isinstance(self.residual, bool):
             raise ConfigError(
                 f"`residual` must be True or False. Received: residual={self.residual!r}."
+            )
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise ConfigError(
+                "`gradient_checkpointing` must be True or False. Received: "
+                f"gradient_checkpointing={self.gradient_checkpointing!r}. Use True to "
+                "recompute each unrolled step in the backward pass (less memory, more time)."
             )
         schedule = self.schedule
         if schedule is not None:
@@ -282,7 +300,19 @@ class Rollout:
             "noise_std": self.noise_std,
             "schedule": schedule,
             "residual": self.residual,
+            "gradient_checkpointing": self.gradient_checkpointing,
         }
+
+    def resume_json(self) -> dict[str, Any]:
+        """The JSON a resumed run must match: `to_json` without `gradient_checkpointing`.
+
+        Checkpointing the unrolled steps changes the memory an update needs, not its
+        loss or its updates, so a run may resume with it switched (e.g. on a smaller
+        accelerator) and a checkpoint written before the field existed still resumes.
+        """
+        data = self.to_json()
+        del data["gradient_checkpointing"]
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Rollout:

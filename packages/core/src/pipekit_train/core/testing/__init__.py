@@ -12,16 +12,21 @@
   SIGKILLs one worker once).
 - `check_device_rollout`, `host_rollout`: the checks every backend's device rollout
   (`model_op.rollout`) passes against the host loop.
+- `check_rollout_prediction`, `check_one_step_rollout`, `check_rollout_resume`,
+  `check_rollout_kill_resume`: the checks every backend's rollout training passes.
 - `run_golden`, `compare_golden`, `GOLDEN_CASES`, ...: the cross-backend golden-run suite
   (the same description and initial weights give the same loss curve on every backend);
   `run_golden_field`, `GOLDEN_FIELD_CASES`: its conv-net cases on channels-last fields;
   `run_golden_plateau`, `compare_plateau`, `PLATEAU_CASES`: its `ReduceLROnPlateau` cases;
-  `run_golden_flow`, `compare_golden_flow`: its flow-head case (`flow_nll`, `Flow`).
+  `run_golden_flow`, `compare_golden_flow`: its flow-head case (`flow_nll`, `Flow`);
+  `run_golden_rollout`, `GOLDEN_ROLLOUT_CASES`: its rollout-training cases (`Rollout`).
+- `DeepSetSuite`, `point_sets`: the checks every backend's `deep_set` embedding passes.
 """
 
 from typing import Any
 
 from ._calibration import check_calibration_monitor
+from ._embeddings import DEEP_SET_SIZES, DeepSetSuite, point_sets
 from ._golden import (
     GOLDEN_CASES,
     GOLDEN_EMA_CASES,
@@ -62,6 +67,14 @@ from ._golden_plateau import (
     plateau_loop,
     run_golden_plateau,
 )
+from ._golden_rollout import (
+    GOLDEN_ROLLOUT_CASES,
+    GOLDEN_ROLLOUT_STEPS,
+    GOLDEN_ROLLOUTS,
+    golden_rollout_task,
+    rollout_case_loop,
+    run_golden_rollout,
+)
 from ._lease import plant_lease
 from ._numpy_adapter import NumpyAdapter
 from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arrays, linear
@@ -72,6 +85,14 @@ from ._rollout import (
     check_rollout_monitor,
     check_stochastic_rollout,
     host_rollout,
+)
+from ._rollout_training import (
+    ROLLOUT_RESUME_SPEC,
+    check_one_step_rollout,
+    check_rollout_kill_resume,
+    check_rollout_monitor_under_rollout,
+    check_rollout_prediction,
+    check_rollout_resume,
 )
 from ._s3 import LoopbackS3, loopback_s3
 from ._smallfs import SmallFilesystemUnavailable, small_filesystem
@@ -85,11 +106,15 @@ __all__ = [
     "GOLDEN_FIELD_STEPS",
     "GOLDEN_FLOW_OPTIONS",
     "GOLDEN_FLOW_STEPS",
+    "GOLDEN_ROLLOUTS",
+    "GOLDEN_ROLLOUT_CASES",
+    "GOLDEN_ROLLOUT_STEPS",
     "GOLDEN_STEPS",
     "PLATEAU_CASES",
     "PLATEAU_STEPS",
     "PLATEAU_VALIDATE_EVERY",
     "ROLLOUT_HEADS",
+    "ROLLOUT_RESUME_SPEC",
     "AdapterConformance",
     "GoldenBackend",
     "GoldenCase",
@@ -103,8 +128,16 @@ __all__ = [
     "RayProbe",
     "SmallFilesystemUnavailable",
     "check_calibration_monitor",
+    "DEEP_SET_SIZES",
+    "DeepSetSuite",
+    "point_sets",
     "check_device_rollout",
+    "check_one_step_rollout",
+    "check_rollout_kill_resume",
+    "check_rollout_monitor_under_rollout",
     "check_rollout_monitor",
+    "check_rollout_prediction",
+    "check_rollout_resume",
     "check_stochastic_rollout",
     "compare_golden",
     "compare_golden_flow",
@@ -118,6 +151,7 @@ __all__ = [
     "golden_conv_weights",
     "golden_field_task",
     "golden_flow_task",
+    "golden_rollout_task",
     "golden_task",
     "golden_weights",
     "host_rollout",
@@ -131,10 +165,12 @@ __all__ = [
     "plant_lease",
     "plateau_loop",
     "regression_task",
+    "rollout_case_loop",
     "run_golden",
     "run_golden_field",
     "run_golden_flow",
     "run_golden_plateau",
+    "run_golden_rollout",
     "small_filesystem",
 ]
 

@@ -4,18 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
+from ._embeddings import point_sets
 
 __all__ = ["check_calibration_monitor"]
-
-
-def _sets(n: int, seed: int) -> Any:
-    from pipekit_train.core.data import ArrayDataset
-
-    rng = np.random.default_rng(seed)
-    theta = rng.normal(size=(n, 2))
-    x = theta[:, None, :] + rng.normal(size=(n, 10, 2))
-    return ArrayDataset(x=x.astype(np.float32), y=theta.astype(np.float32))
 
 
 def check_calibration_monitor(model: Any, adapter: Any = None) -> None:
@@ -36,7 +27,7 @@ def check_calibration_monitor(model: Any, adapter: Any = None) -> None:
         losses,
     )
 
-    train, held_out = _sets(2000, 0), _sets(200, 1)
+    train, held_out = point_sets(2000, 0), point_sets(200, 1)
     monitor = CalibrationMonitor(held_out, every_n_steps=100, num_samples=50, seed=3)
     writer = MemoryWriter()
     artifact = TrainingLoop(

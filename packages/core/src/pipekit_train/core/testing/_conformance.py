@@ -595,6 +595,32 @@ class AdapterConformance:
         art = self.loop(max_steps=12, optimizer_config=config).run()
         assert art.model.serialize_weights() != art.raw_model.serialize_weights()
 
+    @pytest.mark.slow
+    def test_rollout_exact_resume_after_sigkill(self, tmp_path: Path) -> None:
+        """Rollout training killed mid-schedule (with noise) resumes to the same bytes
+        (`check_rollout_kill_resume`); a backend without it refuses it before any work."""
+        from pipekit_train.core.contract._adapter import NotSupportedError
+
+        from ._golden_rollout import golden_rollout_task
+        from ._rollout_training import ROLLOUT_RESUME_SPEC, check_rollout_kill_resume
+
+        def make() -> Any:
+            return self.make_model(2, 2, seed=0)
+
+        if not self.loop(max_steps=1).adapter.capabilities.rollout:
+            train, _ = golden_rollout_task()
+            with pytest.raises(NotSupportedError, match="Rollout training is not supported"):
+                TrainingLoop(
+                    model=make(),
+                    data=train,
+                    rollout=ROLLOUT_RESUME_SPEC,
+                    adapter=self.make_adapter(),
+                    max_steps=1,
+                    progress=False,
+                )
+            return
+        check_rollout_kill_resume(make, self.make_adapter(), tmp_path, env=self.subprocess_env)
+
     # -- preemption and time budgets ------------------------------------------------------
     def _preempt_and_resume(
         self, tmp_path: Path, *, signum: int, during_save: bool, seed: int

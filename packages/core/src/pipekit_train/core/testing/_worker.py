@@ -92,8 +92,17 @@ def main(path: str) -> None:
 
     from ._tasks import oscillator_task, regression_task
 
-    task = regression_task if spec["task"] == "regression" else oscillator_task
-    train, val = task()
+    extra: dict[str, Any] = {}
+    if spec["task"] == "rollout":  # training through the rollout (`check_rollout_kill_resume`)
+        from pipekit_train.core import Rollout
+
+        from ._golden_rollout import golden_rollout_task
+
+        train, val = golden_rollout_task()
+        extra = {"rollout": Rollout.from_json(spec["rollout"]), "normalizer": train.normalizer()}
+    else:
+        task = regression_task if spec["task"] == "regression" else oscillator_task
+        train, val = task()
     kill_at = int(spec.get("kill_at") or 0)
     preempt = spec.get("mode") == "preempt"
     progress = open(spec["progress"], "a", buffering=1) if preempt else None  # noqa: SIM115
@@ -136,6 +145,7 @@ def main(path: str) -> None:
         callbacks=[LambdaCallback(on_step_end=on_step_end, on_checkpoint=on_checkpoint)],
         progress=False,
         **({"max_time": spec["max_time"]} if spec.get("max_time") else {}),
+        **extra,
     )
     try:
         artifact = loop.run()

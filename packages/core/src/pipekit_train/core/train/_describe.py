@@ -494,8 +494,17 @@ def check_plan(adapter: Adapter, plan: Plan) -> None:
         raise adapter._unsupported(
             "Rollout training",
             f"rollout=Rollout(steps={plan.rollout.steps})",
-            "It runs on the Equinox backend for now (Equinox()); drop `rollout` here.",
+            "It runs on Equinox(), Lightning() and Torch() for now; drop `rollout` here.",
         )
+    if plan.rollout is not None and plan.rollout.gradient_checkpointing:
+        if not caps.rollout_checkpointing:
+            raise adapter._unsupported(
+                "Gradient checkpointing of the unrolled steps",
+                "rollout=Rollout(..., gradient_checkpointing=True)",
+                "Use gradient_checkpointing=False (the same loss, more memory), or a "
+                "backend that declares Capabilities(rollout_checkpointing=True) (Equinox(), "
+                "Lightning(), Torch()).",
+            )
     for field in ("data", "validation"):
         data = getattr(plan, field)
         if data is None or is_core_dataset(data):

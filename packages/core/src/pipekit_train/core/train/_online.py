@@ -40,6 +40,11 @@ class OnlineTrainer:
         preemption_signals: as for `TrainingLoop`: from construction until `close()`,
             such a signal makes the next call checkpoint its step, restore the previous
             handlers and raise `Preempted`.
+        rollout: must be None: training through the rollout needs windows of
+            consecutive states, and an online stream of `(x, y)` pairs has no
+            trajectories to roll out through. A `Rollout` is refused before any work;
+            train through the rollout with `TrainingLoop(data=TrajectoryWindows(...),
+            rollout=...)`.
     """
 
     def __init__(
@@ -53,7 +58,17 @@ class OnlineTrainer:
         adapter: Any = None,
         callbacks: Sequence[Any] | None = None,
         preemption_signals: Sequence[Any] | None = DEFAULT_PREEMPTION_SIGNALS,
+        rollout: Any = None,
     ):
+        if rollout is not None:
+            steps = getattr(rollout, "steps", None)
+            received = f"Rollout(steps={steps})" if steps is not None else repr(rollout)
+            raise ConfigError(
+                "OnlineTrainer takes one optimizer step per call on the pairs it is given, "
+                "and an online stream of (x, y) pairs has no trajectories to roll out "
+                f"through. Received: rollout={received}. Train through the rollout with "
+                "TrainingLoop(data=TrajectoryWindows(...), rollout=...), or drop `rollout`."
+            )
         self.plan = online_plan(
             model,
             loss=loss,

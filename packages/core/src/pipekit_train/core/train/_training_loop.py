@@ -86,7 +86,8 @@ class TrainingLoop:
             of the accumulated gradient). Off by default; the backend must support it.
         rollout: train through the rollout: a `Rollout` (steps, weights, backprop,
             noise, schedule, residual); `data` must then be `TrajectoryWindows` covering
-            its longest length. Equinox only for now. None: one-step training.
+            its longest length. Equinox, Lightning() and Torch() for now. None: one-step
+            training.
     """
 
     def __init__(

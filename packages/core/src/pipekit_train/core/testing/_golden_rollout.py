@@ -1,0 +1,139 @@
+"""The golden-run suite's rollout cases: training through the rollout, the same everywhere.
+
+Every backend builds its MLP from the same canonical weights (`golden_weights`) and
+trains it as a residual emulator of a damped pendulum (`golden_rollout_task`: windows
+of 4 steps over a few trajectories, with the windows' normalizer) through
+`TrainingLoop(rollout=...)`: k = 4 with full backpropagation, k = 4 with pushforward
+(`backprop="last"`), and a curriculum `{0: 1, 2: 2, 4: 4}` with input noise (the
+noise comes from core's feed, so every backend adds the same). The suite records every
+step's loss and the final validation loss (the longest rollout); `compare_golden`
+checks two backends' runs.
+
+```python
+from pipekit_train.core.testing import GOLDEN_ROLLOUT_CASES, compare_golden, run_golden_rollout
+from pipekit_train.equinox.testing import golden_backend as equinox_backend
+from pipekit_train.lightning.testing import golden_backend as lightning_backend
+
+reference = run_golden_rollout(equinox_backend())
+other = run_golden_rollout(lightning_backend())
+assert not compare_golden(reference, other, GOLDEN_ROLLOUT_CASES)
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from pipekit_train.core import Rollout, TrainingLoop
+from pipekit_train.core.data import TrajectoryWindows
+
+from ._golden import GoldenBackend, GoldenCase, GoldenRun, golden_weights
+
+__all__ = [
+    "GOLDEN_ROLLOUTS",
+    "GOLDEN_ROLLOUT_CASES",
+    "GOLDEN_ROLLOUT_STEPS",
+    "golden_rollout_task",
+    "rollout_case_loop",
+    "run_golden_rollout",
+]
+
+GOLDEN_ROLLOUT_STEPS = 12
+"""Optimizer steps per rollout case."""
+
+GOLDEN_ROLLOUT_CASES: tuple[GoldenCase, ...] = (
+    GoldenCase("rollout_k4_full", {"name": "adam", "lr": 0.01}),
+    GoldenCase("rollout_k4_pushforward", {"name": "adam", "lr": 0.01}),
+    GoldenCase("rollout_schedule_noise", {"name": "adam", "lr": 0.01, "clip_norm": 1.0}),
+)
+"""The rollout cases (their `Rollout` specs: `GOLDEN_ROLLOUTS`)."""
+
+GOLDEN_ROLLOUTS: Mapping[str, Rollout] = {
+    "rollout_k4_full": Rollout(steps=4, weights=(1.0, 1.0, 0.5, 0.5), residual=True),
+    "rollout_k4_pushforward": Rollout(steps=4, backprop="last", residual=True),
+    "rollout_schedule_noise": Rollout(
+        steps=4, schedule={0: 1, 2: 2, 4: 4}, noise_std=0.05, backprop=2, residual=True
+    ),
+}
+"""The `Rollout` of each case in `GOLDEN_ROLLOUT_CASES`, by name."""
+
+_SIZES = (2, 16, 2)  # the MLP: a pendulum state (angle, velocity) in and its increment out
+
+
+def golden_rollout_task(
+    n_train: int = 6, n_val: int = 2, length: int = 24, k: int = 4, seed: int = 0
+) -> tuple[TrajectoryWindows, TrajectoryWindows]:
+    """`(train, validation)` windows of `k` steps over damped-pendulum trajectories.
+
+    `theta'' = -sin(theta) - 0.1 theta'`, stepped with RK4 at `dt = 0.2` from random
+    starts, float32 states `(angle, velocity)`; residual targets (`"increments"`). The
+    training and validation windows come from different trajectories.
+    """
+    rng = np.random.default_rng(seed)
+    n = n_train + n_val
+    state = np.stack([rng.uniform(-2.0, 2.0, n), rng.uniform(-1.0, 1.0, n)], axis=1)
+
+    def field(s: np.ndarray) -> np.ndarray:
+        return np.stack([s[:, 1], -np.sin(s[:, 0]) - 0.1 * s[:, 1]], axis=1)
+
+    dt, states = 0.2, [state]
+    for _ in range(length - 1):
+        a = field(state)
+        b = field(state + 0.5 * dt * a)
+        c = field(state + 0.5 * dt * b)
+        d = field(state + dt * c)
+        state = state + dt / 6.0 * (a + 2 * b + 2 * c + d)
+        states.append(state)
+    traj = np.stack(states, axis=1).astype(np.float32)  # (n, length, 2)
+    return (
+        TrajectoryWindows(traj[:n_train], k=k, targets="increments"),
+        TrajectoryWindows(traj[n_train:], k=k, targets="increments"),
+    )
+
+
+def rollout_case_loop(
+    backend: GoldenBackend, case: GoldenCase, *, steps: int = GOLDEN_ROLLOUT_STEPS, **overrides: Any
+) -> TrainingLoop:
+    """The `TrainingLoop` of one rollout case (`overrides` replace its keyword arguments)."""
+    train, val = golden_rollout_task()
+    kwargs: dict[str, Any] = {
+        "model": backend.model_from_weights(golden_weights(_SIZES)),
+        "data": train,
+        "validation": val,
+        "rollout": GOLDEN_ROLLOUTS[case.name],
+        "normalizer": train.normalizer(),
+        "loss": "mse",
+        "optimizer_config": dict(case.optimizer_config),
+        "batch_size": 16,
+        "max_steps": steps,
+        "accumulate_grad_batches": case.accumulate_grad_batches,
+        "validate_every_n_steps": steps,
+        "log_every_n_steps": steps,
+        "seed": 0,
+        "adapter": backend.adapter(case.precision),
+        "progress": False,
+    }
+    kwargs.update(overrides)
+    return TrainingLoop(**kwargs)
+
+
+def run_golden_rollout(
+    backend: GoldenBackend,
+    cases: Iterable[GoldenCase] = GOLDEN_ROLLOUT_CASES,
+    *,
+    steps: int = GOLDEN_ROLLOUT_STEPS,
+) -> dict[str, GoldenRun]:
+    """Train every rollout case on `backend`; return the runs by case (`compare_golden`)."""
+    runs: dict[str, GoldenRun] = {}
+    for case in cases:
+        artifact = rollout_case_loop(backend, case, steps=steps).run()
+        runs[case.name] = GoldenRun(
+            case=case.name,
+            backend=backend.name,
+            losses=[float(v) for v in artifact.history["loss"]],
+            val_loss=float(artifact.final_metrics["val_loss"]),
+        )
+    return runs
