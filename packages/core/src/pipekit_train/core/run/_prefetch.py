@@ -45,6 +45,8 @@ def prefetch_depth(plan: Any, steps_per_execution: int = 1, depth: int = 2) -> i
     its sample size.
     """
     spec = getattr(plan.data, "element_spec", None)
+    if spec is None:  # the dataset does not say its sample size
+        return depth
     try:
         per_sample = sum(
             math.prod(tuple(s.shape)) * np.dtype(s.dtype).itemsize for s in dict(spec).values()
