@@ -32,6 +32,8 @@ RAY_FILES = (
     "packages/core/tests/test_core_data_cached_ray.py",
     "packages/sweep/tests/test_sweep_ray.py",
     "packages/sweep/tests/test_sweep_lifeline.py",
+    "packages/lightning/tests/test_lightning_ray.py",
+    "packages/equinox/tests/test_equinox_ray.py",
 )
 
 

@@ -311,6 +311,13 @@ def test_dependency_ranges_on_core() -> None:
         )
 
 
+@pytest.mark.parametrize("name", ["equinox", "lightning"])
+def test_ray_comes_only_with_the_ray_extra(name: str) -> None:
+    project = _pyproject(name)["project"]
+    assert not [d for d in project["dependencies"] if d.replace(" ", "").startswith("ray")]
+    assert project["optional-dependencies"]["ray"] == ["ray[train]>=2.40"]
+
+
 @pytest.mark.slow  # builds the wheels (module fixture), ~40 s
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_wheel_alone(

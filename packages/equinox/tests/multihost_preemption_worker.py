@@ -2,7 +2,9 @@
 
 `python multihost_preemption_worker.py ID PORT DIR MODE MAX_STEPS EVERY` joins a 2-process
 `jax.distributed` run on loopback (one CPU device per process, gloo collectives) and
-trains the Equinox adapter data-parallel over both processes:
+trains the Equinox adapter data-parallel over both processes. With `PORT` 0 it calls
+`jax.distributed.initialize()` without arguments: the test set SLURM's variables, and
+jax's SLURM detection reads the coordinator, process count and id from them.
 
 - `preempt`: slowly (`SLEEP` s per step), with periodic checkpoints far apart, writing
   `step <n>` lines to `DIR/progress-<id>.txt`, until the test sends a preemption signal
@@ -76,12 +78,16 @@ def main(
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=f"127.0.0.1:{port}",
-        num_processes=2,
-        process_id=process_id,
-        initialization_timeout=60,
-    )
+    if port == 0:  # a simulated SLURM job step: jax reads SLURM's variables itself
+        jax.distributed.initialize(initialization_timeout=60)
+        assert jax.process_index() == process_id, (jax.process_index(), process_id)
+    else:
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{port}",
+            num_processes=2,
+            process_id=process_id,
+            initialization_timeout=60,
+        )
     from pipekit_train.core import PREEMPTED_EXIT_STATUS, Preempted
     from pipekit_train.core.callbacks import LambdaCallback
 

@@ -6,6 +6,8 @@
   raise an `ImportError` naming the extra to install;
 - `backend_names()`, `load_backend(name)`, `BACKENDS_GROUP`: the installed backends (the
   `pipekit_train.backends` entry points), listed without importing them, and loaded.
+- `fit_with_ray_trainer`, `ray_train_worker`, `check_ray_fit`, `RayTrainReport`: one
+  training job over a Ray Train worker group (the adapters' `ray` modules build on them).
 
 Adapter authors find the training contract in `pipekit_train.core.adapter`.
 """
@@ -13,12 +15,17 @@ Adapter authors find the training contract in `pipekit_train.core.adapter`.
 from ._imports import import_string, object_path, optional_import
 from .contract._backends import GROUP as BACKENDS_GROUP
 from .contract._backends import backend_names, load_backend
+from .train._ray_train import RayTrainReport, check_ray_fit, fit_with_ray_trainer, ray_train_worker
 
 __all__ = [
     "BACKENDS_GROUP",
+    "RayTrainReport",
     "backend_names",
+    "check_ray_fit",
+    "fit_with_ray_trainer",
     "import_string",
     "load_backend",
     "object_path",
     "optional_import",
+    "ray_train_worker",
 ]

@@ -8,6 +8,8 @@
   registry tests (development dependencies `moto[server]`, `boto3`, `s3fs`).
 - `small_filesystem`: a tiny tmpfs mounted for a test (root only) that fills up like a
   full disk.
+- `RayProbe`: the callback of the Ray Train restart tests (records each worker's run,
+  SIGKILLs one worker once).
 - `check_device_rollout`, `host_rollout`: the checks every backend's device rollout
   (`model_op.rollout`) passes against the host loop.
 - `check_rollout_prediction`, `check_one_step_rollout`, `check_rollout_resume`,
@@ -76,6 +78,7 @@ from ._golden_rollout import (
 from ._lease import plant_lease
 from ._numpy_adapter import NumpyAdapter
 from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arrays, linear
+from ._ray_probe import RayProbe
 from ._rollout import (
     ROLLOUT_HEADS,
     check_device_rollout,
@@ -122,6 +125,7 @@ __all__ = [
     "NumpyAdapter",
     "NumpyLinearOp",
     "PlateauRun",
+    "RayProbe",
     "SmallFilesystemUnavailable",
     "check_calibration_monitor",
     "DEEP_SET_SIZES",
