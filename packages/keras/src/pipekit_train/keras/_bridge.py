@@ -176,7 +176,7 @@ class FitSession:
         if rollout is not None and evaluates_as_rollout(batch, rollout.rollout):
             # windows: the longest rollout, without noise; pairs (`state.predict`, e.g.
             # RolloutMonitor's one-step calls): one model application, below
-            return self.handle.rollout.eval_rollout(lambda x: predict(self.handle, x), batch)
+            return rollout.eval_rollout(lambda x: predict(self.handle, x), batch)
         pred = predict(self.handle, batch["x"])
         return pred, eval_loss(self.plan.loss, pred, np.asarray(batch["y"]))
 
