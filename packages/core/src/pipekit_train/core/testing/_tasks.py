@@ -3,6 +3,7 @@ noisy two-value conditional density for the flow head."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -74,7 +75,12 @@ def flow_task(n_train: int = 256, n_val: int = 64, seed: int = 0) -> tuple[Any, 
     return ArrayDataset(x=x[:n_train], y=y[:n_train]), ArrayDataset(x=x[n_train:], y=y[n_train:])
 
 
-TASKS = {"regression": regression_task, "oscillator": oscillator_task, "flow": flow_task}
+#: The conformance tasks by name: `TASKS[name]()` returns `(train, validation)`.
+TASKS: dict[str, Callable[[], tuple[Any, Any]]] = {
+    "regression": regression_task,
+    "oscillator": oscillator_task,
+    "flow": flow_task,
+}
 
 
 def task_loss(task: str) -> Any:
