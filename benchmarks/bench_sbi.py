@@ -73,6 +73,8 @@ SBIBM_NPE = {
     ("gaussian_mixture", 10_000): 0.661,
     ("gaussian_mixture", 100_000): 0.555,
 }
+#: Validate (and check early stopping) every this many updates.
+VALIDATE_EVERY = 250
 #: The targets of issue 34: (task, budget) -> mean C2ST at most.
 TARGETS = {("slcp", 10_000): 0.80, ("slcp", 100_000): 0.72, ("two_moons", 10_000): 0.58}
 
@@ -127,11 +129,12 @@ def train(
     flow_bins: int,
     components: int,
     seed: int,
-) -> tuple[Any, Setting, float]:
-    """Train one posterior network; returns `(posterior, setting, seconds)`."""
+    patience: int,
+) -> tuple[Any, Setting, float, int]:
+    """Train one posterior network; returns `(posterior, setting, seconds, updates)`."""
     import toymodels
 
-    from pipekit_train.core import Normalizer, TrainingLoop, losses
+    from pipekit_train.core import EarlyStopping, Normalizer, TrainingLoop, losses
     from pipekit_train.core.data import ArrayDataset, split
 
     setting = Setting(task, embedding)
@@ -168,18 +171,20 @@ def train(
         },
         batch_size=256,
         max_steps=steps,
-        validate_every_n_steps=max(1, steps // 5),
+        validate_every_n_steps=VALIDATE_EVERY,
+        callbacks=[EarlyStopping(patience=patience)] if patience > 0 else [],
         seed=seed,
         progress=False,
     ).run()
     seconds = time.perf_counter() - started
     val = artifact.history["val_loss"]
     print(
-        f"    trained {steps} updates in {seconds:.0f} s; loss {artifact.history['loss'][-1]:.3f}, "
-        f"val_loss {[round(v, 3) for v in val]}",
+        f"    trained {artifact.steps} updates ({artifact.stop_reason}) in {seconds:.0f} s; loss "
+        f"{artifact.history['loss'][-1]:.3f}, val_loss {[round(v, 3) for v in val]}",
         flush=True,
     )
-    return artifact.posterior(state_ndim=2 if setting.as_set else 1), setting, seconds
+    posterior = artifact.posterior(state_ndim=2 if setting.as_set else 1)
+    return posterior, setting, seconds, artifact.steps
 
 
 def draws(posterior: Any, setting: Setting, x_o: np.ndarray, n: int, seed: int) -> tuple:
@@ -226,8 +231,12 @@ def c2st_score(job: tuple[str, int, str, int]) -> float:
 
     task, k, path, n = job
     with np.load(path) as saved:
-        got = saved[f"obs{k}"]
-    return diagnostics.c2st(get_task(task).reference(k)[:n], got, seed=k, folds=5)
+        got = saved[f"obs{k}"][:n]
+    started = time.perf_counter()
+    score = diagnostics.c2st(get_task(task).reference(k)[:n], got, seed=k, folds=5)
+    took = time.perf_counter() - started
+    print(f"    {Path(path).stem}, observation {k}: C2ST {score:.4f} ({took:.0f} s)", flush=True)
+    return score
 
 
 def _slug(case: str) -> str:
@@ -241,11 +250,11 @@ def sample_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
         task = get_task(name)
         for budget in args.budgets:
             theta, x = task.simulate(budget, seed=args.seed + 1)
-            runs: list[tuple[str, Any, Setting | None, float]] = []
+            runs: list[tuple[str, Any, Setting | None, float, int]] = []
             for backend in args.backends:
                 for head in args.heads:
                     print(f"{name}, {budget} simulations, {backend}, {head} head", flush=True)
-                    posterior, setting, seconds = train(
+                    posterior, setting, seconds, steps = train(
                         task,
                         theta,
                         x,
@@ -257,16 +266,17 @@ def sample_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                         flow_bins=args.flow_bins,
                         components=args.components,
                         seed=args.seed,
+                        patience=args.patience,
                     )
-                    runs.append((f"{backend}, {head}", posterior, setting, seconds))
+                    runs.append((f"{backend}, {head}", posterior, setting, seconds, steps))
             if args.sbi:
                 started = time.perf_counter()
                 npe = sbi_npe(task, theta, x, args.seed)
                 if npe is None:
                     print("    sbi is not installed: no NPE comparison", flush=True)
                 else:
-                    runs.append(("sbi NPE", npe, None, time.perf_counter() - started))
-            for label, posterior, setting, seconds in runs:
+                    runs.append(("sbi NPE", npe, None, time.perf_counter() - started, 0))
+            for label, posterior, setting, seconds, steps_done in runs:
                 embedding = f", {args.embedding}" if task.point_size and setting else ""
                 case = f"{name}, {budget} sims, {label}{embedding}"
                 saved, outside = {}, []
@@ -295,15 +305,20 @@ def sample_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                         "outside": outside,
                         "observations": list(args.observations),
                         "samples": args.posterior_samples,
-                        "steps": args.steps,
+                        "steps": steps_done,
                     }
                 )
                 (out / "cases.json").write_text(json.dumps(cases, indent=1))
     return cases
 
 
-def score_all(cases: list[dict[str, Any]], out: Path, jobs: int) -> list[dict[str, Any]]:
-    """C2ST of every saved draw set (in `jobs` processes); the result rows."""
+def score_all(
+    cases: list[dict[str, Any]], out: Path, jobs: int, samples: int | None = None
+) -> list[dict[str, Any]]:
+    """C2ST of every saved draw set (in `jobs` processes; the first `samples` draws of each
+    side when given); the result rows."""
+    for c in cases:
+        c["samples"] = min(c["samples"], samples or c["samples"])
     work = [
         (c["task"], k, str(out / c["path"]), c["samples"]) for c in cases for k in c["observations"]
     ]
@@ -363,12 +378,22 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument(
         "--posterior-samples", type=int, default=10_000, help="draws per side for C2ST"
     )
+    parser.add_argument(
+        "--patience",
+        type=int,
+        default=4,
+        help=f"stop after this many validations (every {VALIDATE_EVERY} updates) without a "
+        "better val_loss (0: train all --steps)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sbi", action="store_true", help="also run sbi's NPE if installed")
     parser.add_argument("--out", help="folder for the draws (default: a temporary one)")
     parser.add_argument("--sample-only", action="store_true", help="train and save draws only")
     parser.add_argument("--score-only", action="store_true", help="score the draws in --out")
     parser.add_argument("--jobs", type=int, default=1, help="processes for the C2ST scores")
+    parser.add_argument(
+        "--c2st-samples", type=int, help="with --score-only: score the first N draws per side"
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", help="write the result rows here (run_all convention)")
     args = parser.parse_args(argv)
@@ -386,7 +411,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             cases = json.loads((out / "cases.json").read_text())
         else:
             cases = sample_all(args, out)
-        rows = [] if args.sample_only else score_all(cases, out, args.jobs)
+        rows = [] if args.sample_only else score_all(cases, out, args.jobs, args.c2st_samples)
     if args.json:
         write_rows(args.json, rows)
     return rows

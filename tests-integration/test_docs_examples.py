@@ -39,6 +39,7 @@ SLOW = {
     "docs/guides/keras.md",
     "docs/guides/lightning.md",
     "docs/guides/registry_and_cycle.md",
+    "docs/guides/sbi.md",
     "docs/guides/sweep.md",
     "docs/index.md",
     "docs/training-spec.md",
