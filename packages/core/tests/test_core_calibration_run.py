@@ -114,10 +114,29 @@ def test_evaluate_adds_the_calibration_scalars_and_register_records_them(
     assert record.metrics["test_calibrated"] == 1.0
 
 
+def test_a_flow_head_run_is_a_posterior(held_out) -> None:
+    """`flow_nll` runs read as `Flow` posteriors in the parameters' units and calibrate."""
+    from pipekit_train.core import Flow, losses
+
+    data, norm = held_out
+    options = {"flow_layers": 1, "flow_bins": 4, "flow_bound": 3.0}
+    width = losses.flow_width(D, 1, 4)
+    artifact = _artifact(
+        lambda x: np.zeros((len(x), width), np.float32),  # one flow for every x
+        norm,
+        losses.flow_nll(**options).describe(),
+    )
+    dist = artifact.posterior().distribution(np.zeros((5, D), np.float32))
+    assert isinstance(dist, Flow) and dist.options == options and dist.batch_shape == (5,)
+    np.testing.assert_allclose(dist.scale, np.broadcast_to(norm.std["y"], dist.scale.shape))
+    report = artifact.calibration(data, num_samples=20)
+    assert 0.0 <= report.metrics()["coverage_hpd_68"] <= 1.0
+
+
 def test_calibration_is_refused_for_a_point_head_before_reading_data(held_out) -> None:
     _, norm = held_out
     artifact = _artifact(ExactHead(norm), norm, {"name": "mse"})
-    with pytest.raises(ConfigError, match="gaussian_nll.*mixture_nll"):
+    with pytest.raises(ConfigError, match="gaussian_nll.*mixture_nll.*flow_nll"):
         artifact.calibration(object())  # the head is checked first
     with pytest.raises(ConfigError, match="calibration=3"):
         artifact.evaluate(_simulations(n=30), calibration=3)

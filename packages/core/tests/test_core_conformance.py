@@ -9,6 +9,7 @@ from pipekit_train.core.testing import AdapterConformance, NumpyAdapter, NumpyLi
 
 class TestNumpyConformance(AdapterConformance):
     optimizer_config = {"name": "adam", "lr": 0.05}
+    flow_resume = False  # NumpyAdapter's analytic gradients are mse's only
 
     def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
         return NumpyLinearOp(

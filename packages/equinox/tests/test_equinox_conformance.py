@@ -19,6 +19,7 @@ class TestEquinoxFusedConformance(AdapterConformance):
     """The same suite with 4 steps fused per compiled call."""
 
     cloud_resume = False  # the S3 kill-and-resume runs once, in TestEquinoxConformance
+    flow_resume = False  # so does the flow head's
 
     def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
         return EquinoxModelOp(

@@ -35,6 +35,7 @@ class TestKerasFusedStepsConformance(TestKerasConformance):
     """The suite again with `steps_per_execution=4`: same steps, same events, same bytes."""
 
     cloud_resume = False  # runs once, in TestKerasConformance
+    flow_resume = False  # so does the flow head's kill-and-resume
 
     def make_adapter(self) -> Any:
         return Keras(steps_per_execution=4)

@@ -105,8 +105,8 @@ class TrainingArtifact:
         artifact.register(registry, "emulator", test_metrics=test_metrics)
         ```
 
-        With `calibration=True` (a posterior: a run trained with `gaussian_nll` or
-        `mixture_nll`, `data` held-out simulations with `x` and `y` the parameters) the
+        With `calibration=True` (a posterior: a run trained with `gaussian_nll`,
+        `mixture_nll` or `flow_nll`, `data` held-out simulations with `x` and `y` the parameters) the
         calibration diagnostics' scalars are added (`sbc_chi2_pvalue_min`,
         `coverage_hpd_68`, `tarp_atc`, `calibrated`, …; see `calibration`); a dict
         passes options to `calibration` (`{"num_samples": 500, "seed": 1}`). Registered
@@ -259,8 +259,8 @@ class TrainingArtifact:
 
     def posterior(self, *, state_ndim: int = 1) -> Any:
         """The trained model as a posterior: a `NeuralForward` whose `distribution(x)` is
-        a `Gaussian` or `Mixture` over the parameters, in their units (the head from the
-        run's loss: `gaussian_nll` or `mixture_nll`).
+        a `Gaussian`, `Mixture` or `Flow` over the parameters, in their units (the head from
+        the run's loss: `gaussian_nll`, `mixture_nll` or `flow_nll`).
 
         Args:
             state_ndim: the axes of one observation (2 for a set of points `(n, d)`).

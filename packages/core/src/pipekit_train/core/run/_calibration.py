@@ -59,18 +59,20 @@ def simulations_of(data: Any, *, field: str = "data") -> tuple[np.ndarray, np.nd
 
 def _head(loss: Any, head: str | None, head_options: Mapping[str, Any] | None) -> tuple[str, dict]:
     head = head or head_for_loss(loss)
-    if head not in ("gaussian", "mixture"):
+    if head not in ("gaussian", "mixture", "flow"):
         raise ConfigError(
-            "Calibration needs a posterior: a model trained with `gaussian_nll` or "
-            f"`mixture_nll`. Received: loss={loss!r}, head={head!r}. Train with one of "
-            "those losses, or pass head='gaussian' / head='mixture' (with head_options)."
+            "Calibration needs a posterior: a model trained with `gaussian_nll`, "
+            f"`mixture_nll` or `flow_nll`. Received: loss={loss!r}, head={head!r}. Train with "
+            "one of those losses, or pass head='gaussian', head='mixture' or head='flow' (with "
+            "head_options)."
         )
     options = dict(head_options or head_options_for_loss(loss) or {})
     return head, options
 
 
 def check_posterior_loss(loss: Any) -> None:
-    """Refuse a run loss that implies no posterior (not `gaussian_nll`/`mixture_nll`)."""
+    """Refuse a run loss that implies no posterior (not `gaussian_nll`, `mixture_nll` or
+    `flow_nll`)."""
     _head(loss, None, None)
 
 

@@ -96,10 +96,11 @@ from ._rollout_training import (
 )
 from ._s3 import LoopbackS3, loopback_s3
 from ._smallfs import SmallFilesystemUnavailable, small_filesystem
-from ._tasks import damped_oscillator_step, oscillator_task, regression_task
+from ._tasks import FLOW_HEAD, damped_oscillator_step, flow_task, oscillator_task, regression_task
 
 __all__ = [
     "BAD_INPUTS",
+    "FLOW_HEAD",
     "GOLDEN_CASES",
     "GOLDEN_EMA_CASES",
     "GOLDEN_FIELD_CASES",
@@ -148,6 +149,7 @@ __all__ = [
     "decode_arrays",
     "dump_runs",
     "encode_arrays",
+    "flow_task",
     "golden_conv_weights",
     "golden_field_task",
     "golden_flow_task",

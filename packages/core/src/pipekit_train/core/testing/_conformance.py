@@ -39,11 +39,12 @@ from pipekit_train.core._errors import CheckpointError, ConfigError, IntegrityEr
 from pipekit_train.core.checkpoint._engine import TornCheckpointWarning, step_dirs
 from pipekit_train.core.checkpoint._lease import LeaseError, read_lease
 from pipekit_train.core.checkpoint._policy import Checkpoint
+from pipekit_train.core.losses._flow import flow_width
 from pipekit_train.core.train._training_loop import TrainingLoop
 
 from ._s3 import LoopbackS3, loopback_s3
 from ._smallfs import SmallFilesystemUnavailable, small_filesystem
-from ._tasks import oscillator_task, regression_task
+from ._tasks import FLOW_HEAD, TASKS, oscillator_task, regression_task, task_loss
 
 __all__ = ["AdapterConformance", "BAD_INPUTS", "HookRecorder"]
 
@@ -419,6 +420,9 @@ class AdapterConformance:
         subprocess_env: extra environment for the kill-and-resume subprocess.
         cloud_resume: whether to run the kill-and-resume test against S3 too (a second
             subprocess; a variant of a backend already covered may switch it off).
+        flow_resume: whether to run the kill-and-resume test with the flow head
+            (`flow_nll` on `flow_task`; an adapter that trains `mse` only, or a variant of
+            a backend already covered, may switch it off).
     """
 
     optimizer_config: dict[str, Any] = {"name": "adam", "lr": 0.05}
@@ -427,6 +431,7 @@ class AdapterConformance:
     resume_steps: int = 24
     kill_at: int = 14
     cloud_resume: bool = True
+    flow_resume: bool = True
     s3_bucket: str = "pipekit-conformance"
     small_fs_size: str = "192k"
 
@@ -450,14 +455,12 @@ class AdapterConformance:
     def loop(
         self, tmp_path: Path | None = None, *, task: str = "regression", **overrides: Any
     ) -> TrainingLoop:
-        train, val = (regression_task if task == "regression" else oscillator_task)()
-        in_size = train[0]["x"].shape[-1]
-        out_size = train[0]["y"].shape[-1]
+        train, val = TASKS[task]()
         kwargs: dict[str, Any] = {
-            "model": self.make_model(in_size, out_size, seed=0),
+            "model": self.make_model(*self._sizes(task), seed=0),
             "data": train,
             "validation": val,
-            "loss": "mse",
+            "loss": task_loss(task),
             "optimizer_config": dict(self.optimizer_config),
             "batch_size": self.batch_size,
             "max_steps": 40,
@@ -467,6 +470,15 @@ class AdapterConformance:
         }
         kwargs.update(overrides)
         return TrainingLoop(**kwargs)
+
+    @staticmethod
+    def _sizes(task: str) -> tuple[int, int]:
+        """The model's `(in_size, out_size)` for `task` (the flow's width for `"flow"`)."""
+        train, _ = TASKS[task]()
+        in_size, out_size = train[0]["x"].shape[-1], train[0]["y"].shape[-1]
+        if task == "flow":
+            return in_size, flow_width(out_size, FLOW_HEAD["flow_layers"], FLOW_HEAD["flow_bins"])
+        return in_size, out_size
 
     @staticmethod
     def _losses(artifact: Any) -> np.ndarray:
@@ -517,13 +529,14 @@ class AdapterConformance:
         directory: str,
         storage_options: dict[str, Any] | None = None,
         optimizer_config: dict[str, Any] | None = None,
+        task: str = "regression",
     ) -> Checkpoint:
         """SIGKILL a run that checkpoints to `directory`, resume it, compare the bytes."""
         optimizer = dict(self.optimizer_config if optimizer_config is None else optimizer_config)
         spec = {
-            "model": self.make_model(4, 1, seed=0).get_config(),
+            "model": self.make_model(*self._sizes(task), seed=0).get_config(),
             "adapter": self._adapter_config(),
-            "task": "regression",
+            "task": task,
             "optimizer_config": optimizer,
             "batch_size": self.batch_size,
             "max_steps": self.resume_steps,
@@ -556,6 +569,7 @@ class AdapterConformance:
         assert dead is not None, "the killed run held no lease on its checkpoint location"
 
         resumed = self.loop(
+            task=task,
             max_steps=self.resume_steps,
             checkpoint=policy,
             validate_every_n_steps=8,
@@ -564,7 +578,10 @@ class AdapterConformance:
         assert resumed.resumed_from_step is not None and resumed.resumed_from_step >= 8
         assert read_lease(policy) is None  # taken over at once, released at the end
         reference = self.loop(
-            max_steps=self.resume_steps, validate_every_n_steps=8, optimizer_config=optimizer
+            task=task,
+            max_steps=self.resume_steps,
+            validate_every_n_steps=8,
+            optimizer_config=optimizer,
         ).run()
         assert resumed.model.serialize_weights() == reference.model.serialize_weights()
         assert resumed.raw_model.serialize_weights() == reference.raw_model.serialize_weights()
@@ -579,6 +596,16 @@ class AdapterConformance:
     @pytest.mark.slow
     def test_exact_resume_after_sigkill(self, tmp_path: Path) -> None:
         self._kill_and_resume(tmp_path, str(tmp_path / "ckpt"))
+
+    @pytest.mark.slow
+    def test_exact_resume_after_sigkill_with_the_flow_head(self, tmp_path: Path) -> None:
+        """The flow head (`flow_nll` on a 2-value curved density) resumes to the same bytes."""
+        if not self.flow_resume:
+            pytest.skip("flow_resume is off for this variant (see the class's flow_resume)")
+        self._kill_and_resume(tmp_path, str(tmp_path / "ckpt"), task="flow")
+        # the flow's NLL is what was trained: it falls over the run
+        losses = self._losses(self.loop(task="flow", max_steps=self.resume_steps).run())
+        assert np.isfinite(losses).all() and losses[-4:].mean() < losses[:4].mean(), losses
 
     @pytest.mark.slow
     def test_exact_resume_after_sigkill_with_ema(self, tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ def main(path: str) -> None:
     from pipekit_train.core.callbacks import LambdaCallback
     from pipekit_train.core.model._operators import model_op_from_config
 
-    from ._tasks import oscillator_task, regression_task
+    from ._tasks import TASKS, task_loss
 
     extra: dict[str, Any] = {}
     if spec["task"] == "rollout":  # training through the rollout (`check_rollout_kill_resume`)
@@ -101,8 +101,7 @@ def main(path: str) -> None:
         train, val = golden_rollout_task()
         extra = {"rollout": Rollout.from_json(spec["rollout"]), "normalizer": train.normalizer()}
     else:
-        task = regression_task if spec["task"] == "regression" else oscillator_task
-        train, val = task()
+        train, val = TASKS[spec["task"]]()
     kill_at = int(spec.get("kill_at") or 0)
     preempt = spec.get("mode") == "preempt"
     progress = open(spec["progress"], "a", buffering=1) if preempt else None  # noqa: SIM115
@@ -128,7 +127,7 @@ def main(path: str) -> None:
         model=model_op_from_config(spec["model"]),
         data=train,
         validation=val,
-        loss="mse",
+        loss=task_loss(spec["task"]),
         optimizer_config=spec["optimizer_config"],
         batch_size=spec["batch_size"],
         max_steps=spec["max_steps"],

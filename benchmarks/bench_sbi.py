@@ -1,0 +1,421 @@
+"""sbibm benchmark: C2ST of amortized posteriors against sbibm's reference posteriors
+(not part of the test run).
+
+```bash
+uv run python benchmarks/bench_sbi.py                              # two_moons, slcp, 10k, flow
+uv run python benchmarks/bench_sbi.py --tasks slcp --heads flow mixture --budgets 10000 100000
+uv run python benchmarks/bench_sbi.py --backends equinox lightning keras --observations 1 2 3
+uv run python benchmarks/bench_sbi.py --quick --json /tmp/sbi.json    # run_all convention
+```
+
+Tasks (`benchmarks/sbi_tasks`): sbibm's `two_moons`, `slcp` and `gaussian_mixture`,
+simulators and uniform priors written in numpy from sbibm's definitions, with sbibm's
+published observations 1–10 and reference posterior samples (vendored, MIT licence).
+
+For each task × simulation budget × backend × head, one network is trained on
+`budget` simulations (`seed` fixed: every head and backend sees the same simulations;
+10% held out for validation) through the public API (`TrainingLoop` with
+`losses.flow_nll` or `losses.mixture_nll`; `Normalizer` on θ), read as a posterior
+(`artifact.posterior()`), and at each observation `--posterior-samples` draws inside the
+prior box (a flow is truncated with `Flow.within(low, high)`; mixture draws outside the
+box are rejected, as sbi does for a bounded prior) are compared with the same number of
+sbibm's reference draws by `diagnostics.c2st` (sbibm's classifier: an MLP with two
+hidden layers of 10·dim units, both sets z-scored with the reference's statistics, 5-fold
+cross-validation). 0.5: indistinguishable; 1.0: told apart every time.
+
+Networks: `two_moons` and `gaussian_mixture` use an MLP on x (`toymodels`, width 128,
+depth 2). `slcp` reads its 8 values as a set of 4 i.i.d. 2-D points: `--embedding
+deep_set` (default; the backend's `deep_set`: φ on each point, a mean, ρ to the head;
+the points are z-scored per coordinate with statistics shared by all four, which keeps the
+set's symmetry) or `--embedding mlp` (an MLP on the 8 values, z-scored by `Normalizer`).
+
+Training and scoring can run apart: `--sample-only --out DIR` trains and saves the
+draws (`DIR/cases.json` and one `.npz` per case); `--score-only --out DIR --jobs N` reads
+them and runs the C2STs in `N` processes (sbibm's 10 000 draws per side take minutes per
+observation on one core), on a machine that needs only numpy, array_api_compat and
+scikit-learn besides `pipekit_train.core`.
+
+`--sbi`: when the `sbi` package is installed, its NPE (default neural spline flow,
+default training) runs on the same simulations and is scored the same way (optional;
+never a dependency). `--quick`: two_moons and slcp on Equinox, the flow head, 2 000
+simulations, 400 updates, observations 1–2, 1 000 draws per side (a smoke run of the
+whole path, not a result).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "examples"))
+
+from _shared import row, write_rows  # noqa: E402
+from sbi_tasks import Task, get_task  # noqa: E402
+
+#: sbibm's published mean C2ST of NPE over observations 1-10 (Lueckmann et al. 2021; the
+#: `benchmarking_sbi/results/main_paper.csv` of github.com/sbi-benchmark/results):
+#: (task, budget) -> value.
+SBIBM_NPE = {
+    ("two_moons", 10_000): 0.606,
+    ("two_moons", 100_000): 0.542,
+    ("slcp", 10_000): 0.901,
+    ("slcp", 100_000): 0.831,
+    ("gaussian_mixture", 10_000): 0.661,
+    ("gaussian_mixture", 100_000): 0.555,
+}
+#: Validate (and check early stopping) every this many updates.
+VALIDATE_EVERY = 250
+#: The targets of issue 34: (task, budget) -> mean C2ST at most.
+TARGETS = {("slcp", 10_000): 0.80, ("slcp", 100_000): 0.72, ("two_moons", 10_000): 0.58}
+
+
+def _set_model(backend: str, out_size: int, seed: int) -> Any:
+    options = {"point_size": 2, "out_size": out_size, "embed_size": 64, "width": 128}
+    options.update(depth=2, seed=seed)
+    if backend == "equinox":
+        from pipekit_train.equinox import EquinoxModelOp
+
+        return EquinoxModelOp("pipekit_train.equinox:deep_set", **options)
+    if backend == "lightning":
+        from pipekit_train.lightning import LightningModelOp
+
+        return LightningModelOp("pipekit_train.lightning:deep_set", **options)
+    from pipekit_train.keras import KerasModelOp
+
+    return KerasModelOp("pipekit_train.keras:deep_set", **options)
+
+
+class Setting:
+    """One trained posterior: the task, its inputs' transform and the network."""
+
+    def __init__(self, task: Task, embedding: str):
+        self.task = task
+        self.as_set = task.point_size is not None and embedding == "deep_set"
+        self.shift: np.ndarray | None = None
+        self.scale: np.ndarray | None = None
+
+    def inputs(self, x: np.ndarray) -> np.ndarray:
+        """The network's input: the raw x, or the z-scored set `(n, points, point_size)`."""
+        if not self.as_set:
+            return x.astype(np.float32)
+        size = int(self.task.point_size or 1)
+        points = x.reshape(len(x), -1, size)
+        if self.shift is None:
+            self.shift = points.mean(axis=(0, 1))
+            self.scale = points.std(axis=(0, 1))
+        return ((points - self.shift) / self.scale).astype(np.float32)
+
+
+def train(
+    task: Task,
+    theta: np.ndarray,
+    x: np.ndarray,
+    *,
+    backend: str,
+    head: str,
+    embedding: str,
+    steps: int,
+    flow_layers: int,
+    flow_bins: int,
+    components: int,
+    seed: int,
+    patience: int,
+) -> tuple[Any, Setting, float, int]:
+    """Train one posterior network; returns `(posterior, setting, seconds, updates)`."""
+    import toymodels
+
+    from pipekit_train.core import EarlyStopping, Normalizer, TrainingLoop, losses
+    from pipekit_train.core.data import ArrayDataset, split
+
+    setting = Setting(task, embedding)
+    inputs = setting.inputs(x)
+    data = ArrayDataset(x=inputs, y=theta.astype(np.float32))
+    train_set, val_set = split(data, (0.9, 0.1), seed=0)
+    keys = ("y",) if setting.as_set else ("x", "y")
+    norm = Normalizer.fit(train_set, keys=keys)
+    options: dict[str, Any] = {}
+    if head == "flow":
+        loss = losses.flow_nll(flow_layers=flow_layers, flow_bins=flow_bins, flow_bound=3.0)
+        width = losses.flow_width(task.dim_theta, flow_layers, flow_bins)
+    else:
+        loss = losses.mixture_nll(n_components=components, covariance="full")
+        width = losses.mixture_width(components, task.dim_theta, "full")
+        options = {"n_logits": components, "logit_scale": 0.03}
+    if setting.as_set:
+        model = _set_model(backend, width, seed)
+    else:
+        model = toymodels.model_op(
+            backend, in_size=task.dim_x, out_size=width, width=128, seed=seed, **options
+        )
+    started = time.perf_counter()
+    artifact = TrainingLoop(
+        model=model,
+        data=train_set,
+        validation=val_set,
+        normalizer=norm,
+        loss=loss,
+        optimizer_config={
+            "name": "adam",
+            "lr": {"schedule": "cosine", "init_value": 1e-3, "decay_steps": steps, "alpha": 0.02},
+            "clip_norm": 1.0,
+        },
+        batch_size=256,
+        max_steps=steps,
+        validate_every_n_steps=VALIDATE_EVERY,
+        callbacks=[EarlyStopping(patience=patience)] if patience > 0 else [],
+        seed=seed,
+        progress=False,
+    ).run()
+    seconds = time.perf_counter() - started
+    val = artifact.history["val_loss"]
+    print(
+        f"    trained {artifact.steps} updates ({artifact.stop_reason}) in {seconds:.0f} s; loss "
+        f"{artifact.history['loss'][-1]:.3f}, val_loss {[round(v, 3) for v in val]}",
+        flush=True,
+    )
+    posterior = artifact.posterior(state_ndim=2 if setting.as_set else 1)
+    return posterior, setting, seconds, artifact.steps
+
+
+def draws(posterior: Any, setting: Setting, x_o: np.ndarray, n: int, seed: int) -> tuple:
+    """`n` posterior draws at `x_o` inside the prior box, and the share outside it."""
+    from pipekit_train.core import Flow
+
+    task = setting.task
+    dist = posterior.distribution(setting.inputs(x_o[None])[0])
+    rng = np.random.default_rng(seed)
+    if isinstance(dist, Flow):
+        outside = 1.0 - float(dist.within(task.low, task.high).acceptance)
+        return np.asarray(dist.within(task.low, task.high).sample(rng, n)), outside
+    kept, total, drawn = [], 0, 0
+    while total < n:
+        got = np.asarray(dist.sample(rng, 2 * (n - total) + 256), dtype=np.float64)
+        inside = got[task.inside(got)]
+        kept.append(inside)
+        total += len(inside)
+        drawn += len(got)
+    return np.concatenate(kept)[:n], 1.0 - total / drawn
+
+
+def sbi_npe(task: Task, theta: np.ndarray, x: np.ndarray, seed: int) -> Any:
+    """sbi's NPE (its defaults) on the same simulations, or None without `sbi`."""
+    try:
+        import torch
+        from sbi.inference import NPE
+        from sbi.utils import BoxUniform
+    except ImportError:
+        return None
+    torch.manual_seed(seed)
+    low = torch.full((task.dim_theta,), task.low)
+    prior = BoxUniform(low=low, high=torch.full((task.dim_theta,), task.high))
+    inference = NPE(prior=prior)
+    inference.append_simulations(
+        torch.as_tensor(theta, dtype=torch.float32), torch.as_tensor(x, dtype=torch.float32)
+    )
+    return inference.build_posterior(inference.train())
+
+
+def c2st_score(job: tuple[str, int, str, int]) -> float:
+    """C2ST of one saved draw set against its reference (a process pool runs these)."""
+    from pipekit_train.core import diagnostics
+
+    task, k, path, n = job
+    with np.load(path) as saved:
+        got = saved[f"obs{k}"][:n]
+    started = time.perf_counter()
+    score = diagnostics.c2st(get_task(task).reference(k)[:n], got, seed=k, folds=5)
+    took = time.perf_counter() - started
+    print(f"    {Path(path).stem}, observation {k}: C2ST {score:.4f} ({took:.0f} s)", flush=True)
+    return score
+
+
+def _slug(case: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in case).strip("_")
+
+
+def sample_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    """Train every case, save its draws at every observation to `out`; return the cases."""
+    cases: list[dict[str, Any]] = []
+    for name in args.tasks:
+        task = get_task(name)
+        for budget in args.budgets:
+            theta, x = task.simulate(budget, seed=args.seed + 1)
+            runs: list[tuple[str, Any, Setting | None, float, int]] = []
+            for backend in args.backends:
+                for head in args.heads:
+                    print(f"{name}, {budget} simulations, {backend}, {head} head", flush=True)
+                    posterior, setting, seconds, steps = train(
+                        task,
+                        theta,
+                        x,
+                        backend=backend,
+                        head=head,
+                        embedding=args.embedding,
+                        steps=args.steps,
+                        flow_layers=args.flow_layers,
+                        flow_bins=args.flow_bins,
+                        components=args.components,
+                        seed=args.seed,
+                        patience=args.patience,
+                    )
+                    runs.append((f"{backend}, {head}", posterior, setting, seconds, steps))
+            if args.sbi:
+                started = time.perf_counter()
+                npe = sbi_npe(task, theta, x, args.seed)
+                if npe is None:
+                    print("    sbi is not installed: no NPE comparison", flush=True)
+                else:
+                    runs.append(("sbi NPE", npe, None, time.perf_counter() - started, 0))
+            for label, posterior, setting, seconds, steps_done in runs:
+                embedding = f", {args.embedding}" if task.point_size and setting else ""
+                case = f"{name}, {budget} sims, {label}{embedding}"
+                saved, outside = {}, []
+                for k in args.observations:
+                    x_o = task.observation(k)
+                    if setting is None:  # sbi's posterior
+                        import torch
+
+                        got = posterior.sample(
+                            (args.posterior_samples,), x=torch.as_tensor(x_o, dtype=torch.float32)
+                        ).numpy()
+                        leak = float("nan")
+                    else:
+                        got, leak = draws(posterior, setting, x_o, args.posterior_samples, k)
+                    saved[f"obs{k}"] = np.asarray(got, dtype=np.float32)
+                    outside.append(leak)
+                path = out / f"{_slug(case)}.npz"
+                np.savez_compressed(path, **saved)
+                cases.append(
+                    {
+                        "case": case,
+                        "task": name,
+                        "budget": budget,
+                        "path": path.name,
+                        "seconds": seconds,
+                        "outside": outside,
+                        "observations": list(args.observations),
+                        "samples": args.posterior_samples,
+                        "steps": steps_done,
+                    }
+                )
+                (out / "cases.json").write_text(json.dumps(cases, indent=1))
+    return cases
+
+
+def score_all(
+    cases: list[dict[str, Any]], out: Path, jobs: int, samples: int | None = None
+) -> list[dict[str, Any]]:
+    """C2ST of every saved draw set (in `jobs` processes; the first `samples` draws of each
+    side when given); the result rows."""
+    for c in cases:
+        c["samples"] = min(c["samples"], samples or c["samples"])
+    work = [
+        (c["task"], k, str(out / c["path"]), c["samples"]) for c in cases for k in c["observations"]
+    ]
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(jobs) as pool:
+            scores = list(pool.map(c2st_score, work))
+    else:
+        scores = [c2st_score(job) for job in work]
+    rows, at = [], 0
+    for c in cases:
+        obs = c["observations"]
+        got = scores[at : at + len(obs)]
+        at += len(obs)
+        mean = float(np.mean(got))
+        key = (c["task"], c["budget"])
+        target, reference = TARGETS.get(key), SBIBM_NPE.get(key)
+        per_obs = ", ".join(f"{s:.3f}" for s in got)
+        print(
+            f"  {c['case']}: C2ST mean {mean:.3f} over observations {obs} [{per_obs}]; "
+            f"mass outside the prior {np.round(c['outside'], 3).tolist()}; training "
+            f"{c['seconds']:.0f} s; {c['steps']} updates (sbibm NPE: {reference})",
+            flush=True,
+        )
+        rows.append(
+            row(
+                "sbi",
+                c["case"],
+                f"mean C2ST, observations {obs[0]}-{obs[-1]}, {c['samples']} draws per side",
+                mean,
+                "accuracy",
+                ratio=None if reference is None else mean / reference,
+                target=None if target is None else f"<= {target}",
+                ok=None if target is None or c["samples"] < 10_000 else mean <= target,
+                note=f"per observation [{per_obs}]; training {c['seconds']:.0f} s; "
+                f"{c['steps']} updates; ratio: to sbibm's NPE ({reference})",
+            )
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", nargs="+", default=["two_moons", "slcp"])
+    parser.add_argument("--heads", nargs="+", default=["flow"], choices=["flow", "mixture"])
+    parser.add_argument("--budgets", nargs="+", type=int, default=[10_000])
+    parser.add_argument(
+        "--backends", nargs="+", default=["equinox"], choices=["equinox", "lightning", "keras"]
+    )
+    parser.add_argument("--observations", nargs="+", type=int, default=list(range(1, 11)))
+    parser.add_argument("--embedding", default="deep_set", choices=["deep_set", "mlp"])
+    parser.add_argument("--steps", type=int, default=10_000, help="optimizer updates")
+    parser.add_argument("--flow-layers", type=int, default=5)
+    parser.add_argument("--flow-bins", type=int, default=8)
+    parser.add_argument("--components", type=int, default=10, help="mixture components")
+    parser.add_argument(
+        "--posterior-samples", type=int, default=10_000, help="draws per side for C2ST"
+    )
+    parser.add_argument(
+        "--patience",
+        type=int,
+        default=4,
+        help=f"stop after this many validations (every {VALIDATE_EVERY} updates) without a "
+        "better val_loss (0: train all --steps)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sbi", action="store_true", help="also run sbi's NPE if installed")
+    parser.add_argument("--out", help="folder for the draws (default: a temporary one)")
+    parser.add_argument("--sample-only", action="store_true", help="train and save draws only")
+    parser.add_argument("--score-only", action="store_true", help="score the draws in --out")
+    parser.add_argument("--jobs", type=int, default=1, help="processes for the C2ST scores")
+    parser.add_argument(
+        "--c2st-samples", type=int, help="with --score-only: score the first N draws per side"
+    )
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", help="write the result rows here (run_all convention)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.tasks, args.heads, args.budgets = ["two_moons", "slcp"], ["flow"], [2000]
+        args.backends, args.observations = ["equinox"], [1, 2]
+        args.steps, args.posterior_samples = 400, 1000
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    if (args.sample_only or args.score_only) and not args.out:
+        parser.error("--sample-only and --score-only need --out DIR")
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(args.out or scratch)
+        out.mkdir(parents=True, exist_ok=True)
+        if args.score_only:
+            cases = json.loads((out / "cases.json").read_text())
+        else:
+            cases = sample_all(args, out)
+        rows = [] if args.sample_only else score_all(cases, out, args.jobs, args.c2st_samples)
+    if args.json:
+        write_rows(args.json, rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
