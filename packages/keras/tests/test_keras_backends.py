@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import keras
@@ -24,34 +25,16 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+#: The conformance suite's torch pass runs from its own file
+#: (`test_keras_torch_conformance.py`), so the two halves go to two pytest workers.
+APART = ("test_keras_conformance.py", "test_keras_torch_conformance.py")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(BACKEND == "torch", reason="this is the runner of the torch-backend pass")
-def test_torch_backend_passes_the_whole_suite() -> None:
-    """Every test in this folder (conformance included) under KERAS_BACKEND=torch."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            str(HERE),
-            "-q",
-            "-x",
-            "-p",
-            "no:cacheprovider",
-            "-W",
-            "ignore::DeprecationWarning",
-            "-n",  # in this one process: the suite around it already runs on two workers
-            "0",
-        ],
-        cwd=ROOT,
-        env=_env(KERAS_BACKEND="torch"),
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    tail = proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert proc.returncode == 0, tail
-    assert " passed" in proc.stdout and " failed" not in proc.stdout, tail
+def test_torch_backend_passes_the_whole_suite(torch_pass: Callable[..., None]) -> None:
+    """Every test in this folder but the conformance suite under KERAS_BACKEND=torch."""
+    torch_pass(str(HERE), *(f"--ignore={HERE / name}" for name in APART))
 
 
 DATA_PARALLEL = textwrap.dedent(

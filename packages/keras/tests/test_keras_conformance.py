@@ -36,6 +36,9 @@ class TestKerasFusedStepsConformance(TestKerasConformance):
 
     cloud_resume = False  # runs once, in TestKerasConformance
     flow_resume = False  # so does the flow head's kill-and-resume
+    rollout_resume = (
+        False  # and rollout training's (fused rollout updates: test_keras_rollout_training)
+    )
 
     def make_adapter(self) -> Any:
         return Keras(steps_per_execution=4)
