@@ -5,6 +5,7 @@ per lead time they reach (issue 32's reference runs; not part of the test run).
 uv run python benchmarks/bench_rollout_training.py                    # 3 seeds, 3000 updates
 uv run python benchmarks/bench_rollout_training.py --quick --json /tmp/rt.json   # run_all
 uv run python benchmarks/bench_rollout_training.py --markdown benchmarks/rollout-training.md
+uv run python benchmarks/bench_rollout_training.py --backends torch   # one pair only
 ```
 
 `--markdown` rewrites the tables of that page and keeps what follows its notes marker
@@ -40,13 +41,20 @@ simulator) from 2 starts each for `--horizon` steps; the error at a lead is the 
 The table gives the mean and the range (min–max) over the seeds of each side; they are
 "equal within the spread of three seeds" when the two ranges overlap.
 
-**The torch reference (a hook).** `Lightning()` and `Torch()` train through the rollout too
-(`TrainingLoop(rollout=..., adapter=Torch())`); their plain-torch reference is not written
-yet. It goes into `benchmarks/reference_rollout_torch.py` with the same `train(...)` /
-`rollout(...)` signatures as the optax one, and into `SIDES` below as
-`("torch", library_torch, hand_torch)` (each side takes `(train, seed, args, clock)` and
-returns the trained emulator's rollout function): every side gets the same data, seeds,
-budget and error definition from `bench`, and the tables grow a pair of rows per backend.
+**The torch pair.** `library`: the same `TrainingLoop` with
+`LightningModelOp("pipekit_train.lightning.testing:mlp", ...)` and `adapter=Torch()`;
+`hand`: `reference_rollout_torch.py`, plain torch + numpy (no pipekit code), the same
+windows, statistics, step, loss and batch order as the optax reference. Both torch sides
+build the MLP under `torch.manual_seed(seed)` with torch's default initialisation, so
+they start from the same weights (not the Equinox pair's: another generator), and both
+run torch on one intra-op thread (`torch.set_num_threads(1)` in their own thread). The
+hand loop is eager and synchronous on the CPU, so its clock reads need no wait.
+
+`--backends torch` runs one pair; with `--markdown` the rows of the other pairs already on
+the page are kept, with the line that says how they were measured. Another backend joins
+through `SIDES` below (each side takes `(train, seed, args, clock)` and returns the trained
+emulator's rollout function): every side gets the same data, seeds, budget and error
+definition from `bench`, and the tables grow a pair of rows per backend.
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,10 +159,85 @@ def hand_equinox(
     return lambda x0, n: hand_optax.rollout(model, stats, x0, n)
 
 
-# (backend, library side, hand-written side); the torch pair joins here (see the docstring)
+def _torch_one_thread() -> None:
+    """One intra-op thread for torch in the calling thread (both torch sides call it).
+
+    With OpenMP, `torch.set_num_threads` holds for the calling thread only, and each side
+    runs in a thread of its own (`interleaved_round`): an idle team's spinning on the
+    other core would slow whichever side runs next.
+    """
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def library_torch(
+    train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
+) -> Callable[[np.ndarray, int], np.ndarray]:
+    """Train with `TrainingLoop(rollout=..., adapter=Torch())`; the trained emulator's rollout."""
+    _torch_one_thread()
+    from pipekit_train.core import NeuralForward, Rollout, TrainingLoop, TrajectoryWindows
+    from pipekit_train.lightning import LightningModelOp, Torch
+
+    windows = TrajectoryWindows(train, k=K, targets="increments")
+    normalizer = windows.normalizer()
+    artifact = TrainingLoop(
+        model=LightningModelOp(
+            "pipekit_train.lightning.testing:mlp",
+            in_size=lorenz96.N,
+            out_size=lorenz96.N,
+            width=WIDTH,
+            depth=DEPTH,
+            seed=seed,
+        ),
+        data=windows,
+        normalizer=normalizer,
+        rollout=Rollout(steps=K, residual=True),
+        loss="mse",
+        optimizer_config={"name": "adam", "lr": LR},
+        batch_size=BATCH,
+        max_steps=args.updates,
+        seed=seed,
+        adapter=Torch(),
+        writers=[_Ticks(clock)],
+        log_every_n_steps=FLUSH,
+        progress=False,
+    ).run()
+    forward = NeuralForward(artifact.model, normalizer=normalizer, residual=True)
+    return lambda x0, n: forward.rollout(x0, n)
+
+
+def hand_torch(
+    train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
+) -> Callable[[np.ndarray, int], np.ndarray]:
+    """Train with the hand-written plain-torch loop; the trained emulator's rollout."""
+    _torch_one_thread()
+    import reference_rollout_torch as hand_pt
+
+    def on_update(i: int, loss: Any) -> None:
+        if i % args.chunk == 0:  # on the CPU the update has finished: read the clock
+            clock.tick(i)
+
+    model, stats = hand_pt.train(
+        train,
+        k=K,
+        updates=args.updates,
+        batch_size=BATCH,
+        lr=LR,
+        width=WIDTH,
+        depth=DEPTH,
+        seed=seed,
+        on_update=on_update,
+    )
+    return lambda x0, n: hand_pt.rollout(model, stats, x0, n)
+
+
+# (backend, library side, hand-written side)
 SIDES: list[tuple[str, Callable[..., Any], Callable[..., Any]]] = [
     ("equinox", library_equinox, hand_equinox),
+    ("torch", library_torch, hand_torch),
 ]
+HAND_LABEL = {"equinox": "equinox + optax", "torch": "plain torch"}
 
 
 def lead_errors(rollout: Callable[[np.ndarray, int], np.ndarray], test: np.ndarray, horizon: int):
@@ -190,6 +273,8 @@ def bench(args: argparse.Namespace, say: Callable[[str], None]) -> list[dict[str
     persistence = lead_errors(lambda x0, n: np.repeat(x0[None], n + 1, axis=0), test, args.horizon)
     rows: list[dict[str, Any]] = []
     for backend, library, hand in SIDES:
+        if backend not in args.backends:
+            continue
         sides = {"library": library, "hand": hand}
         cost: dict[str, list[float]] = {"library": [], "hand": []}
         errors: dict[str, list[np.ndarray]] = {"library": [], "hand": []}
@@ -239,7 +324,7 @@ def backend_rows(
         ),
         row(
             "rollout-training",
-            f"{backend}: hand-written k={K} update (equinox + optax)",
+            f"{backend}: hand-written k={K} update ({HAND_LABEL[backend]})",
             f"ms per update, best of rounds; {rounds}",
             1e3 * min(cost["hand"]),
             "ms",
@@ -276,8 +361,11 @@ def backend_rows(
     return rows
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    """Two markdown tables: the cost of an update, and the errors per lead time."""
+def table(rows: list[dict[str, Any]], kept: Sequence[str] = ()) -> str:
+    """Two markdown tables: the cost of an update, and the errors per lead time.
+
+    `kept`: rows of other backends from an earlier page, put first (by their columns).
+    """
     cost = [
         "| backend | library ms/update | hand-written ms/update | library ÷ hand |",
         "|---|---:|---:|---:|",
@@ -287,6 +375,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         "(range) | ranges overlap | persistence |",
         "|---|---:|---:|---:|:---:|---:|",
     ]
+    cost += [line for line in kept if line.count("|") == 5]
+    errs += [line for line in kept if line.count("|") == 7]
     for i, r in enumerate(rows):
         if r["case"].endswith(")") and "library" in r["case"]:
             cost.append(
@@ -304,8 +394,22 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(cost) + "\n\n" + "\n".join(errs)
 
 
-def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    """The tables as a page: what was run, where and when."""
+def kept_rows(page: str, args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The table rows of the backends not run now, and the lines saying how they were run."""
+    others = [b for b, _, _ in SIDES if b not in args.backends]
+    head = page.partition(NOTES)[0]
+    rows = [line for line in head.splitlines() if any(line.startswith(f"| {b} |") for b in others)]
+    how = [line for line in head.splitlines() if line.startswith("Measured with") and rows]
+    return rows, how
+
+
+def markdown(
+    rows: list[dict[str, Any]],
+    args: argparse.Namespace,
+    kept: Sequence[str] = (),
+    kept_how: Sequence[str] = (),
+) -> str:
+    """The tables as a page: what was run, where and when (and the rows kept from before)."""
     import datetime as dt
 
     cpu = "unknown CPU"
@@ -317,7 +421,12 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     except OSError:
         pass
     flags = (
-        f"--updates {args.updates} --warmup {args.warmup} --rounds {args.rounds} "
+        (
+            ""
+            if set(args.backends) == {b for b, _, _ in SIDES}
+            else f"--backends {' '.join(args.backends)} "
+        )
+        + f"--updates {args.updates} --warmup {args.warmup} --rounds {args.rounds} "
         f"--chunk {args.chunk} --timer {args.timer}"
     )
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -332,18 +441,30 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
             "start), CPU only. Lorenz-96 (20 variables), a 20 → 128 → 128 → 20 tanh MLP, "
             f"k = {K}, batches of {BATCH}, adam 1e-3; one round per seed (seeds 0.."
             f"{args.rounds - 1}). What each side is, and how it is timed, is in the "
-            "script's docstring; the hand-written side is `reference_rollout_optax.py`.",
+            "script's docstring; the hand-written sides are `reference_rollout_optax.py` "
+            "and `reference_rollout_torch.py`.",
             "",
+            *(
+                [
+                    f"The rows of {', '.join(sorted({r.split('|')[1].strip() for r in kept}))} "
+                    "are kept from an earlier run of the page:",
+                    "",
+                    *kept_how,
+                    "",
+                ]
+                if kept
+                else []
+            ),
             f"The cost of one k = 4 update ({args.timer} clock; best over the rounds; the "
             f"ratio is paired per round, median; target ≤ {TARGET}×):",
             "",
-            table(rows).split("\n\n")[0],
+            table(rows, kept).split("\n\n")[0],
             "",
             f"The errors per lead time after {args.updates} updates (nRMSE over "
             f"{TEST_TRAJ} held-out trajectories × {len(TEST_STARTS)} starts; one Lyapunov "
             "time is about 13 steps; mean and range over the seeds):",
             "",
-            table(rows).split("\n\n")[1],
+            table(rows, kept).split("\n\n")[1],
             "",
         ]
     )
@@ -365,6 +486,14 @@ def main() -> None:
         help="wall: time.perf_counter; cpu: time.process_time (the process's CPU time, all "
         "its threads: steadier on a loaded machine, but it counts the library's prefetching "
         "thread in whichever turn it runs)",
+    )
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        choices=[b for b, _, _ in SIDES],
+        default=[b for b, _, _ in SIDES],
+        help="the pairs to run (default: all); with --markdown, the rows of the others "
+        "already on the page are kept",
     )
     parser.add_argument("--quick", action="store_true", help="a short run (run_all)")
     parser.add_argument("--json", help="also write the result rows to this JSON file")
@@ -389,8 +518,10 @@ def main() -> None:
         write_rows(args.json, [{k: v for k, v in r.items() if k in _SCHEMA} for r in rows])
     if args.markdown:
         path = Path(args.markdown)
-        notes = path.read_text().partition(NOTES)[2] if path.exists() else ""
-        path.write_text(markdown(rows, args) + (f"\n{NOTES}{notes}" if notes else ""))
+        page = path.read_text() if path.exists() else ""
+        notes = page.partition(NOTES)[2]
+        kept, how = kept_rows(page, args)
+        path.write_text(markdown(rows, args, kept, how) + (f"\n{NOTES}{notes}" if notes else ""))
 
 
 NOTES = "<!-- notes: kept when the tables are written again -->"
