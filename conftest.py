@@ -11,18 +11,46 @@ import os
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+# Ray (2.x) reads RAY_ENABLE_UV_RUN_RUNTIME_ENV once, when `ray` is first imported. Under
+# `uv run pytest` it is on by default, and then every Ray worker is started through
+# `uv run` in a copy of the repository with a venv of its own (tens of seconds per worker
+# group). The tests' Ray workers start from this interpreter instead; set here, before any
+# test module imports ray.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+
+# --------------------------------------------------------------------------- compiled programs
+# Most of the suite's processes (kill-and-resume workers, golden workers, docs pages, CLI
+# runs, the examples) compile the same small jax programs again: jax's persistent
+# compilation cache lets every process of one `pytest` run reuse them. The folder is made
+# by the first process (the xdist controller), inherited by the workers and their
+# subprocesses through the environment, and removed when the run ends. A cached executable
+# is the compiled program itself, so results are bit-identical (the golden-run files check
+# that across processes). `JAX_COMPILATION_CACHE_DIR` set by the caller is used as is.
+# Two processes that compile the same program at once both write it; a reader that ever met
+# a half-written entry would get a warning from jax and compile again, never a wrong program.
+_JAX_CACHE_OWNER = "PIPEKIT_TEST_JAX_CACHE_OWNER"
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="pipekit-jax-cache-")
+    os.environ[_JAX_CACHE_OWNER] = str(os.getpid())
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
 
 # --------------------------------------------------------------------------- test scheduling
-# `uv run pytest` runs on two pytest-xdist workers (`-n 2 --dist loadfile` in pyproject.toml):
-# every test file goes whole to one worker, so a module fixture (the golden runs, the wheel
-# builds, a Ray cluster) is built once. Two refinements:
+# `uv run pytest` runs on three pytest-xdist workers (`-n 3 --dist loadfile` in
+# pyproject.toml) on two cores: a third worker fills the time the others spend waiting (on a
+# preempted worker's signal, a Ray worker group, a loopback server). Every test file goes
+# whole to one worker, so a module fixture (the golden runs, the wheel builds, a Ray
+# cluster) is built once. Refinements:
 #
 # - The golden-run files share one work unit (one set of worker processes for them all).
 # - The files that start Ray share one work unit: two Ray runtimes at once would contend
 #   for two cores, and `ray.init()` without an address joins a cluster another worker
 #   started (`ray.cluster_utils.Cluster` records its address for that).
 # - Files with slow tests are handed out first. Work units are handed out in order as the
-#   workers free up, so the run ends on short files and both workers finish together.
+#   workers free up, so the run ends on short files and the workers finish together.
 
 from typing import Any  # noqa: E402
 
@@ -75,3 +103,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     config.option.loadscopereorder = False  # keep the slow-files-first order above
     return Scheduling(config, log)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the run's jax compilation cache (in the process that made it)."""
+    if os.environ.get(_JAX_CACHE_OWNER) == str(os.getpid()):
+        import shutil
+
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)

@@ -175,6 +175,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(Path(__file__).parent / "out" / "chaotic_emulator"))
     args = parser.parse_args(argv)
+    if args.horizon < 30:  # the monitor's lead windows go up to 30: the 11-30 one is read
+        parser.error(
+            f"Received: --horizon={args.horizon}, but the example reads the validation error "
+            "over leads 11-30 (about two Lyapunov times). Use --horizon 30 or more."
+        )
     budget = dict(FULL if args.full else SMALL)
     if args.steps is not None:
         budget["steps"] = args.steps

@@ -3,7 +3,9 @@
     uv run python tests-integration/docs_runner.py docs/guides/data.md
     uv run python tests-integration/docs_runner.py README.md --json report.json
 
-`tests-integration/test_docs_examples.py` runs this once per page, in a subprocess of its
+Started from the repository root, it runs the blocks in a fresh temporary folder that holds
+a copy of `examples/` (printed first; `--workdir` chooses another), so nothing a page writes
+lands in the checkout. `tests-integration/test_docs_examples.py` runs this once per page, in a subprocess of its
 own (so a page pays for its torch/jax imports once, and pages run in parallel), in a fresh
 temporary working directory that holds a copy of `examples/`.
 
@@ -48,8 +50,10 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 import traceback
@@ -385,14 +389,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("page", type=Path)
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="run the blocks in this folder (default: the current one; started from the "
+        "repository root, a fresh temporary folder holding a copy of examples/, so that "
+        "the pages' outputs never land in the checkout)",
+    )
     args = parser.parse_args()
     page = args.page.resolve()
+    report = args.json.resolve() if args.json else None
+    root = Path(__file__).resolve().parents[1]
+    workdir = args.workdir
+    if workdir is None and Path.cwd().resolve() == root:
+        workdir = Path(tempfile.mkdtemp(prefix="pipekit-docs-"))
+        shutil.copytree(
+            root / "examples", workdir / "examples", ignore=shutil.ignore_patterns("out")
+        )
+        print(f"running in {workdir} (a copy of examples/ is there)", file=sys.stderr)
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        os.chdir(workdir)
     results = run_page(page)
     for r in results:
         extra = r.get("reason") or r.get("error") or ""
         print(f"{page.name}:{r['line']} [{r['lang']}] {r['status']} ({r['seconds']} s) {extra}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+    if report is not None:
+        report.write_text(json.dumps(results, indent=1))
     sys.exit(1 if any(r["status"] == "fail" for r in results) else 0)
 
 

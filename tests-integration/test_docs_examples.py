@@ -40,6 +40,7 @@ SLOW = {
     "docs/guides/lightning.md",
     "docs/guides/registry_and_cycle.md",
     "docs/guides/rollout-training.md",
+    "docs/guides/sbi-diagnostics.md",
     "docs/guides/sbi.md",
     "docs/guides/sweep.md",
     "docs/index.md",

@@ -143,6 +143,15 @@ def test_chaotic_emulator(tmp_path: Path) -> None:
     assert (tmp_path / "equinox" / "error_vs_lead.png").stat().st_size > 10_000
 
 
+def test_chaotic_emulator_refuses_a_horizon_below_its_lead_window(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        chaotic_emulator.main(["--horizon", "12", "--out", str(tmp_path)])
+    assert "Received: --horizon=12" in capsys.readouterr().err
+    assert not (tmp_path / "equinox").exists()  # refused before any work
+
+
 def test_chaotic_emulator_lead_figure(tmp_path: Path) -> None:
     """The figure draws one line per report against lead time in Lyapunov times."""
     from pipekit_train.core import rollout_validation

@@ -60,8 +60,11 @@ def _await_commit(spec: dict[str, Any], step: int, timeout: float = 60.0) -> Non
     due = (step - 1) // int(every) * int(every)
     deadline = time.monotonic() + timeout
     while due > 0 and time.monotonic() < deadline:
-        if list(Path(directory).glob(f"**/{due}/meta.json")):
-            return
+        try:
+            if list(Path(directory).glob(f"**/{due}/meta.json")):
+                return
+        except FileNotFoundError:  # a `.tmp-*` folder renamed to its step while listed
+            pass
         time.sleep(0.05)
 
 
