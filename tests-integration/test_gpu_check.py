@@ -15,7 +15,6 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +22,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
-# The children import jax afresh: give them a bytecode cache even where
+# The children import jax afresh: let them write bytecode even where
 # PYTHONDONTWRITEBYTECODE is set, as the Ray tests do for Ray's processes.
 PYCACHE = {
     "PYTHONDONTWRITEBYTECODE": "",
-    "PYTHONPYCACHEPREFIX": os.path.join(tempfile.gettempdir(), "pipekit-gpu-check-pycache"),
 }
 
 

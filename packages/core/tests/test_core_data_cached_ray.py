@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -39,14 +38,13 @@ CREDS = {
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 # Environment of the Ray processes (see packages/sweep/tests/test_sweep_ray.py): no
-# `uv run` per worker, and a bytecode cache so Ray starts within its time limits. Ray reads
+# `uv run` per worker, and bytecode written so Ray starts within its time limits. Ray reads
 # RAY_ENABLE_UV_RUN_RUNTIME_ENV when it is imported, so the fixture also sets the constant
 # (else `ray.init` under `uv run` packages the whole worktree and starts every worker
 # through `uv run`: tens of seconds on a loaded 2-core machine).
 RAY_ENV = {
     "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
     "PYTHONDONTWRITEBYTECODE": "",
-    "PYTHONPYCACHEPREFIX": os.path.join(tempfile.gettempdir(), "pipekit-sweep-test-pycache"),
 }
 
 

@@ -10,9 +10,7 @@ bytes of an uninterrupted two-worker run.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,6 @@ BUCKET = "ray-restart"
 RAY_ENV = {
     "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",  # workers start from this interpreter, not `uv run`
     "PYTHONDONTWRITEBYTECODE": "",
-    "PYTHONPYCACHEPREFIX": os.path.join(tempfile.gettempdir(), "pipekit-ray-test-pycache"),
     "RAY_TRAIN_V2_ENABLED": "1",
 }
 

@@ -122,7 +122,6 @@ def test_killing_a_ray_sweep_ends_its_trial_workers(tmp_path: Path) -> None:
     env = {
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
         "PYTHONDONTWRITEBYTECODE": "",
-        "PYTHONPYCACHEPREFIX": str(tmp_path.parent / "pipekit-sweep-test-pycache"),
     }
     _kill_sweep_and_check_workers(tmp_path, RAY_SWEEP, env)
 

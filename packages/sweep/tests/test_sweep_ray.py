@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,11 +42,12 @@ HALF_GPU = {"num_cpus": 0.25, "num_gpus": 0.5}  # the GPU, not the CPUs, limits 
 # every worker through `uv run` again (its uv integration), which is slow and not what a
 # test of the executor needs. Ray also starts several Python processes of its own; with
 # PYTHONDONTWRITEBYTECODE set they recompile Ray on every start, which can exceed Ray's
-# fixed 30 s raylet start-up wait on a loaded 2-core machine, so give them a bytecode cache.
+# fixed 30 s raylet start-up wait on a loaded 2-core machine, so let them write bytecode
+# (into the environment's own `__pycache__`, which every other process of the run reads:
+# a separate PYTHONPYCACHEPREFIX would start cold on every fresh clone).
 RAY_ENV = {
     "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
     "PYTHONDONTWRITEBYTECODE": "",
-    "PYTHONPYCACHEPREFIX": os.path.join(tempfile.gettempdir(), "pipekit-sweep-test-pycache"),
 }
 
 
