@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pipekit_train.core.checkpoint import Checkpoint, step_dirs
+from pipekit_train.core.checkpoint._digest import FOLDER_DIGEST
+from pipekit_train.core.checkpoint._store import MANIFEST, open_store
 
 __all__ = ["RayProbe"]
 
@@ -36,8 +38,9 @@ class RayProbe:
             a marker file `<out>/<tag>.killed` keeps the restarted group alive), or None.
         kill_rank: the Ray Train world rank that dies.
         checkpoint: the run's checkpoint location: before the kill, wait (up to 60 s)
-            until the last step due by `kill_at` is complete, so the resume point is the
-            one the test names rather than a race with a background write.
+            until the last step due by `kill_at` is complete (its commit marker written),
+            so the resume point is the one the test names rather than a race with a
+            background write.
         every_n_steps: the run's checkpoint cadence (with `checkpoint`).
     """
 
@@ -78,9 +81,33 @@ class RayProbe:
         if self.checkpoint is not None and self.every_n_steps:
             due = self.kill_at // self.every_n_steps * self.every_n_steps
             deadline = time.monotonic() + 60
-            while due and due not in step_dirs(self.checkpoint) and time.monotonic() < deadline:
+            while due and not self._committed(due) and time.monotonic() < deadline:
                 time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGKILL)
+
+    def _committed(self, step: int) -> bool:
+        """Whether step `step` is complete: its commit marker (written last) is there.
+
+        A step folder appears before its marker (an engine's folder is renamed into place,
+        then sealed; on another rank the write may still be running): killing a worker
+        then can tear the step, and the group would resume from the one before.
+        """
+        assert self.checkpoint is not None
+        policy = (
+            self.checkpoint
+            if isinstance(self.checkpoint, Checkpoint)
+            else Checkpoint(self.checkpoint)
+        )
+        if step not in step_dirs(policy):
+            return False
+        store = open_store(policy)
+        for marker in (MANIFEST, FOLDER_DIGEST):
+            try:
+                store.read(step, marker)
+            except OSError:
+                continue
+            return True
+        return False
 
     def on_train_end(self, state: Any, artifact: Any) -> None:
         """Write this worker's record."""
