@@ -49,8 +49,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # - The files that start Ray share one work unit: two Ray runtimes at once would contend
 #   for two cores, and `ray.init()` without an address joins a cluster another worker
 #   started (`ray.cluster_utils.Cluster` records its address for that).
-# - Files with slow tests are handed out first. Work units are handed out in order as the
-#   workers free up, so the run ends on short files and the workers finish together.
+# - The longest units go first (`LONGEST`), then files with slow tests. Work units are handed
+#   out in order as the workers free up, so the run ends on short files and the workers
+#   finish together.
 
 from typing import Any  # noqa: E402
 
@@ -77,17 +78,51 @@ GOLDEN_FILES = (
 )
 
 
+# Each docs page runs in a subprocess of its own and shares nothing with the other pages: one
+# work unit per page, so the pages spread over the workers instead of one worker running all
+# of them (three to four minutes) in a row.
+PER_TEST_FILES = ("tests-integration/test_docs_examples.py",)
+
+# The longest work units (a minute or more each on a loaded 2-core machine, measured with
+# `--durations`), handed out first and longest first, so that no long unit starts late and
+# keeps one worker busy after the others have finished.
+LONGEST = (
+    "ray",
+    "golden",
+    "packages/keras/tests/test_keras_torch_conformance.py",
+    "tests-integration/test_field_emulator.py",
+    "packages/equinox/tests/test_equinox_conformance.py",
+    "tests-integration/test_examples.py",
+    "packages/keras/tests/test_keras_conformance.py",
+    "packages/lightning/tests/test_lightning_torch.py",
+    "tests-integration/test_gpu_check.py",
+    "tests-integration/test_typecheck.py",
+    "packages/lightning/tests/test_lightning_conformance.py",
+    "tests-integration/test_plain_torch_adapter.py",
+)
+
+
 def _file_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     if path in RAY_FILES:
         return "ray"
+    if path in PER_TEST_FILES:
+        return nodeid
     return "golden" if path in GOLDEN_FILES else path
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Order the test files: those with a slow test first, then the rest (each stable)."""
+    """Order the work units: the known longest first (longest first), then those with a
+    slow test, then the rest (each group in collection order)."""
     heavy = {_file_of(item.nodeid) for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: _file_of(item.nodeid) not in heavy)
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        unit = _file_of(item.nodeid)
+        if unit in LONGEST:
+            return (0, LONGEST.index(unit))
+        return (1, 0) if unit in heavy else (2, 0)
+
+    items.sort(key=rank)
 
 
 @pytest.hookimpl(tryfirst=True)

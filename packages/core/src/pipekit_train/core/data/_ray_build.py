@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 __all__ = ["RayBuildExecutor", "RaySession", "ray_session"]
 
 
+CANCEL_WAIT_S = 60.0  # how long a failed build waits for its cancelled tasks to end
+
+
 def _check_amount(name: str, value: Any, *, positive: bool = False) -> float:
     if (
         isinstance(value, bool)
@@ -260,8 +263,9 @@ class RaySession:
     ) -> None:
         """Run one chunk task per chunk in `todo`; `on_done(delta)` as each one ends.
 
-        On the first failure the other tasks are cancelled and the error is raised
-        (chunks already written stay done: the next build resumes after them).
+        On the first failure the other tasks are cancelled, and the error is raised once
+        they have ended (chunks already written stay done: the next build resumes after
+        them).
         """
         ray = self.ray
         n, cs = meta["num_samples"], meta["chunk_size"]
@@ -301,6 +305,12 @@ class RaySession:
                     ray.cancel(ref)
                 except Exception:  # already finished or gone: nothing to cancel
                     pass
+            if pending:
+                # A cancel only asks: a task in the middle of its chunk may still finish
+                # and mark it done. Wait until every task has ended, so that when the build
+                # raises, the cache is in its final state (no task of it writes any more)
+                # and a rerun recomputes exactly the chunks that are not done.
+                ray.wait(list(pending), num_returns=len(pending), timeout=CANCEL_WAIT_S)
 
 
 @contextmanager
