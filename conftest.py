@@ -140,6 +140,37 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return Scheduling(config, log)
 
 
+# --------------------------------------------------------------------------- suite timeline
+# `PIPEKIT_SUITE_TIMELINE=path.jsonl uv run pytest` writes one line per test phase as the
+# controller receives it: seconds since the run started, the xdist worker, the test, the
+# phase and its duration. `scripts/suite_timeline.py path.jsonl` reads it (per worker: the
+# units in the order they ran, their wall time, and the idle tail).
+_TIMELINE = os.environ.get("PIPEKIT_SUITE_TIMELINE")
+_T0 = __import__("time").monotonic()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Append the report to the suite timeline (controller only; see above)."""
+    if not _TIMELINE or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import json
+    import time
+
+    node = getattr(report, "node", None)
+    worker = node.workerinput["workerid"] if node is not None else "main"
+    line = {
+        "t": round(time.monotonic() - _T0, 2),
+        "worker": worker,
+        "test": report.nodeid,
+        "unit": _file_of(report.nodeid),
+        "when": report.when,
+        "duration": round(report.duration, 2),
+        "outcome": report.outcome,
+    }
+    with open(_TIMELINE, "a") as fh:
+        fh.write(json.dumps(line) + "\n")
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Remove the run's jax compilation cache (in the process that made it)."""
     if os.environ.get(_JAX_CACHE_OWNER) == str(os.getpid()):
