@@ -1,5 +1,6 @@
 """The honest table of rollout training: five settings at equal numbers of updates, on the
-chaotic example (Lorenz-96) and on the field emulator (Gray–Scott) over 400 steps.
+chaotic example (Lorenz-96), on the field emulator (Gray–Scott) over 400 steps and on the
+oscillator emulator.
 
 ```bash
 uv run python benchmarks/rollout_training_table.py                    # both problems, 3 seeds
@@ -39,6 +40,12 @@ Problems:
 - `lorenz96`: 20 variables, F = 8; 64 training trajectories of 200 steps (the normaliser
   is fitted on them; no validation set is used), 16 held-out trajectories rolled out 60
   steps from 3 starts each; an MLP 20 → 128 → 128 → 20 (tanh); 3000 updates of batch 64.
+- `oscillator`: the emulator example's damped oscillator (`examples/emulator.py`,
+  `toymodels.oscillator_step`: ω = 2 rad/s, ζ = 0.1, Δt = 0.1 s) and its MLP 2 → 64 → 64
+  → 2 (tanh); 160 training trajectories of 50 steps from states uniform in [-1, 1]²
+  (8160 states, about the example's 8192), 16 held-out ones rolled out 50 steps from
+  states uniform in [-0.9, 0.9]² (the example's rollout); 3000 updates of batch 128
+  (the example's); VPT threshold nRMSE 0.05, in steps.
 - `gray_scott`: the field emulator's simulator and conv net (`examples/field_emulator.py`,
   32×32, width 16, depth 3); 24 training trajectories of 400 emulator steps from the
   example's random initial states (windows cover the whole 400 steps), 6 held-out
@@ -63,19 +70,16 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import field_emulator as fe  # noqa: E402
 import lorenz96  # noqa: E402
+import toymodels  # noqa: E402
+from rollout_settings import SETTINGS, rollout_setting, window_length  # noqa: E402
 
 from pipekit_train.core import (  # noqa: E402
     NeuralForward,
-    Rollout,
-    RolloutSchedule,
     TrainingLoop,
     TrajectoryWindows,
     rollout_validation,
 )
 from pipekit_train.core.data import Trajectories, fit_trajectory_normalizer  # noqa: E402
-
-SETTINGS = ("one-step", "k=4", "curriculum 1→4", "pushforward", "input noise")
-NOISE_STD = 0.01  # normalised units of the state
 
 PROBLEMS: dict[str, dict[str, Any]] = {
     "lorenz96": {
@@ -105,23 +109,21 @@ PROBLEMS: dict[str, dict[str, Any]] = {
         "vpt_threshold": 0.2,
     },
 }
+PROBLEMS["oscillator"] = {
+    "n_train": 160,
+    "train_steps": 50,
+    "n_test": 16,
+    "horizon": 50,
+    "starts": (0,),
+    "updates": 3000,
+    "batch_size": 128,
+    "lr": 3e-3,
+    "leads": (1, 10, 25, 50),
+    "lead_names": ("lead 1", "10 steps", "25 steps", "50 steps"),
+    "vpt_threshold": 0.05,
+    "digits": 2,  # errors below 1%
+}
 QUICK = {"updates": 30, "n_train": 4, "n_test": 2, "train_steps": 40}
-
-
-def rollout_setting(name: str, updates: int) -> Rollout | None:
-    """The `Rollout` of a setting (None: ordinary one-step training)."""
-    if name == "one-step":
-        return None
-    if name == "k=4":
-        return Rollout(steps=4, residual=True)
-    if name == "curriculum 1→4":
-        schedule = RolloutSchedule(start=1, every_n_steps=max(1, updates // 5), maximum=4)
-        return Rollout(steps=4, residual=True, schedule=schedule)
-    if name == "pushforward":
-        return Rollout(steps=4, residual=True, backprop="last")
-    if name == "input noise":
-        return Rollout(steps=1, residual=True, noise_std=NOISE_STD)
-    raise ValueError(f"unknown setting {name!r}: use one of {SETTINGS}")
 
 
 def lorenz96_data(cfg: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -153,9 +155,35 @@ def gray_scott_data(cfg: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     return train, test
 
 
+def oscillator_trajectories(n: int, n_steps: int, seed: int, bound: float) -> np.ndarray:
+    """`n` trajectories `(n, n_steps + 1, 2)` of the emulator example's damped oscillator
+    (`toymodels.oscillator_step`) from states uniform in `[-bound, bound]²`."""
+    state = np.random.default_rng(seed).uniform(-bound, bound, size=(n, 2))
+    out = np.empty((n, n_steps + 1, 2), dtype=np.float32)
+    out[:, 0] = state
+    for t in range(n_steps):
+        state = toymodels.oscillator_step(state)
+        out[:, t + 1] = state
+    return out
+
+
+def oscillator_data(cfg: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Training trajectories from `[-1, 1]²` and held-out ones from `[-0.9, 0.9]²` (the
+    example's sampler and its held-out initial states), from disjoint seeds."""
+    train = oscillator_trajectories(cfg["n_train"], cfg["train_steps"], seed=1, bound=1.0)
+    test = oscillator_trajectories(cfg["n_test"], cfg["horizon"], seed=2, bound=0.9)
+    return train, test
+
+
+DATA = {"lorenz96": lorenz96_data, "gray_scott": gray_scott_data, "oscillator": oscillator_data}
+
+
 def model_op(problem: str, seed: int) -> Any:
     """The problem's model (Equinox)."""
     from pipekit_train.equinox import EquinoxModelOp
+
+    if problem == "oscillator":
+        return toymodels.model_op("equinox", in_size=2, out_size=2, width=64, seed=seed)
 
     if problem == "lorenz96":
         return EquinoxModelOp(
@@ -174,8 +202,7 @@ def train_one(
 ) -> tuple[Any, float]:
     """Train one setting; the trained model op and the wall time of `run()`."""
     rollout = rollout_setting(setting, cfg["updates"])
-    k = 1 if rollout is None else rollout.max_steps
-    windows = TrajectoryWindows(train, k=k, targets="increments")
+    windows = TrajectoryWindows(train, k=window_length(rollout), targets="increments")
     updates = cfg["updates"]
     loop = TrainingLoop(
         model=model_op(problem, seed),
@@ -210,7 +237,7 @@ def evaluate(
     """nRMSE at the problem's leads and the valid prediction time of one trained model."""
     grid = problem == "gray_scott"
     forward = NeuralForward(model, normalizer, residual=True, state_ndim=3 if grid else 1)
-    dt = 1.0 if grid else lorenz96.EMULATOR_DT / lorenz96.LYAPUNOV_TIME
+    dt = _time_unit(problem)
     report = rollout_validation(
         forward,
         test,
@@ -221,6 +248,11 @@ def evaluate(
         dt=dt,
     )
     return _scores(report, cfg)
+
+
+def _time_unit(problem: str) -> float:
+    """One emulator step in the unit of the problem's valid time (Lyapunov times or steps)."""
+    return lorenz96.EMULATOR_DT / lorenz96.LYAPUNOV_TIME if problem == "lorenz96" else 1.0
 
 
 def _scores(report: Any, cfg: dict[str, Any]) -> dict[str, float]:
@@ -241,7 +273,7 @@ def persistence(problem: str, test: np.ndarray, cfg: dict[str, Any]) -> dict[str
         starts=cfg["starts"],
         spatial_ndim=2 if grid else 0,
         per_channel=grid,
-        dt=1.0 if grid else lorenz96.EMULATOR_DT / lorenz96.LYAPUNOV_TIME,
+        dt=_time_unit(problem),
     )
     return _scores(report, cfg)
 
@@ -261,7 +293,7 @@ def run_problem(
         cfg["starts"] = (0,)
         cfg["leads"] = tuple(min(lead, cfg["horizon"]) for lead in cfg["leads"])
     t0 = time.perf_counter()
-    train, test = (lorenz96_data if problem == "lorenz96" else gray_scott_data)(cfg)
+    train, test = DATA[problem](cfg)
     simulate_s = time.perf_counter() - t0
     normalizer = fit_trajectory_normalizer(Trajectories(train), residual=True)
     result: dict[str, Any] = {
@@ -332,12 +364,12 @@ def markdown(result: dict) -> str:
     seeds = sorted({r["seed"] for r in result["runs"]})
     for setting in dict.fromkeys(r["setting"] for r in result["runs"]):
         runs = [r for r in result["runs"] if r["setting"] == setting]
-        cells = [_cell([r[n] for r in runs], True) for n in names]
+        cells = [_cell([r[n] for r in runs], True, cfg.get("digits", 1)) for n in names]
         cells.append(_cell([r["vpt"] for r in runs], False, 2))
         cells.append(_cell([r["train_s"] for r in runs], False, 0))
         lines.append(f"| {setting} | " + " | ".join(cells) + " |")
     p = result["persistence"]
-    cells = [f"{100 * p[n]:.1f}%" for n in names] + [f"{p['vpt']:.2f}", "—"]
+    cells = [f"{100 * p[n]:.{cfg.get('digits', 1)}f}%" for n in names] + [f"{p['vpt']:.2f}", "—"]
     lines.append("| persistence | " + " | ".join(cells) + " |")
     note = (
         f"{problem}: {cfg['updates']} updates of batch {cfg['batch_size']} per run, "

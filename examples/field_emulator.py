@@ -26,9 +26,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rollout_settings import SETTINGS, rollout_setting, window_length
 
-from pipekit_train.core import Checkpoint, Cycle, LocalModelRegistry, NeuralForward, TrainingLoop
-from pipekit_train.core.data import CachedDataset, Normalizer, SimulationDataset, split
+from pipekit_train.core import (
+    Checkpoint,
+    Cycle,
+    LocalModelRegistry,
+    NeuralForward,
+    Rollout,
+    TrainingLoop,
+    TrajectoryWindows,
+)
+from pipekit_train.core.data import (
+    CachedDataset,
+    Normalizer,
+    SimulationDataset,
+    Trajectories,
+    fit_trajectory_normalizer,
+)
 
 # -- the simulator: Gray–Scott reaction–diffusion on a periodic grid --------------------------
 # u_t = Du ∇²u − u v² + F (1 − u),   v_t = Dv ∇²v + u v² − (F + k) v
@@ -41,6 +56,7 @@ DT = 1.0  # the simulator's (explicit Euler) time step
 INNER = 5  # simulator steps per emulator step
 BURN_IN = 80  # training states are drawn after 0..BURN_IN emulator steps of evolution
 START = 10  # rollouts start from held-out states after START emulator steps
+TRAINING = "one-step"  # the default rollout-training setting (see the module doc)
 
 
 def _laplacian(a: np.ndarray) -> np.ndarray:
@@ -78,28 +94,33 @@ def initial_state(rng: np.random.Generator, size: int = GRID) -> np.ndarray:
     return state + rng.normal(0.0, 0.01, state.shape)
 
 
-def sample_state(rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """A training state: an initial state evolved for 0..BURN_IN emulator steps."""
-    state = initial_state(rng)
-    steps = int(rng.integers(0, BURN_IN + 1))
-    return {"x": gray_scott(state, steps * INNER).astype(np.float32)}
+def sample_initial(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A training trajectory's initial state (the simulator's parameters)."""
+    return {"x0": initial_state(rng).astype(np.float32)}
 
 
-def increment(params: dict[str, np.ndarray]) -> np.ndarray:
-    """Simulator output for training: the change of the fields over one emulator step."""
-    x = params["x"]
-    return (gray_scott(x) - x).astype(np.float32)
+def trajectory(params: dict[str, np.ndarray]) -> np.ndarray:
+    """Simulator output for training: the states after 0..BURN_IN emulator steps of
+    evolution from `params["x0"]`, `(BURN_IN + 1, H, W, 2)`."""
+    states = [np.asarray(params["x0"], dtype=np.float64)]
+    for _ in range(BURN_IN):
+        states.append(gray_scott(states[-1]))
+    return np.stack(states).astype(np.float32)
 
 
-def channel_normalizer(dataset: Any) -> Normalizer:
-    """Per-channel statistics of `x` and `y`, pooled over the grid (keeps translation symmetry)."""
-    per_cell = Normalizer.fit(dataset, keys=("x", "y"))
-    mean, std = {}, {}
-    for key in ("x", "y"):
-        m, s = per_cell.mean[key], per_cell.std[key]  # (H, W, C)
-        mean[key] = m.mean(axis=(0, 1))
-        std[key] = np.sqrt((s**2 + (m - mean[key]) ** 2).mean(axis=(0, 1)))
-    return Normalizer(mean, std, count=per_cell.count)
+def windows(trajectories: Trajectories, rollout: Rollout | None) -> TrajectoryWindows:
+    """Windows of `k + 1` consecutive states over `trajectories`, targets the increments."""
+    return TrajectoryWindows(trajectories, k=window_length(rollout), targets="increments")
+
+
+def training_data(
+    cache: CachedDataset, rollout: Rollout | None
+) -> tuple[TrajectoryWindows, TrajectoryWindows, Normalizer]:
+    """Training and validation windows of the cached trajectories, split by trajectory
+    (never by window), and their per-channel statistics (pooled over the grid)."""
+    train, val = Trajectories.from_dataset(cache, state_key="states").split((0.9, 0.1), seed=0)
+    normalizer = fit_trajectory_normalizer(train, residual=True)
+    return windows(train, rollout), windows(val, rollout), normalizer
 
 
 def model_op(backend: str, width: int = 16, depth: int = 3, seed: int = 0) -> Any:
@@ -222,6 +243,7 @@ def training_loop(
     normalizer: Normalizer,
     *,
     steps: int,
+    rollout: Rollout | None = None,
     batch_size: int = 32,
     width: int = 16,
     depth: int = 3,
@@ -229,12 +251,16 @@ def training_loop(
     callbacks: Any = (),
 ) -> TrainingLoop:
     """The example's training description (conv net, MSE on the normalised increment, Adam
-    with warm-up cosine), the same on every backend."""
+    with warm-up cosine, trained through `rollout`), the same on every backend.
+
+    `train` and `val` are trajectory windows of the rollout's length (`windows`).
+    """
     return TrainingLoop(
         model=model_op(backend, width=width, depth=depth, seed=0),
         data=train,
         validation=val,
         normalizer=normalizer,
+        rollout=rollout,
         loss="mse",
         optimizer_config={
             "name": "adam",
@@ -261,38 +287,56 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="equinox", choices=["equinox", "lightning", "keras"])
     parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--samples", type=int, default=4096)
+    parser.add_argument(
+        "--trajectories", type=int, default=48, help=f"simulated, {BURN_IN + 1} states each"
+    )
     parser.add_argument("--width", type=int, default=16)
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--rollout", type=int, default=50)
+    parser.add_argument(
+        "--training",
+        default=TRAINING,
+        choices=SETTINGS,
+        help=f"how to train through the rollout (rollout_settings.py; default {TRAINING!r})",
+    )
+    parser.add_argument("--rollout", type=int, default=50, help="emulator steps rolled out")
     parser.add_argument(
         "--out-of-core",
         action="store_true",
-        help="read the cache chunk by chunk (a 1 MiB memory budget) instead of loading it",
+        help="read the cache chunk by chunk (a 4 MiB memory budget) instead of loading it",
     )
     parser.add_argument("--out", default=str(Path(__file__).parent / "out" / "field_emulator"))
     args = parser.parse_args(argv)
+    if args.trajectories < 10:
+        parser.error(
+            f"Received: --trajectories={args.trajectories}, but a tenth of them (at least one) "
+            "is held out for validation. Use --trajectories 10 or more."
+        )
     root = Path(args.out)
     out = root / args.backend
     shutil.rmtree(out, ignore_errors=True)  # a fresh run each time; the cache is kept
     out.mkdir(parents=True, exist_ok=True)
 
-    # 1. simulate on demand, deterministic per (seed, index); cache to zarr, 64 states a chunk.
-    # The cache is shared by every backend (a rebuild of the same source is a no-op).
-    sims = SimulationDataset(increment, sample_state, n=args.samples, seed=0, output_key="y")
-    read: dict[str, Any] = {"memory_budget_bytes": 2**20} if args.out_of_core else {}
-    cache = CachedDataset.build(sims, root / f"cache-{args.samples}.zarr", chunk_size=64, **read)
-    train, val = split(cache, (0.9, 0.1), seed=0)
-    norm = channel_normalizer(train)
+    # 1. simulate on demand, deterministic per (seed, index): one trajectory of BURN_IN + 1
+    # states per item; cache to zarr, 4 trajectories a chunk. The cache is shared by every
+    # backend (a rebuild of the same source is a no-op).
+    sims = SimulationDataset(
+        trajectory, sample_initial, n=args.trajectories, seed=0, output_key="states"
+    )
+    read: dict[str, Any] = {"memory_budget_bytes": 4 * 2**20} if args.out_of_core else {}
+    uri = root / f"cache-{args.trajectories}.zarr"
+    cache = CachedDataset.build(sims, uri, chunk_size=4, **read)
 
-    # 2. train the conv net on the normalised increment over one emulator step
+    # 2. train the conv net on the normalised increment, through the rollout (`--training`)
+    rollout = rollout_setting(args.training, args.steps)
+    train, val, norm = training_data(cache, rollout)
     loop = training_loop(
         args.backend,
         train,
         val,
         norm,
         steps=args.steps,
+        rollout=rollout,
         batch_size=args.batch_size,
         width=args.width,
         depth=args.depth,

@@ -1,9 +1,10 @@
 """Subprocess worker of the field emulator's kill-and-resume test.
 
 `python field_kill_worker.py <backend> <cache_uri> <checkpoint_dir> <steps> <kill_at>`
-trains the example's description (`field_emulator.training_loop`, a small conv net) on the
-cached fields, checkpointing every 4 steps, and kills itself with SIGKILL after step
-`kill_at`, like a preempted job. Keras's backend comes from `KERAS_BACKEND`.
+trains the example's description (`field_emulator.training_loop`, a small conv net, the
+example's default rollout training) on windows of the cached trajectories, checkpointing
+every 4 steps, and kills itself with SIGKILL after step `kill_at`, like a preempted job.
+Keras's backend comes from `KERAS_BACKEND`.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ def main(backend: str, cache_uri: str, directory: str, steps: str, kill_at: str)
 
     from pipekit_train.core import Checkpoint
     from pipekit_train.core.callbacks import LambdaCallback
-    from pipekit_train.core.data import CachedDataset, split
+    from pipekit_train.core.data import CachedDataset
 
-    train, val = split(CachedDataset(cache_uri), (0.9, 0.1), seed=0)
+    rollout = fe.rollout_setting(fe.TRAINING, steps)
+    train, val, norm = fe.training_data(CachedDataset(cache_uri), rollout)
 
     def on_step_end(state: Any) -> None:
         if state.step >= int(kill_at):
@@ -38,8 +40,9 @@ def main(backend: str, cache_uri: str, directory: str, steps: str, kill_at: str)
         backend,
         train,
         val,
-        fe.channel_normalizer(train),
+        norm,
         steps=int(steps),
+        rollout=rollout,
         checkpoint=Checkpoint(directory, every_n_steps=4, max_to_keep=None),
         callbacks=[LambdaCallback(on_step_end=on_step_end)],
         **SMALL,

@@ -1,10 +1,10 @@
 """The 2-D field emulator (`examples/field_emulator.py`) on every backend.
 
-A reduced budget (256 simulations, 150 steps, a width-8 conv net, 20-step rollouts): the
-emulator beats the persistence forecast on each backend, all three train from one
-cached dataset (built once, read out of core), and a run killed with SIGKILL resumes to
-the same bytes as an uninterrupted one. The default budget's numbers are in
-docs/examples.md.
+A reduced budget (10 simulated trajectories, 150 updates through the example's default
+pushforward rollout, a width-8 conv net, 20-step rollouts): the emulator beats the
+persistence forecast on each backend, all three train from one cached dataset (built
+once, read out of core), and a run killed with SIGKILL resumes to the same bytes as an
+uninterrupted one. The default budget's numbers are in docs/examples.md.
 """
 
 from __future__ import annotations
@@ -19,20 +19,20 @@ import numpy as np
 import pytest
 
 from pipekit_train.core import Checkpoint
-from pipekit_train.core.data import CachedDataset, SimulationDataset, make_batches, split
+from pipekit_train.core.data import CachedDataset, SimulationDataset, Trajectories, make_batches
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "field_kill_worker.py"
-BACKENDS = ("equinox", "lightning", "keras")
 SMALL = {"batch_size": 8, "width": 4, "depth": 1}  # as field_kill_worker.SMALL
+BACKENDS = ("equinox", "lightning", "keras")
 
 
 @pytest.fixture(scope="module")
 def field_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """96 simulated (state, increment) pairs in a zarr cache of 16-row chunks."""
-    sims = SimulationDataset(fe.increment, fe.sample_state, n=96, seed=0, output_key="y")
+    """10 simulated trajectories (81 states each) in a zarr cache, 2 trajectories a chunk."""
+    sims = SimulationDataset(fe.trajectory, fe.sample_initial, n=10, seed=0, output_key="states")
     uri = tmp_path_factory.mktemp("fields") / "cache.zarr"
-    CachedDataset.build(sims, uri, chunk_size=16)
+    CachedDataset.build(sims, uri, chunk_size=2)
     return str(uri)
 
 
@@ -50,26 +50,31 @@ def test_simulator_conserves_shape_and_is_periodic() -> None:
 
 
 def test_the_cache_reads_out_of_core(field_cache: str) -> None:
-    """A 4 KiB budget reads the cache chunk by chunk; the samples are the same bytes."""
+    """A 4 KiB budget reads the cache chunk by chunk; the windows are the same bytes."""
     whole = CachedDataset(field_cache)
     streamed = CachedDataset(field_cache, memory_budget_bytes=4096)
     assert whole.in_memory and not streamed.in_memory
-    batches = make_batches(streamed, 8, seed=0, shuffle=True)
-    for _ in range(12):  # one epoch
+    rollout = fe.rollout_setting("k=4", 100)  # windows of 5 states
+    in_memory = fe.windows(Trajectories.from_dataset(whole, state_key="states"), rollout)
+    windows = fe.windows(Trajectories.from_dataset(streamed, state_key="states"), rollout)
+    assert len(windows) == 10 * (fe.BURN_IN + 1 - 4)
+    batches = make_batches(windows, 8, seed=0, shuffle=True)
+    for _ in range(len(windows) // 8):  # one epoch
         batch = next(batches)
         assert batch["x"].shape == (8, fe.GRID, fe.GRID, 2)
-    assert streamed.chunk_reads >= 96 // 16
-    for i in (0, 17, 95):
+        assert batch["y"].shape == (8, 4, fe.GRID, fe.GRID, 2)
+    assert streamed.chunk_reads >= 10 // 2
+    for i in (0, 77, len(windows) - 1):
         for key in ("x", "y"):
-            np.testing.assert_array_equal(streamed[i][key], whole[i][key])
+            np.testing.assert_array_equal(windows[i][key], in_memory[i][key])
 
 
 @pytest.mark.slow
 def test_one_cache_serves_every_backend(tmp_path: Path) -> None:
     """The example on all three backends: one shared cache, each beats persistence."""
-    argv = ["--samples", "256", "--steps", "150", "--width", "8", "--rollout", "20"]
+    argv = ["--trajectories", "10", "--steps", "150", "--width", "8", "--rollout", "20"]
     argv += ["--out-of-core", "--out", str(tmp_path)]
-    cache = tmp_path / "cache-256.zarr"
+    cache = tmp_path / "cache-10.zarr"
     stamps: dict[str, float] | None = None
     for backend in BACKENDS:
         result = fe.main(["--backend", backend, *argv])
@@ -86,7 +91,8 @@ def test_one_cache_serves_every_backend(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_kill_resume_is_exact(backend: str, field_cache: str, tmp_path: Path) -> None:
-    """SIGKILL after step 10 of 16; the resumed run has the uninterrupted run's bytes."""
+    """SIGKILL after step 10 of 16 of the example's rollout training; the resumed run has
+    the uninterrupted run's bytes."""
     steps, directory = 16, tmp_path / "ckpt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "KERAS_BACKEND": "jax"}
     proc = subprocess.run(
@@ -97,13 +103,12 @@ def test_kill_resume_is_exact(backend: str, field_cache: str, tmp_path: Path) ->
         timeout=600,
     )
     assert proc.returncode == -9, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
-    train, val = split(CachedDataset(field_cache), (0.9, 0.1), seed=0)
-    norm = fe.channel_normalizer(train)
+    rollout = fe.rollout_setting(fe.TRAINING, steps)
+    train, val, norm = fe.training_data(CachedDataset(field_cache), rollout)
     policy = Checkpoint(directory, every_n_steps=4, max_to_keep=None)
-    resumed = fe.training_loop(
-        backend, train, val, norm, steps=steps, checkpoint=policy, **SMALL
-    ).run()
-    reference = fe.training_loop(backend, train, val, norm, steps=steps, **SMALL).run()
+    kwargs = {"steps": steps, "rollout": rollout, **SMALL}
+    resumed = fe.training_loop(backend, train, val, norm, checkpoint=policy, **kwargs).run()
+    reference = fe.training_loop(backend, train, val, norm, **kwargs).run()
     assert resumed.resumed_from_step in (4, 8)
     assert resumed.model.serialize_weights() == reference.model.serialize_weights()
     steps_seen, losses = resumed.history.series("loss")

@@ -1,9 +1,11 @@
 """Cycle handoff per backend: simulate → cache → train an emulator → register → load →
 NeuralForward → a 50-step Cycle rollout that tracks the simulator's.
 
-This is `examples/emulator.py` run with a reduced budget; the relative trajectory error
-over 5 held-out initial states must stay below 15%. Measured at 2500 steps: equinox
-and lightning ~1-3%, keras ~9% (its default initialisation learns this map more slowly).
+This is `examples/emulator.py` run with a reduced budget (80 trajectories, 2500 updates,
+its default curriculum rollout training); the relative trajectory error over 5 held-out
+initial states must stay below 5%. Measured (2026-12-06): equinox 0.55%, lightning
+0.63%, keras 0.53% (trained one step at a time on independent states, before the example
+trained through its rollout: 1-3% and, on keras, about 9%).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 import emulator
 import pytest
 
-TOLERANCE = 0.15
+TOLERANCE = 0.05
 
 
 @pytest.mark.parametrize(
@@ -26,7 +28,7 @@ TOLERANCE = 0.15
 )
 def test_emulator_rollout_tracks_the_simulator(backend: str, tmp_path: Path) -> None:
     result = emulator.main(
-        ["--backend", backend, "--steps", "2500", "--samples", "4096", "--out", str(tmp_path)]
+        ["--backend", backend, "--steps", "2500", "--trajectories", "80", "--out", str(tmp_path)]
     )
     print(f"{backend}: relative trajectory error {result['rollout_error']:.3%}")
     assert result["rollout_error"] < TOLERANCE
