@@ -6,6 +6,7 @@ uv run python benchmarks/bench_rollout_training.py                    # 3 seeds,
 uv run python benchmarks/bench_rollout_training.py --quick --json /tmp/rt.json   # run_all
 uv run python benchmarks/bench_rollout_training.py --markdown benchmarks/rollout-training.md
 uv run python benchmarks/bench_rollout_training.py --backends torch   # one pair only
+uv run python benchmarks/bench_rollout_training.py --backends keras lightning  # two pairs
 ```
 
 `--markdown` rewrites the tables of that page and keeps what follows its notes marker
@@ -50,6 +51,27 @@ they start from the same weights (not the Equinox pair's: another generator), an
 run torch on one intra-op thread (`torch.set_num_threads(1)` in their own thread). The
 hand loop is eager and synchronous on the CPU, so its clock reads need no wait.
 
+**The keras pair.** `library`: the same `TrainingLoop` with
+`KerasModelOp("pipekit_train.keras.testing:mlp", ...)` and its default adapter (`Keras()`:
+`model.fit`, one step per execution, XLA) on Keras's jax backend; `hand`: the Equinox
+pair's optax reference (`hand_equinox` again, the same rounds and seeds). Keras reads its
+backend at its first import, so the script sets `KERAS_BACKEND=jax` at its top, before
+anything imports keras (`os.environ.setdefault`: an explicit `KERAS_BACKEND` is kept, and
+a non-jax one is not this pair). Keras's `mlp` draws its initial weights from Keras's own
+generator (the same uniform `±1/sqrt(fan_in)` family, other numbers), so the two sides
+start from different weights: the errors are compared as ranges over the seeds.
+
+**The lightning pair.** `library`: the same `TrainingLoop` with
+`LightningModelOp("pipekit_train.lightning.testing:mlp", ...)` and its default adapter
+(`Lightning()`: a real Lightning `Trainer.fit`, no `adapter=` argument); `hand`: the torch
+pair's plain-torch reference (`hand_torch` again). Both start from the same weights
+(`torch.manual_seed(seed)`, as in the torch pair) and run torch on one thread.
+
+Every library side is `_library(model, ...)`: the same `TrainingLoop(...)`, only the model
+operator and the adapter differ. On every backend the run's metric log calls each
+writer's `write(step, metrics)` for every step at each flush (every `log_every_n_steps =
+50` updates), so the `_Ticks` writer reads the clock at the same updates on all of them.
+
 `--backends torch` runs one pair; with `--markdown` the rows of the other pairs already on
 the page are kept, with the line that says how they were measured. Another backend joins
 through `SIDES` below (each side takes `(train, seed, args, clock)` and returns the trained
@@ -71,6 +93,9 @@ from typing import Any
 import numpy as np
 from _shared import apply_quick, interleaved_round, row, write_rows
 
+# Keras fixes its backend at its first import: the keras pair runs on jax (set before anything
+# imports keras; an explicit KERAS_BACKEND is kept)
+os.environ.setdefault("KERAS_BACKEND", "jax")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -100,24 +125,17 @@ class _Ticks:
         self.clock.tick(step)
 
 
-def library_equinox(
-    train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
+def _library(
+    model: Any, train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any, adapter: Any
 ) -> Callable[[np.ndarray, int], np.ndarray]:
-    """Train with `TrainingLoop(rollout=Rollout(...))`; the trained emulator's rollout."""
+    """Train `model` with `TrainingLoop(rollout=Rollout(...))` on `adapter` (None: the
+    model operator's default); the trained emulator's rollout. Every library side."""
     from pipekit_train.core import NeuralForward, Rollout, TrainingLoop, TrajectoryWindows
-    from pipekit_train.equinox import EquinoxModelOp
 
     windows = TrajectoryWindows(train, k=K, targets="increments")
     normalizer = windows.normalizer()
     artifact = TrainingLoop(
-        model=EquinoxModelOp(
-            "pipekit_train.equinox.testing:mlp",
-            in_size=lorenz96.N,
-            out_size=lorenz96.N,
-            width=WIDTH,
-            depth=DEPTH,
-            seed=seed,
-        ),
+        model=model,
         data=windows,
         normalizer=normalizer,
         rollout=Rollout(steps=K, residual=True),
@@ -126,12 +144,43 @@ def library_equinox(
         batch_size=BATCH,
         max_steps=args.updates,
         seed=seed,
+        adapter=adapter,
         writers=[_Ticks(clock)],
         log_every_n_steps=FLUSH,
         progress=False,
     ).run()
     forward = NeuralForward(artifact.model, normalizer=normalizer, residual=True)
     return lambda x0, n: forward.rollout(x0, n)
+
+
+def _mlp(op: Callable[..., Any], backend: str, seed: int) -> Any:
+    """The 20 → 128 → 128 → 20 tanh MLP of `pipekit_train.<backend>.testing:mlp` as `op`."""
+    return op(
+        f"pipekit_train.{backend}.testing:mlp",
+        in_size=lorenz96.N,
+        out_size=lorenz96.N,
+        width=WIDTH,
+        depth=DEPTH,
+        seed=seed,
+    )
+
+
+def library_equinox(
+    train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
+) -> Callable[[np.ndarray, int], np.ndarray]:
+    """The library on Equinox (`EquinoxModelOp`, its default adapter `Equinox()`)."""
+    from pipekit_train.equinox import EquinoxModelOp
+
+    return _library(_mlp(EquinoxModelOp, "equinox", seed), train, seed, args, clock, None)
+
+
+def library_keras(
+    train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
+) -> Callable[[np.ndarray, int], np.ndarray]:
+    """The library on Keras, jax backend (`KerasModelOp`, its default adapter `Keras()`)."""
+    from pipekit_train.keras import KerasModelOp
+
+    return _library(_mlp(KerasModelOp, "keras", seed), train, seed, args, clock, None)
 
 
 def hand_equinox(
@@ -174,37 +223,21 @@ def _torch_one_thread() -> None:
 def library_torch(
     train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
 ) -> Callable[[np.ndarray, int], np.ndarray]:
-    """Train with `TrainingLoop(rollout=..., adapter=Torch())`; the trained emulator's rollout."""
+    """The library on plain torch (`LightningModelOp`, `adapter=Torch()`)."""
     _torch_one_thread()
-    from pipekit_train.core import NeuralForward, Rollout, TrainingLoop, TrajectoryWindows
     from pipekit_train.lightning import LightningModelOp, Torch
 
-    windows = TrajectoryWindows(train, k=K, targets="increments")
-    normalizer = windows.normalizer()
-    artifact = TrainingLoop(
-        model=LightningModelOp(
-            "pipekit_train.lightning.testing:mlp",
-            in_size=lorenz96.N,
-            out_size=lorenz96.N,
-            width=WIDTH,
-            depth=DEPTH,
-            seed=seed,
-        ),
-        data=windows,
-        normalizer=normalizer,
-        rollout=Rollout(steps=K, residual=True),
-        loss="mse",
-        optimizer_config={"name": "adam", "lr": LR},
-        batch_size=BATCH,
-        max_steps=args.updates,
-        seed=seed,
-        adapter=Torch(),
-        writers=[_Ticks(clock)],
-        log_every_n_steps=FLUSH,
-        progress=False,
-    ).run()
-    forward = NeuralForward(artifact.model, normalizer=normalizer, residual=True)
-    return lambda x0, n: forward.rollout(x0, n)
+    return _library(_mlp(LightningModelOp, "lightning", seed), train, seed, args, clock, Torch())
+
+
+def library_lightning(
+    train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
+) -> Callable[[np.ndarray, int], np.ndarray]:
+    """The library on Lightning (`LightningModelOp`, its default adapter `Lightning()`)."""
+    _torch_one_thread()
+    from pipekit_train.lightning import LightningModelOp
+
+    return _library(_mlp(LightningModelOp, "lightning", seed), train, seed, args, clock, None)
 
 
 def hand_torch(
@@ -236,8 +269,15 @@ def hand_torch(
 SIDES: list[tuple[str, Callable[..., Any], Callable[..., Any]]] = [
     ("equinox", library_equinox, hand_equinox),
     ("torch", library_torch, hand_torch),
+    ("keras", library_keras, hand_equinox),
+    ("lightning", library_lightning, hand_torch),
 ]
-HAND_LABEL = {"equinox": "equinox + optax", "torch": "plain torch"}
+HAND_LABEL = {
+    "equinox": "equinox + optax",
+    "torch": "plain torch",
+    "keras": "equinox + optax",
+    "lightning": "plain torch",
+}
 
 
 def lead_errors(rollout: Callable[[np.ndarray, int], np.ndarray], test: np.ndarray, horizon: int):
@@ -431,6 +471,8 @@ def markdown(
     )
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load = ", ".join(f"{v:.1f}" for v in LOAD_AT_START)
+    # the clock and the budget of the kept rows are their own run's, not this one's
+    kept_note = "; the kept rows: as measured above" if kept else ""
     return "\n".join(
         [
             "# Rollout training against a hand-written reference",
@@ -455,14 +497,14 @@ def markdown(
                 if kept
                 else []
             ),
-            f"The cost of one k = 4 update ({args.timer} clock; best over the rounds; the "
+            f"The cost of one k = 4 update ({args.timer} clock{kept_note}; best over the rounds; the "
             f"ratio is paired per round, median; target ≤ {TARGET}×):",
             "",
             table(rows, kept).split("\n\n")[0],
             "",
             f"The errors per lead time after {args.updates} updates (nRMSE over "
             f"{TEST_TRAJ} held-out trajectories × {len(TEST_STARTS)} starts; one Lyapunov "
-            "time is about 13 steps; mean and range over the seeds):",
+            f"time is about 13 steps; mean and range over the seeds{kept_note}):",
             "",
             table(rows, kept).split("\n\n")[1],
             "",
