@@ -7,6 +7,7 @@ uv run python benchmarks/bench_rollout_training.py --quick --json /tmp/rt.json  
 uv run python benchmarks/bench_rollout_training.py --markdown benchmarks/rollout-training.md
 uv run python benchmarks/bench_rollout_training.py --backends torch   # one pair only
 uv run python benchmarks/bench_rollout_training.py --backends keras lightning  # two pairs
+uv run python benchmarks/bench_rollout_training.py --backends lightning-trainer
 ```
 
 `--markdown` rewrites the tables of that page and keeps what follows its notes marker
@@ -66,6 +67,20 @@ start from different weights: the errors are compared as ranges over the seeds.
 (`Lightning()`: a real Lightning `Trainer.fit`, no `adapter=` argument); `hand`: the torch
 pair's plain-torch reference (`hand_torch` again). Both start from the same weights
 (`torch.manual_seed(seed)`, as in the torch pair) and run torch on one thread.
+
+**The lightning-trainer pair.** `library`: the lightning pair's library side
+(`library_lightning` again: `Lightning()`, a real `Trainer.fit`); `hand`:
+`reference_rollout_lightning.py`, the plain-torch reference's training written by hand as
+a Lightning user writes it (no pipekit code): a `LightningModule` whose `training_step`
+does the k = 4 rollout and returns the loss, `configure_optimizers` returning
+`torch.optim.Adam`, fitted by `lightning.Trainer(max_steps=..., accelerator="cpu",
+devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+enable_model_summary=False)` over a plain iterable of the plain-torch reference's batches
+(same windows, statistics, step, loss, batch order and initial weights: it imports them).
+Both sides pay Lightning's own loop and hooks, so this pair measures the library's part of
+the lightning pair's cost. The hand side's clock reads come from its module's
+`on_train_batch_end` (after the optimizer step; eager on the CPU, no wait), and both run
+torch on one thread.
 
 Every library side is `_library(model, ...)`: the same `TrainingLoop(...)`, only the model
 operator and the adapter differ. On every backend the run's metric log calls each
@@ -265,18 +280,46 @@ def hand_torch(
     return lambda x0, n: hand_pt.rollout(model, stats, x0, n)
 
 
+def hand_lightning(
+    train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
+) -> Callable[[np.ndarray, int], np.ndarray]:
+    """Train with the hand-written Lightning module and `Trainer`; the trained emulator's
+    rollout."""
+    _torch_one_thread()
+    import reference_rollout_lightning as hand_pl
+
+    def on_update(i: int, loss: Any) -> None:
+        if i % args.chunk == 0:  # on the CPU the update has finished: read the clock
+            clock.tick(i)
+
+    model, stats = hand_pl.train(
+        train,
+        k=K,
+        updates=args.updates,
+        batch_size=BATCH,
+        lr=LR,
+        width=WIDTH,
+        depth=DEPTH,
+        seed=seed,
+        on_update=on_update,
+    )
+    return lambda x0, n: hand_pl.rollout(model, stats, x0, n)
+
+
 # (backend, library side, hand-written side)
 SIDES: list[tuple[str, Callable[..., Any], Callable[..., Any]]] = [
     ("equinox", library_equinox, hand_equinox),
     ("torch", library_torch, hand_torch),
     ("keras", library_keras, hand_equinox),
     ("lightning", library_lightning, hand_torch),
+    ("lightning-trainer", library_lightning, hand_lightning),
 ]
 HAND_LABEL = {
     "equinox": "equinox + optax",
     "torch": "plain torch",
     "keras": "equinox + optax",
     "lightning": "plain torch",
+    "lightning-trainer": "hand-written Lightning Trainer",
 }
 
 
@@ -483,8 +526,8 @@ def markdown(
             "start), CPU only. Lorenz-96 (20 variables), a 20 → 128 → 128 → 20 tanh MLP, "
             f"k = {K}, batches of {BATCH}, adam 1e-3; one round per seed (seeds 0.."
             f"{args.rounds - 1}). What each side is, and how it is timed, is in the "
-            "script's docstring; the hand-written sides are `reference_rollout_optax.py` "
-            "and `reference_rollout_torch.py`.",
+            "script's docstring; the hand-written sides are `reference_rollout_optax.py`, "
+            "`reference_rollout_torch.py` and `reference_rollout_lightning.py`.",
             "",
             *(
                 [
