@@ -532,10 +532,10 @@ def markdown(
             *(
                 [
                     f"The rows of {', '.join(sorted({r.split('|')[1].strip() for r in kept}))} "
-                    "are kept from an earlier run of the page:",
+                    f"are kept from {'earlier runs' if len(kept_how) > 1 else 'an earlier run'} "
+                    "of the page:",
                     "",
-                    *kept_how,
-                    "",
+                    *[part for line in kept_how for part in (line, "")],
                 ]
                 if kept
                 else []
