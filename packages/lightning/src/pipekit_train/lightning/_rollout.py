@@ -149,6 +149,12 @@ class TorchRolloutLoss:
         self.rollout = rollout
         self.spec = rollout_spec(normalizer, rollout.residual, state_ndim)
         self.loss_fn = loss_fn
+        # Made once and reused by every update (torch runs the loss eagerly, so building
+        # them per update was per-step host work): the statistics as tensors per (dtype,
+        # device), and the bound step per (state shape, dtype, device). The same values
+        # as building them afresh, so the loss is unchanged to the bit.
+        self._constants: dict[tuple[Any, Any], Callable[[np.ndarray], Any]] = {}
+        self._steps: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
     @classmethod
     def of(cls, plan: Any, loss_fn: Callable[[Any, Any], Any]) -> TorchRolloutLoss | None:
@@ -163,15 +169,56 @@ class TorchRolloutLoss:
         self, model_fn: Callable[[Any], Any], batch: Mapping[str, Any], k: int, noise: Any = None
     ) -> tuple[Any, Any]:
         """`(loss, predicted targets (B, k, ...))` of a `k`-step rollout of `batch`."""
-        x = batch["x"]
+        return self._loss(model_fn, batch, k, noise, predictions=True)
+
+    def _constant(self, dtype: torch.dtype, device: torch.device) -> Callable[[np.ndarray], Any]:
+        """float64 numpy constant → a tensor of `dtype` on `device`, memoised per array.
+
+        The arrays are the spec's cached statistics (the same objects every update); a
+        memo entry keeps its array alive, so its `id` is not reused while it is cached.
+        """
+        key = (dtype, device)
+        fn = self._constants.get(key)
+        if fn is not None:
+            return fn
+        memo: dict[int, tuple[np.ndarray, Any]] = {}
 
         def constant(a: np.ndarray) -> Any:
-            return torch.tensor(np.array(a), device=x.device).to(x.dtype)
+            hit = memo.get(id(a))
+            if hit is not None and hit[0] is a:
+                return hit[1]
+            t = torch.tensor(np.array(a), device=device).to(dtype)
+            if len(memo) >= 64:  # only ever a handful; never grow without bound
+                memo.clear()
+            memo[id(a)] = (a, t)
+            return t
 
+        self._constants[key] = constant
+        return constant
+
+    def _loss(
+        self,
+        model_fn: Callable[[Any], Any],
+        batch: Mapping[str, Any],
+        k: int,
+        noise: Any,
+        *,
+        predictions: bool,
+    ) -> tuple[Any, Any]:
+        x = batch["x"]
+        xp = array_api_compat.array_namespace(x)
+        constant = self._constant(x.dtype, x.device)
+        shape = tuple(x.shape[1:])
+        key = (shape, x.dtype, x.device)
+        step = self._steps.get(key)
+        if step is None:
+            step = self.spec.bind(xp, state_shape=shape, out_shape=shape, constant=constant)
+            self._steps[key] = step
+        dtype = x.dtype
         return rollout_loss(
-            array_api_compat.array_namespace(x),
+            xp,
             spec=self.spec,
-            model_fn=lambda state: model_fn(state).to(x.dtype),
+            model_fn=lambda state: model_fn(state).to(dtype),
             x=x,
             y=batch["y"],
             weights=self.rollout.step_weights(k),
@@ -180,6 +227,8 @@ class TorchRolloutLoss:
             detach=_detach,
             noise=noise,
             constant=constant,
+            step=step,
+            predictions=predictions,
         )
 
     def train_loss(
@@ -193,7 +242,8 @@ class TorchRolloutLoss:
             def model_fn(state: Any) -> Any:
                 return torch.utils.checkpoint.checkpoint(inner, state, use_reentrant=False)
 
-        return self.predict(model_fn, batch, k, batch.get(NOISE_KEY))[0]
+        # only the loss: the predicted targets (validation's) are not built per update
+        return self._loss(model_fn, batch, k, batch.get(NOISE_KEY), predictions=False)[0]
 
     def eval_loss(
         self, model_fn: Callable[[Any], Any], batch: Mapping[str, Any]

@@ -79,6 +79,8 @@ def rollout_loss(
     detach: Callable[[Any], Any] = lambda a: a,
     noise: Any = None,
     constant: Callable[[np.ndarray], Any] | None = None,
+    step: Callable[..., Any] | None = None,
+    predictions: bool = True,
 ) -> tuple[Any, Any]:
     """The weighted `k`-step rollout loss of one batch, and the predicted targets.
 
@@ -96,17 +98,25 @@ def rollout_loss(
         noise: Gaussian noise of `x`'s shape in normalised units of the state (already
             scaled by `noise_std`), added to `x_0`; None: none.
         constant: float64 numpy constant → an array of `x`'s library, dtype and device.
+        step: `spec.bind(xp, state_shape=..., out_shape=..., constant=constant)` bound
+            already (an eager backend binds it once per shape instead of every update);
+            None: bound here.
+        predictions: also build the predicted targets; False (a training step that only
+            needs the loss) skips their per-step arithmetic and returns None for them. The
+            loss is the same either way: the predictions are not part of it.
 
     Returns:
         `(loss, predicted targets)`: the weighted mean of the per-step losses, and the
-        predictions in `y`'s representation and units, `(B, k, *state)`.
+        predictions in `y`'s representation and units, `(B, k, *state)` (None with
+        `predictions=False`).
     """
     to = constant or xp.asarray
     k = len(weights)
     state_shape = tuple(x.shape[1:])
     if y.ndim == x.ndim:
         y = xp.expand_dims(y, axis=1)
-    step = spec.bind(xp, state_shape=state_shape, out_shape=state_shape, constant=to)
+    if step is None:
+        step = spec.bind(xp, state_shape=state_shape, out_shape=state_shape, constant=to)
     x_map, y_map = spec.maps(state_shape, state_shape)
     if x_map is None or y_map is None:
 
@@ -140,9 +150,16 @@ def rollout_loss(
         nxt = step(model_fn, state)
         if backprop == "last" and i < k - 1:
             nxt = detach(nxt)
-        total = total + float(weights[i]) * loss_fn(norm_x(nxt), norm_x(truth))
-        predicted.append(norm_y(nxt - previous) if spec.residual else norm_y(nxt))
+        term = loss_fn(norm_x(nxt), norm_x(truth))
+        weight = float(weights[i])
+        # `1.0 * term` is `term` exactly, so for the default unit weights the multiply (and
+        # its backward: an eager op each) is skipped; the `0.0 + ...` above still gives
+        # `total` the same dtype as before on every namespace
+        total = total + (term if weight == 1.0 else weight * term)
+        if predictions:
+            predicted.append(norm_y(nxt - previous) if spec.residual else norm_y(nxt))
         previous = state = nxt
         if not isinstance(backprop, str) and (i + 1) % int(backprop) == 0 and i < k - 1:
             state = detach(state)
-    return total / float(sum(weights)), xp.stack(predicted, axis=1)
+    loss = total / float(sum(weights))
+    return loss, (xp.stack(predicted, axis=1) if predictions else None)
