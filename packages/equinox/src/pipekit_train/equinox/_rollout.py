@@ -12,6 +12,7 @@ shape) reuses one compilation.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -146,6 +147,17 @@ class RolloutLoss:
         self.accumulate = int(accumulate)
         self.stages = rollout.stages()
 
+    @property
+    def lengths(self) -> list[int]:
+        """The rollout lengths of the schedule's stages (one without a schedule)."""
+        return [k for _, k in self.stages]
+
+    def at_length(self, k: int) -> RolloutLoss:
+        """This loss with the length fixed at `k` (the step for one stage of a schedule)."""
+        fixed = copy.copy(self)
+        fixed.stages = [(0, int(k))]
+        return fixed
+
     def cache_key(self) -> tuple[Any, ...] | None:
         """A value that names this loss for sharing compiled steps (None: do not share)."""
         norm: Any = None
@@ -162,6 +174,7 @@ class RolloutLoss:
             )
         return (
             repr(sorted(self.rollout.to_json().items())),
+            tuple(self.stages),  # `at_length` fixes one stage of the schedule
             self.seed,
             self.accumulate,
             self.spec.state_ndim,

@@ -112,23 +112,35 @@ class EquinoxBackend(StepBackend[FlatState]):
             shardings = self.placement.state_shardings(self._template, self.optimizer.transform)
         self._shardings = shardings
         model = self._template.model
-        self.fns = step_functions(
-            self._template,
-            optimizer_key=self.optimizer.cache_key(plan.optimizer_config),
-            loss_fn=plan.loss,
-            optimizer=self.optimizer.transform,
-            policy=self.policy,
-            batched=self.op.batched,
-            use_key=takes_key(model) and has_stochastic_layers(model),
-            state_shardings=shardings,
-            data_sharding=self.placement.data_sharding,
-            stacked_sharding=self.placement.stacked_sharding,
-            replicated=self.placement.replicated,
-            skip_nonfinite=plan.on_nonfinite == "skip",
-            accumulate=plan.accumulate_grad_batches,
-            grad_norm=plan.log_grad_norm,
-            rollout=self._rollout_loss(plan),
-        )
+        options: dict[str, Any] = {
+            "optimizer_key": self.optimizer.cache_key(plan.optimizer_config),
+            "loss_fn": plan.loss,
+            "optimizer": self.optimizer.transform,
+            "policy": self.policy,
+            "batched": self.op.batched,
+            "use_key": takes_key(model) and has_stochastic_layers(model),
+            "state_shardings": shardings,
+            "data_sharding": self.placement.data_sharding,
+            "stacked_sharding": self.placement.stacked_sharding,
+            "replicated": self.placement.replicated,
+            "skip_nonfinite": plan.on_nonfinite == "skip",
+            "accumulate": plan.accumulate_grad_batches,
+            "grad_norm": plan.log_grad_norm,
+        }
+        rollout = self._rollout_loss(plan)
+        self.fns = step_functions(self._template, rollout=rollout, **options)
+        # A rollout schedule of several lengths: one compiled step per length as well,
+        # chosen on the host from the step counter (`_steps_for`). The step that chooses
+        # on the device (`lax.switch` over the lengths, `self.fns`) stays for fused steps
+        # whose updates straddle a stage boundary: on the CPU a switch around the conv
+        # net's forward and backward passes cost 10x the fixed-length step.
+        self._by_length: dict[int, Any] | None = None
+        if rollout is not None and len(rollout.lengths) > 1:
+            self._by_length = {
+                k: step_functions(self._template, rollout=rollout.at_length(k), **options)
+                for k in rollout.lengths
+            }
+        self._counted: tuple[list[Any], int] | None = None  # (leaves, their step counter)
         self._copy = (
             _copy_leaves if shardings is None else jax.jit(_fresh_copies, out_shardings=shardings)
         )
@@ -239,14 +251,45 @@ class EquinoxBackend(StepBackend[FlatState]):
         return fetch_to_host(values)
 
     # -- steps -------------------------------------------------------------------------
+    def _steps_for(self, leaves: list[Any], batches: int) -> tuple[Any, int]:
+        """The compiled steps for the next `batches` batches from `leaves`, and the step
+        counter of `leaves`.
+
+        Without a multi-length rollout schedule: `self.fns`. With one: the step of the
+        stage's fixed length when all `batches` fall in one stage, else the switching
+        step. The counter is the device's (read once, a sync) unless `leaves` are the
+        ones this backend's last step returned, whose counter it kept.
+        """
+        counted = self._counted
+        if counted is not None and counted[0] is leaves:
+            counter = counted[1]
+        else:
+            counter = int(np.asarray(jax.device_get(leaves[self._step_index])))
+        assert self._by_length is not None and self.plan.rollout is not None
+        m = self.plan.accumulate_grad_batches
+        first = self.plan.rollout.steps_at(counter // m)
+        last = self.plan.rollout.steps_at((counter + batches - 1) // m)
+        return (self._by_length[first] if first == last else self.fns), counter
+
     def train_step(self, state: FlatState, batch: Any) -> tuple[FlatState, dict[str, Any]]:
         """One optimizer step; the metrics stay on the device."""
-        leaves, metrics = self.fns.train_step(state.leaves, batch)
+        if self._by_length is None:
+            leaves, metrics = self.fns.train_step(state.leaves, batch)
+            return FlatState(leaves), metrics
+        fns, counter = self._steps_for(state.leaves, 1)
+        leaves, metrics = fns.train_step(state.leaves, batch)
+        self._counted = (leaves, counter + 1)
         return FlatState(leaves), metrics
 
     def train_steps(self, state: FlatState, stacked: Any) -> tuple[FlatState, dict[str, Any]]:
         """K fused steps over K stacked batches; metrics of shape `(K,)`."""
-        leaves, metrics = self.fns.train_steps(state.leaves, stacked)
+        if self._by_length is None:
+            leaves, metrics = self.fns.train_steps(state.leaves, stacked)
+            return FlatState(leaves), metrics
+        batches = int(jax.tree_util.tree_leaves(stacked)[0].shape[0])
+        fns, counter = self._steps_for(state.leaves, batches)
+        leaves, metrics = fns.train_steps(state.leaves, stacked)
+        self._counted = (leaves, counter + batches)
         return FlatState(leaves), metrics
 
     def eval_batch(self, state: FlatState, batch: Mapping[str, np.ndarray]) -> tuple[Any, Any]:
