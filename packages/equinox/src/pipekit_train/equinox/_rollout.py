@@ -155,7 +155,7 @@ class RolloutLoss:
     def at_length(self, k: int) -> RolloutLoss:
         """This loss with the length fixed at `k` (the step for one stage of a schedule)."""
         fixed = copy.copy(self)
-        fixed.stages = [(0, int(k))]
+        fixed.stages = ((0, int(k)),)
         return fixed
 
     def cache_key(self) -> tuple[Any, ...] | None:
