@@ -22,7 +22,7 @@ from pipekit_train.core import (
     TrajectoryWindows,
     losses,
 )
-from pipekit_train.equinox import EquinoxModelOp
+from pipekit_train.equinox import Equinox, EquinoxModelOp
 from pipekit_train.equinox._rollout import RolloutLoss
 
 D = 3
@@ -180,3 +180,26 @@ def test_rollout_monitor_on_a_rollout_trained_run_scores_the_one_step_emulator()
     want = rollout_validation(NeuralForward(art.model, norm, residual=True), held_out, 10)
     np.testing.assert_allclose(values[-1], want.metrics["val_rollout_nrmse_lead_1_10"], rtol=1e-5)
     assert values[-1] != pytest.approx(monitor.persistence.metrics["val_rollout_nrmse_lead_1_10"])
+
+
+@pytest.mark.parametrize("fused", [2, 3])
+def test_a_schedule_picks_each_updates_length_fused_or_not(fused: int) -> None:
+    """A schedule's updates run the step of their length, chosen on the host (one
+    update at a time; or K fused updates in one stage), or the on-device switch (K fused
+    updates across a change of length, `fused=2` here): the same training either way."""
+    windows = TrajectoryWindows(_states(), k=4, targets="increments")
+    norm = windows.normalizer()
+    spec = Rollout(steps=4, residual=True, schedule={0: 1, 3: 2, 6: 4})
+    kw = {"normalizer": norm, "shuffle": True, "max_steps": 12}
+    one = _loop(windows, spec, **kw).run()
+    many = _loop(windows, spec, adapter=Equinox(steps_per_execution=fused), **kw).run()
+    np.testing.assert_allclose(many.history["loss"], one.history["loss"], rtol=1e-5)
+    for x, y in zip(
+        jax.tree.leaves(eqx.filter(one.model.model, eqx.is_array)),
+        jax.tree.leaves(eqx.filter(many.model.model, eqx.is_array)),
+        strict=True,
+    ):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+    # the per-update length: the k = 1 stage's loss is the one-step loss of its batch
+    fixed = _loop(windows, Rollout(steps=1, residual=True), **{**kw, "max_steps": 3}).run()
+    np.testing.assert_allclose(one.history["loss"][:3], fixed.history["loss"], rtol=1e-6)
