@@ -132,8 +132,9 @@ class EquinoxBackend(StepBackend[FlatState]):
         # A rollout schedule of several lengths: one compiled step per length as well,
         # chosen on the host from the step counter (`_steps_for`). The step that chooses
         # on the device (`lax.switch` over the lengths, `self.fns`) stays for fused steps
-        # whose updates straddle a stage boundary: on the CPU a switch around the conv
-        # net's forward and backward passes cost 10x the fixed-length step.
+        # whose updates straddle a stage boundary: on the CPU a switch around a conv
+        # net's forward and backward passes cost 3-10x the fixed-length step
+        # (benchmarks/bench_rollout_schedule.py).
         self._by_length: dict[int, Any] | None = None
         if rollout is not None and len(rollout.lengths) > 1:
             self._by_length = {

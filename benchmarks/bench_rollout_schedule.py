@@ -1,0 +1,136 @@
+"""A rollout schedule on Equinox: each update's step chosen on the host, against the
+on-device switch it replaced and the fixed-length steps (issue 32; not part of the tests).
+
+```bash
+uv run python benchmarks/bench_rollout_schedule.py                 # 300 updates a case
+uv run python benchmarks/bench_rollout_schedule.py --quick --json /tmp/rs.json   # run_all
+```
+
+The field emulator's conv net (`examples/field_emulator.py`: 32×32 periodic grid, two
+fields, width 16, depth 3) trained through its rollout on 8 simulated trajectories,
+batches of 32, adam. Four cases, one after another in one process:
+
+- `fixed k=2`: `Rollout(steps=2)`;
+- `schedule at k=2 (host)`: `Rollout(steps=4, schedule={0: 2, 10**6: 4})`, so every
+  timed update is at length 2; the library's path (the step compiled for length 2, chosen
+  on the host from the step counter);
+- `schedule at k=2 (switch)`: the same schedule with the backend's fixed-length steps
+  removed (`EquinoxBackend._by_length = None`), so every update runs the step that picks
+  its length on the device with a `lax.switch` over the four lengths (the path before the
+  change, and still the one for fused updates that straddle a change of length);
+- `fixed k=4`: `Rollout(steps=4)`.
+
+Each case runs `TrainingLoop.run()` twice and times the second run (its compiled steps are
+cached), wall clock over `--updates` updates, set-up included. The schedule's windows
+carry 4 targets (the longest length), as `fixed k=4`'s do. Ratios are to `fixed k=2`;
+target: the host-chosen step at most 1.2× `fixed k=2`.
+
+Measured 2026-12-06 (quiet 2-core CPU, 300 updates): fixed k=2 83.7 ms, host 89.5 ms
+(1.07×), switch 287.9 ms (3.44×), fixed k=4 156.0 ms (1.86×); on a loaded machine the
+switch had cost 10× (665 against 57 ms). On one TPU v5e chip (the same cases, jax
+0.10.2): 2.85, 4.03, 4.16 and 3.98 ms: there the switch costs little and the schedule's
+larger batches (4 targets) dominate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _shared import row, write_rows
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+import field_emulator as fe  # noqa: E402
+
+from pipekit_train.core import Rollout, TrainingLoop, TrajectoryWindows  # noqa: E402
+from pipekit_train.core.data import Trajectories, fit_trajectory_normalizer  # noqa: E402
+
+SCHEDULE = {0: 2, 10**6: 4}
+TARGET = 1.2  # the host-chosen step against fixed k=2 (its windows carry 4 targets, not 2)
+
+
+def cases() -> list[tuple[str, Rollout, bool]]:
+    """(label, rollout, with the on-device switch only)."""
+    return [
+        ("fixed k=2", Rollout(steps=2, residual=True), False),
+        ("schedule at k=2 (host)", Rollout(steps=4, residual=True, schedule=SCHEDULE), False),
+        ("schedule at k=2 (switch)", Rollout(steps=4, residual=True, schedule=SCHEDULE), True),
+        ("fixed k=4", Rollout(steps=4, residual=True), False),
+    ]
+
+
+def time_case(trajs: Trajectories, norm: Any, rollout: Rollout, switch: bool, n: int) -> float:
+    """Seconds per update of the second of two runs of `n` updates."""
+    from pipekit_train.equinox import _step_backend
+
+    backend = _step_backend.EquinoxBackend
+    original = backend.__init__
+
+    def switch_only(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self._by_length = None
+
+    backend.__init__ = switch_only if switch else original  # type: ignore[method-assign]
+    try:
+        seconds = 0.0
+        for _ in range(2):
+            loop = TrainingLoop(
+                model=fe.model_op("equinox"),
+                data=TrajectoryWindows(trajs, k=rollout.max_steps, targets="increments"),
+                normalizer=norm,
+                rollout=rollout,
+                loss="mse",
+                optimizer_config={"name": "adam", "lr": 1e-3},
+                batch_size=32,
+                max_steps=n,
+                seed=0,
+                progress=False,
+            )
+            start = time.perf_counter()
+            loop.run()
+            seconds = time.perf_counter() - start
+        return seconds / n
+    finally:
+        backend.__init__ = original  # type: ignore[method-assign]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--updates", type=int, default=300)
+    parser.add_argument("--quick", action="store_true", help="60 updates a case")
+    parser.add_argument("--json", help="write run_all rows here")
+    args = parser.parse_args()
+    n = 60 if args.quick else args.updates
+    rng = np.random.default_rng(0)
+    states = [fe.trajectory({"x0": fe.initial_state(rng).astype(np.float32)}) for _ in range(8)]
+    trajs = Trajectories(np.stack(states))
+    norm = fit_trajectory_normalizer(trajs, residual=True)
+    rows, base = [], None
+    for label, rollout, switch in cases():
+        per_update = time_case(trajs, norm, rollout, switch, n)
+        base = per_update if base is None else base
+        print(f"{label:>26}: {1e3 * per_update:8.2f} ms/update ({per_update / base:.2f}x)")
+        host = label == "schedule at k=2 (host)"
+        rows.append(
+            row(
+                "rollout-schedule",
+                label,
+                f"ms per update, second of two runs of {n} updates (ratio: x fixed k=2)",
+                1e3 * per_update,
+                "ms",
+                ratio=per_update / base,
+                target=f"<= {TARGET}" if host else None,
+                ok=per_update / base <= TARGET if host else None,
+            )
+        )
+    if args.json:
+        write_rows(args.json, rows)
+
+
+if __name__ == "__main__":
+    main()
