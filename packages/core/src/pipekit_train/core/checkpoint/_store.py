@@ -265,6 +265,8 @@ class CheckpointStore(ABC):
             score_of: reads the monitored score of a step this store did not commit
                 (from an earlier run); without it such steps have no score.
         """
+        if self.policy.max_to_keep is None:  # every step is kept: no listing to do
+            return []
         steps = self.steps()
         if self.policy.keep_best:
             for s in steps:
