@@ -255,18 +255,18 @@ def library_lightning(
     return _library(_mlp(LightningModelOp, "lightning", seed), train, seed, args, clock, None)
 
 
-def hand_torch(
-    train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
+def _hand_torch_loop(
+    reference: Any, train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
 ) -> Callable[[np.ndarray, int], np.ndarray]:
-    """Train with the hand-written plain-torch loop; the trained emulator's rollout."""
+    """Train with a hand-written torch reference module (`train`/`rollout`, one torch
+    thread); the trained emulator's rollout."""
     _torch_one_thread()
-    import reference_rollout_torch as hand_pt
 
     def on_update(i: int, loss: Any) -> None:
         if i % args.chunk == 0:  # on the CPU the update has finished: read the clock
             clock.tick(i)
 
-    model, stats = hand_pt.train(
+    model, stats = reference.train(
         train,
         k=K,
         updates=args.updates,
@@ -277,7 +277,16 @@ def hand_torch(
         seed=seed,
         on_update=on_update,
     )
-    return lambda x0, n: hand_pt.rollout(model, stats, x0, n)
+    return lambda x0, n: reference.rollout(model, stats, x0, n)
+
+
+def hand_torch(
+    train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
+) -> Callable[[np.ndarray, int], np.ndarray]:
+    """Train with the hand-written plain-torch loop; the trained emulator's rollout."""
+    import reference_rollout_torch
+
+    return _hand_torch_loop(reference_rollout_torch, train, seed, args, clock)
 
 
 def hand_lightning(
@@ -285,25 +294,9 @@ def hand_lightning(
 ) -> Callable[[np.ndarray, int], np.ndarray]:
     """Train with the hand-written Lightning module and `Trainer`; the trained emulator's
     rollout."""
-    _torch_one_thread()
-    import reference_rollout_lightning as hand_pl
+    import reference_rollout_lightning
 
-    def on_update(i: int, loss: Any) -> None:
-        if i % args.chunk == 0:  # on the CPU the update has finished: read the clock
-            clock.tick(i)
-
-    model, stats = hand_pl.train(
-        train,
-        k=K,
-        updates=args.updates,
-        batch_size=BATCH,
-        lr=LR,
-        width=WIDTH,
-        depth=DEPTH,
-        seed=seed,
-        on_update=on_update,
-    )
-    return lambda x0, n: hand_pl.rollout(model, stats, x0, n)
+    return _hand_torch_loop(reference_rollout_lightning, train, seed, args, clock)
 
 
 # (backend, library side, hand-written side)

@@ -5,6 +5,7 @@ resumed run mid-schedule ends with the same bytes."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -51,6 +52,16 @@ def _loop(data: TrajectoryWindows, rollout: Rollout | None, **kw) -> TrainingLoo
     }
     args.update(kw)
     return TrainingLoop(_op(), data, rollout=rollout, **args)
+
+
+def _assert_same_weights(a: Any, b: Any, *, rtol: float, atol: float) -> None:
+    """The array leaves of two artifacts' models agree to the tolerances."""
+    for x, y in zip(
+        jax.tree.leaves(eqx.filter(a.model.model, eqx.is_array)),
+        jax.tree.leaves(eqx.filter(b.model.model, eqx.is_array)),
+        strict=True,
+    ):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("residual", [False, True])
@@ -121,12 +132,7 @@ def test_one_step_rollout_is_one_step_training() -> None:
     a = _loop(windows, Rollout(steps=1), normalizer=norm, max_steps=5).run()
     b = _loop(windows, None, normalizer=norm, max_steps=5).run()
     np.testing.assert_allclose(a.history["loss"], b.history["loss"], rtol=1e-6)
-    for x, y in zip(
-        jax.tree.leaves(eqx.filter(a.model.model, eqx.is_array)),
-        jax.tree.leaves(eqx.filter(b.model.model, eqx.is_array)),
-        strict=True,
-    ):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+    _assert_same_weights(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_resume_mid_schedule_with_noise_is_exact(tmp_path: Path) -> None:
@@ -194,12 +200,7 @@ def test_a_schedule_picks_each_updates_length_fused_or_not(fused: int) -> None:
     one = _loop(windows, spec, **kw).run()
     many = _loop(windows, spec, adapter=Equinox(steps_per_execution=fused), **kw).run()
     np.testing.assert_allclose(many.history["loss"], one.history["loss"], rtol=1e-5)
-    for x, y in zip(
-        jax.tree.leaves(eqx.filter(one.model.model, eqx.is_array)),
-        jax.tree.leaves(eqx.filter(many.model.model, eqx.is_array)),
-        strict=True,
-    ):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+    _assert_same_weights(one, many, rtol=1e-5, atol=1e-6)
     # the per-update length: the k = 1 stage's loss is the one-step loss of its batch
     fixed = _loop(windows, Rollout(steps=1, residual=True), **{**kw, "max_steps": 3}).run()
     np.testing.assert_allclose(one.history["loss"][:3], fixed.history["loss"], rtol=1e-6)
