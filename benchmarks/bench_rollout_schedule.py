@@ -1,8 +1,10 @@
-"""A rollout schedule on Equinox: each update's step chosen on the host, against the
-on-device switch it replaced and the fixed-length steps (issue 32; not part of the tests).
+"""A rollout schedule on Equinox and Keras (jax): each update's step chosen on the host,
+against the on-device switch it replaced and the fixed-length steps (issue 32; not part of
+the tests).
 
 ```bash
 uv run python benchmarks/bench_rollout_schedule.py                 # 300 updates a case
+uv run python benchmarks/bench_rollout_schedule.py --backend keras --updates 100
 uv run python benchmarks/bench_rollout_schedule.py --quick --json /tmp/rs.json   # run_all
 ```
 
@@ -19,6 +21,12 @@ batches of 32, adam. Four cases, one after another in one process:
   its length on the device with a `lax.switch` over the four lengths (the path before the
   change, and still the one for fused updates that straddle a change of length);
 - `fixed k=4`: `Rollout(steps=4)`.
+
+On Keras (`KERAS_BACKEND=jax`, `examples/field_emulator.py`'s Keras conv net) the same
+cases but the switch, which the Keras adapter no longer has: its train function holds
+one jitted step per length and calls the one of each batch. Before that change the
+Keras schedule picked the length with a `lax.switch` inside its one jitted step:
+953 ms per update against 83.5 ms at fixed k=2 (11×, 100 updates, 2026-12-05).
 
 Each case runs `TrainingLoop.run()` twice and times the second run (its compiled steps are
 cached), wall clock over `--updates` updates, set-up included. The schedule's windows
@@ -54,18 +62,25 @@ SCHEDULE = {0: 2, 10**6: 4}
 TARGET = 1.2  # the host-chosen step against fixed k=2 (its windows carry 4 targets, not 2)
 
 
-def cases() -> list[tuple[str, Rollout, bool]]:
-    """(label, rollout, with the on-device switch only)."""
+def cases(backend: str) -> list[tuple[str, Rollout, bool]]:
+    """(label, rollout, with the on-device switch only) of one backend."""
+    switch = [
+        ("schedule at k=2 (switch)", Rollout(steps=4, residual=True, schedule=SCHEDULE), True)
+    ]
     return [
         ("fixed k=2", Rollout(steps=2, residual=True), False),
         ("schedule at k=2 (host)", Rollout(steps=4, residual=True, schedule=SCHEDULE), False),
-        ("schedule at k=2 (switch)", Rollout(steps=4, residual=True, schedule=SCHEDULE), True),
+        *(switch if backend == "equinox" else []),
         ("fixed k=4", Rollout(steps=4, residual=True), False),
     ]
 
 
-def time_case(trajs: Trajectories, norm: Any, rollout: Rollout, switch: bool, n: int) -> float:
+def time_case(
+    backend_name: str, trajs: Trajectories, norm: Any, rollout: Rollout, switch: bool, n: int
+) -> float:
     """Seconds per update of the second of two runs of `n` updates."""
+    if not switch:
+        return _time_runs(backend_name, trajs, norm, rollout, n)
     from pipekit_train.equinox import _step_backend
 
     backend = _step_backend.EquinoxBackend
@@ -75,34 +90,50 @@ def time_case(trajs: Trajectories, norm: Any, rollout: Rollout, switch: bool, n:
         original(self, *args, **kwargs)
         self._by_length = None
 
-    backend.__init__ = switch_only if switch else original  # type: ignore[method-assign]
+    backend.__init__ = switch_only  # type: ignore[method-assign]
     try:
-        seconds = 0.0
-        for _ in range(2):
-            loop = TrainingLoop(
-                model=fe.model_op("equinox"),
-                data=TrajectoryWindows(trajs, k=rollout.max_steps, targets="increments"),
-                normalizer=norm,
-                rollout=rollout,
-                loss="mse",
-                optimizer_config={"name": "adam", "lr": 1e-3},
-                batch_size=32,
-                max_steps=n,
-                seed=0,
-                progress=False,
-            )
-            start = time.perf_counter()
-            loop.run()
-            seconds = time.perf_counter() - start
-        return seconds / n
+        return _time_runs(backend_name, trajs, norm, rollout, n)
     finally:
         backend.__init__ = original  # type: ignore[method-assign]
+
+
+def _run_seconds(backend: str, trajs: Trajectories, norm: Any, rollout: Rollout, n: int) -> float:
+    """Wall seconds of one `TrainingLoop.run()` of `n` updates."""
+    loop = TrainingLoop(
+        model=fe.model_op(backend),
+        data=TrajectoryWindows(trajs, k=rollout.max_steps, targets="increments"),
+        normalizer=norm,
+        rollout=rollout,
+        loss="mse",
+        optimizer_config={"name": "adam", "lr": 1e-3},
+        batch_size=32,
+        max_steps=n,
+        seed=0,
+        progress=False,
+    )
+    start = time.perf_counter()
+    loop.run()
+    return time.perf_counter() - start
+
+
+def _time_runs(backend: str, trajs: Trajectories, norm: Any, rollout: Rollout, n: int) -> float:
+    """Seconds per update: Equinox, the second of two runs of `n` updates (its compiled
+    steps are cached across runs); Keras compiles each run's model anew, so the
+    difference between a run of `2n` and one of `n` updates, over `n`."""
+    if backend == "keras":
+        short = _run_seconds(backend, trajs, norm, rollout, n)
+        return (_run_seconds(backend, trajs, norm, rollout, 2 * n) - short) / n
+    _run_seconds(backend, trajs, norm, rollout, n)
+    return _run_seconds(backend, trajs, norm, rollout, n) / n
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=300)
     parser.add_argument("--quick", action="store_true", help="60 updates a case")
+    parser.add_argument(
+        "--backend", choices=["equinox", "keras", "both"], default="both", help="default: both"
+    )
     parser.add_argument("--json", help="write run_all rows here")
     args = parser.parse_args()
     n = 60 if args.quick else args.updates
@@ -110,24 +141,30 @@ def main() -> None:
     states = [fe.trajectory({"x0": fe.initial_state(rng).astype(np.float32)}) for _ in range(8)]
     trajs = Trajectories(np.stack(states))
     norm = fit_trajectory_normalizer(trajs, residual=True)
-    rows, base = [], None
-    for label, rollout, switch in cases():
-        per_update = time_case(trajs, norm, rollout, switch, n)
-        base = per_update if base is None else base
-        print(f"{label:>26}: {1e3 * per_update:8.2f} ms/update ({per_update / base:.2f}x)")
-        host = label == "schedule at k=2 (host)"
-        rows.append(
-            row(
-                "rollout-schedule",
-                label,
-                f"ms per update, second of two runs of {n} updates (ratio: x fixed k=2)",
-                1e3 * per_update,
-                "ms",
-                ratio=per_update / base,
-                target=f"<= {TARGET}" if host else None,
-                ok=per_update / base <= TARGET if host else None,
+    backends = ["equinox", "keras"] if args.backend == "both" else [args.backend]
+    rows = []
+    for backend in backends:
+        base = None
+        for label, rollout, switch in cases(backend):
+            per_update = time_case(backend, trajs, norm, rollout, switch, n)
+            base = per_update if base is None else base
+            print(
+                f"{backend:>8} {label:>26}: {1e3 * per_update:8.2f} ms/update "
+                f"({per_update / base:.2f}x)"
             )
-        )
+            host = label == "schedule at k=2 (host)"
+            rows.append(
+                row(
+                    "rollout-schedule",
+                    f"{backend}: {label}",
+                    f"ms per update, second of two runs of {n} updates (ratio: x fixed k=2)",
+                    1e3 * per_update,
+                    "ms",
+                    ratio=per_update / base,
+                    target=f"<= {TARGET}" if host else None,
+                    ok=per_update / base <= TARGET if host else None,
+                )
+            )
     if args.json:
         write_rows(args.json, rows)
 

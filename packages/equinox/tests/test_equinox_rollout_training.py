@@ -161,6 +161,15 @@ def test_a_rollout_monitor_sees_one_step_per_application() -> None:
     )
 
 
+def test_a_skipped_update_counts_on_the_schedule() -> None:
+    from pipekit_train.core.testing import check_rollout_schedule_counts_skipped_updates
+
+    check_rollout_schedule_counts_skipped_updates(
+        lambda: EquinoxModelOp("pipekit_train.equinox.testing:mlp", in_size=2, out_size=2, seed=0),
+        None,
+    )
+
+
 def test_rollout_monitor_on_a_rollout_trained_run_scores_the_one_step_emulator() -> None:
     """A `RolloutMonitor` on a rollout-trained run rolls out the emulator one step at a
     time: its last metrics are `rollout_validation` of `NeuralForward` on the final weights."""

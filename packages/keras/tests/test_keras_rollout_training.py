@@ -21,6 +21,7 @@ from pipekit_train.core.testing import (
     check_rollout_monitor_under_rollout,
     check_rollout_prediction,
     check_rollout_resume,
+    check_rollout_schedule_counts_skipped_updates,
 )
 from pipekit_train.keras import Keras, KerasModelOp
 from pipekit_train.keras._rollout_train import RolloutTraining
@@ -135,6 +136,10 @@ def test_one_step_rollout_is_one_step_training() -> None:
 
 def test_a_rollout_monitor_sees_one_step_per_application() -> None:
     check_rollout_monitor_under_rollout(_op2, Keras())
+
+
+def test_a_skipped_update_counts_on_the_schedule() -> None:
+    check_rollout_schedule_counts_skipped_updates(_op2, Keras())
 
 
 def test_accumulation_and_fused_steps_schedule_by_optimizer_update() -> None:

@@ -19,6 +19,7 @@ from pipekit_train.core.testing import (
     check_rollout_monitor_under_rollout,
     check_rollout_prediction,
     check_rollout_resume,
+    check_rollout_schedule_counts_skipped_updates,
     golden_rollout_task,
 )
 from pipekit_train.lightning import Lightning, LightningModelOp, Torch
@@ -48,6 +49,11 @@ def test_the_prediction_inside_training_is_neural_forward_k_times() -> None:
 @pytest.mark.parametrize("name", ["lightning", "torch"])
 def test_one_step_rollout_is_one_step_training(name: str) -> None:
     check_one_step_rollout(_op, ADAPTERS[name]())
+
+
+@pytest.mark.parametrize("name", ["lightning", "torch"])
+def test_a_skipped_update_counts_on_the_schedule(name: str) -> None:
+    check_rollout_schedule_counts_skipped_updates(_op, ADAPTERS[name]())
 
 
 @pytest.mark.parametrize("name", ["lightning", "torch"])

@@ -86,7 +86,10 @@ class FitCallback(keras.callbacks.Callback):
             self.expected = k
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        """Size the first execution (and zero the grad-norm buffer)."""
+        """Size the first execution, start a rollout schedule's clock at the run's
+        update, and zero the grad-norm buffer."""
+        if self.session.handle.rollout is not None:
+            self.session.handle.rollout.start(self.run.step)
         norms = self.session.handle.grad_norms
         if norms is not None:
             norms.reset()

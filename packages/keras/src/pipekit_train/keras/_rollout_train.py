@@ -13,12 +13,15 @@ non-finite policies keep their meaning:
   (`batch["noise"]`, carried in `y`). Keras's own forward pass of `x` is not used (on
   jax XLA drops it; on torch it is one extra forward without backward). The model's
   added losses (regularizers) are added, as Keras adds them to its compiled loss.
-- `model.train_step` first notes the optimizer update being computed
-  (`iterations // accumulate`, from the optimizer's batch counter, so it is in every
-  checkpoint), from which the loss reads the rollout length `rollout.steps_at(update)`:
-  on jax inside the jitted step, `lax.switch` over the schedule's lengths (one branch
-  per length, one compilation); on torch a host int (read from the device only when a
-  schedule has several lengths).
+- the rollout length of each batch, `rollout.steps_at(update)`, is chosen on the host
+  from the run's optimizer updates (`RolloutTraining.start`, then one count per batch:
+  `update = batches // accumulate`, skipped updates included, as Equinox's step counter
+  and `Torch()`'s update count do). On jax the train function holds one jitted step per
+  length of the schedule and calls the one of each batch (Keras's fused executions are a
+  Python loop over that per-batch call, so each batch gets its own); on torch the wrapped
+  `train_step` notes the length before Keras's eager step. A `lax.switch` over the
+  lengths inside one jitted step cost 11x the fixed-length step on the CPU for a conv
+  net (`benchmarks/bench_rollout_schedule.py`).
 - `Rollout(gradient_checkpointing=True)` recomputes each model application in the
   backward pass (`jax.checkpoint` / `torch.utils.checkpoint`), so an update keeps one
   state per step instead of the model's activations.
@@ -102,7 +105,8 @@ class RolloutTraining:
         self.accumulate = int(accumulate)
         self.stages = rollout.stages()
         self.jax = keras.backend.backend() == "jax"
-        self.update: Any = None  # the update of the step being computed (set per step)
+        self.k: int | None = None  # the rollout length of the step being computed (or traced)
+        self.batches: int | None = None  # batches trained so far (`start`, `next_length`)
 
     # -- one rollout ---------------------------------------------------------------------
     def predict(
@@ -155,6 +159,20 @@ class RolloutTraining:
 
         return lambda s: checkpoint(model_fn, s, use_reentrant=False)
 
+    # -- the schedule's clock -------------------------------------------------------------
+    def start(self, updates: int) -> None:
+        """Before Keras's first train step: the optimizer updates the run has completed
+        (restored from a checkpoint or 0); each batch after it counts one."""
+        self.batches = int(updates) * self.accumulate
+
+    def next_length(self) -> int:
+        """The rollout length of the next batch trained (and count that batch)."""
+        if self.batches is None:
+            raise RuntimeError("RolloutTraining.start() was not called before the first step")
+        k = self.rollout.steps_at(self.batches // self.accumulate)
+        self.batches += 1
+        return k
+
     # -- Keras's hooks -------------------------------------------------------------------
     def compute_loss(
         self,
@@ -171,54 +189,62 @@ class RolloutTraining:
         def model_fn(s: Any) -> Any:
             return model(s, training=training)
 
-        lengths = [k for _, k in self.stages]
-        if not training or len(lengths) == 1:  # evaluation: the longest, without noise
-            loss = self.predict(model_fn, x, target, lengths[-1], noise if training else None)[0]
-        elif self.update is None:
+        if not training:  # evaluation: the longest, without noise
+            k = self.rollout.max_steps
+        elif self.k is None:
             raise RuntimeError("the rollout loss was computed outside the wrapped train step")
-        elif self.jax:
-            import jax
-            import jax.numpy as jnp
-
-            update = jnp.asarray(self.update)
-            firsts = jnp.asarray([first for first, _ in self.stages[1:]], update.dtype)
-            index = jnp.sum((update >= firsts).astype(jnp.int32))
-            branches = [
-                (lambda k=k: self.predict(model_fn, x, target, k, noise)[0]) for k in lengths
-            ]
-            loss = jax.lax.switch(index, branches)
         else:
-            loss = self.predict(model_fn, x, target, self.rollout.steps_at(self.update), noise)[0]
+            k = self.k
+        loss = self.predict(model_fn, x, target, k, noise if training else None)[0]
         for extra in model.losses:  # regularizers, as Keras adds them to its loss
             loss = loss + keras.ops.cast(keras.ops.sum(extra), loss.dtype)
         return loss
 
-    def wrap_train_step(self, iterations_index: int) -> None:
-        """Note the optimizer update before each of Keras's train steps (see the module)."""
-        step = self.model.train_step  # Keras's own (or `_skip`'s), bound
-        m = self.accumulate
-        single = len(self.stages) == 1
+    def _at_length(self, step: Callable[..., Any], k: int) -> Callable[..., Any]:
+        """`step` (Keras's train step, or `_skip`'s) computing a `k`-step rollout."""
 
-        if self.jax:
+        def train_step(*args: Any) -> Any:
+            self.k = k  # read by `compute_loss` (on jax: while the step is traced)
+            try:
+                return step(*args)
+            finally:
+                self.k = None
+
+        return train_step
+
+    def wrap_train_step(self) -> None:
+        """Give each train step its batch's rollout length (see the module)."""
+        model = self.model
+        step = model.train_step  # Keras's own (or `_skip`'s), bound
+        if not self.jax:
+            by_length = {k: self._at_length(step, k) for _, k in self.stages}
+
+            def eager_step(data: Any) -> Any:
+                return by_length[self.next_length()](data)
+
+            object.__setattr__(model, "train_step", eager_step)
+            return
+        import jax
+
+        def make_train_function(force: bool = False) -> Any:
+            if model.train_function is not None and not force:
+                return None
+            compiled = not model.run_eagerly and model.jit_compile
+            options: dict[str, Any] = {"donate_argnums": 0}
+            if keras.distribution.distribution() is not None:
+                options["out_shardings"] = (None, model._get_state_sharding_spec())
+            by_length = {}
+            for _, k in self.stages:
+                fn = self._at_length(step, k)
+                by_length[k] = jax.jit(fn, **options) if compiled else fn
 
             def train_step(state: Any, data: Any) -> Any:
-                self.update = 0 if single else state[2][iterations_index] // m
-                try:
-                    return step(state, data)
-                finally:
-                    self.update = None
+                return by_length[self.next_length()](state, data)
 
-        else:
-            variable = self.model.optimizer.variables[iterations_index]
+            model.train_function = model._make_function(train_step)
+            return None
 
-            def train_step(data: Any) -> Any:  # type: ignore[misc]  # per backend branch
-                self.update = 0 if single else int(variable.value) // m
-                try:
-                    return step(data)
-                finally:
-                    self.update = None
-
-        object.__setattr__(self.model, "train_step", train_step)
+        object.__setattr__(model, "make_train_function", make_train_function)
 
     # -- validation ----------------------------------------------------------------------
     def eval_rollout(
@@ -254,9 +280,6 @@ def install_rollout(model: Any, plan: Any) -> RolloutTraining:
         accumulate=plan.accumulate_grad_batches,
         state_ndim=ndim,
     )
-    optimizer = model.optimizer
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    index = next(i for i, v in enumerate(optimizer.variables) if v is inner._iterations)
     object.__setattr__(model, "compute_loss", training.compute_loss)
-    training.wrap_train_step(index)
+    training.wrap_train_step()
     return training

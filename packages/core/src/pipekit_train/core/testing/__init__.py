@@ -13,7 +13,8 @@
 - `check_device_rollout`, `host_rollout`: the checks every backend's device rollout
   (`model_op.rollout`) passes against the host loop.
 - `check_rollout_prediction`, `check_one_step_rollout`, `check_rollout_resume`,
-  `check_rollout_kill_resume`: the checks every backend's rollout training passes.
+  `check_rollout_kill_resume`, `check_rollout_schedule_counts_skipped_updates`: the checks
+  every backend's rollout training passes.
 - `run_golden`, `compare_golden`, `GOLDEN_CASES`, ...: the cross-backend golden-run suite
   (the same description and initial weights give the same loss curve on every backend);
   `run_golden_field`, `GOLDEN_FIELD_CASES`: its conv-net cases on channels-last fields;
@@ -93,6 +94,7 @@ from ._rollout_training import (
     check_rollout_monitor_under_rollout,
     check_rollout_prediction,
     check_rollout_resume,
+    check_rollout_schedule_counts_skipped_updates,
 )
 from ._s3 import LoopbackS3, loopback_s3
 from ._smallfs import SmallFilesystemUnavailable, small_filesystem
@@ -139,6 +141,7 @@ __all__ = [
     "check_rollout_monitor",
     "check_rollout_prediction",
     "check_rollout_resume",
+    "check_rollout_schedule_counts_skipped_updates",
     "check_stochastic_rollout",
     "compare_golden",
     "compare_golden_flow",

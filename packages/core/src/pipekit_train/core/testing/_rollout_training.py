@@ -11,11 +11,13 @@ its adapter:
   its checkpoint ends with the same bytes and losses as an uninterrupted one;
 - `check_rollout_kill_resume`: the same after a SIGKILL (a subprocess, as the
   conformance suite kills its runs);
+- `check_rollout_schedule_counts_skipped_updates`: an update dropped by
+  `on_nonfinite="skip"` counts on the schedule's clock, as it counts toward `max_steps`;
 - `check_rollout_monitor_under_rollout`: a `RolloutMonitor` on a run trained through
   the rollout sees one model application per step (its validation evaluator rolls
   windows out, but applies the model once to pairs).
 
-All of them train on `golden_rollout_task`'s damped-pendulum windows.
+All but the skip check train on `golden_rollout_task`'s damped-pendulum windows.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
     "check_rollout_monitor_under_rollout",
     "check_rollout_prediction",
     "check_rollout_resume",
+    "check_rollout_schedule_counts_skipped_updates",
 ]
 
 ROLLOUT_RESUME_SPEC = Rollout(
@@ -146,6 +149,33 @@ def check_rollout_monitor_under_rollout(make_model: Callable[[], Any], adapter: 
     assert set(got) == set(want), (sorted(got), sorted(want))
     for name, value in want.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-4, err_msg=name)
+
+
+def check_rollout_schedule_counts_skipped_updates(
+    make_model: Callable[[], Any], adapter: Any
+) -> None:
+    """A skipped update counts on the rollout schedule's clock.
+
+    Update 1's batch holds a non-finite state, so `on_nonfinite="skip"` drops that update.
+    A schedule that turns to `k = 2` at update 2 then trains exactly like one that turns
+    at update 1 (both skip update 1), and unlike one that turns at update 3.
+    """
+    rng = np.random.default_rng(0)
+    states = np.cumsum(rng.normal(size=(6, 24, 2)) * 0.2, axis=1).astype(np.float32)
+    states[1, 0] = np.nan  # the first window of trajectory 1: in update 1's batch only
+    windows = TrajectoryWindows(states, k=2, targets="increments")
+
+    def losses(turn: int) -> list[float]:
+        spec = Rollout(steps=2, residual=True, schedule={0: 1, turn: 2})
+        loop = _loop(
+            make_model, adapter, windows, spec, shuffle=False, on_nonfinite="skip", max_steps=4
+        )
+        return list(loop.run().history["loss"])
+
+    at_2, at_1, at_3 = losses(2), losses(1), losses(3)
+    assert not np.isfinite(at_2[1]) and np.all(np.isfinite(at_2[2:])), at_2
+    np.testing.assert_allclose(at_2[2:], at_1[2:], rtol=1e-6)
+    assert abs(at_2[2] - at_3[2]) > 1e-3 * abs(at_3[2]), (at_2, at_3)
 
 
 def check_rollout_resume(make_model: Callable[[], Any], adapter: Any, tmp_path: Path) -> None:
