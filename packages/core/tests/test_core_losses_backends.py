@@ -210,7 +210,10 @@ def test_flow_nll_and_its_gradient_stay_finite_for_extreme_outputs():
     pred = (30.0 * np.random.default_rng(5).normal(size=FLOW.shape)).astype(np.float32)
     target = np.concatenate([FLOW_T[:4] * 10, FLOW_T[4:] * 0.01]).astype(np.float32)
     loss = losses.flow_nll(**FLOW_OPTS)
-    value, grad = jax.value_and_grad(loss)(jax.numpy.asarray(pred), jax.numpy.asarray(target))
+    # under jit: eager jax compiles each of the flow's many small operations on first use
+    value, grad = jax.jit(jax.value_and_grad(loss))(
+        jax.numpy.asarray(pred), jax.numpy.asarray(target)
+    )
     assert np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
     tp = torch.tensor(pred, requires_grad=True)
     tvalue = loss(tp, torch.as_tensor(target))
