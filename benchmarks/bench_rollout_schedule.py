@@ -26,7 +26,10 @@ On Keras (`KERAS_BACKEND=jax`, `examples/field_emulator.py`'s Keras conv net) th
 cases but the switch, which the Keras adapter no longer has: its train function holds
 one jitted step per length and calls the one of each batch. Before that change the
 Keras schedule picked the length with a `lax.switch` inside its one jitted step:
-953 ms per update against 83.5 ms at fixed k=2 (11×, 100 updates, 2026-12-05).
+953 ms per update against 83.5 ms at fixed k=2 (11×, 100 updates, 2026-12-05). After
+(quiet 2-core CPU): fixed k=2 55.0 / 67.1 ms, host 69.3 / 69.6 ms (1.26× / 1.04×), fixed
+k=4 137.6 / 145.5 ms, at 100 / 200 updates; on one TPU v5e chip (`--updates 3000`: fewer
+drown in the runs' set-up) 3.08, 4.03 and 4.12 ms (`benchmarks/tpu-check.md`).
 
 Each case runs `TrainingLoop.run()` twice and times the second run (its compiled steps are
 cached), wall clock over `--updates` updates, set-up included. The schedule's windows
@@ -119,8 +122,10 @@ def _run_seconds(backend: str, trajs: Trajectories, norm: Any, rollout: Rollout,
 def _time_runs(backend: str, trajs: Trajectories, norm: Any, rollout: Rollout, n: int) -> float:
     """Seconds per update: Equinox, the second of two runs of `n` updates (its compiled
     steps are cached across runs); Keras compiles each run's model anew, so the
-    difference between a run of `2n` and one of `n` updates, over `n`."""
+    difference between a run of `2n` and one of `n` updates, over `n`, after a first
+    run of `n` (its one-time set-up, e.g. a TPU's, would otherwise land in the short one)."""
     if backend == "keras":
+        _run_seconds(backend, trajs, norm, rollout, n)
         short = _run_seconds(backend, trajs, norm, rollout, n)
         return (_run_seconds(backend, trajs, norm, rollout, 2 * n) - short) / n
     _run_seconds(backend, trajs, norm, rollout, n)
