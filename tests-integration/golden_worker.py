@@ -95,11 +95,17 @@ def _backend(backend: str) -> object:
 def _flow(backend: str, out: str) -> None:
     import json
 
-    from pipekit_train.core.testing import GOLDEN_FLOW_COUPLED_OPTIONS, run_golden_flow
+    from pipekit_train.core.testing import (
+        GOLDEN_FLOW_COUPLED_LR,
+        GOLDEN_FLOW_COUPLED_OPTIONS,
+        run_golden_flow,
+    )
 
     golden = _backend(backend)
     record = run_golden_flow(golden)
-    record["coupled"] = run_golden_flow(golden, options=GOLDEN_FLOW_COUPLED_OPTIONS)
+    record["coupled"] = run_golden_flow(
+        golden, options=GOLDEN_FLOW_COUPLED_OPTIONS, lr=GOLDEN_FLOW_COUPLED_LR
+    )
     Path(out).write_text(json.dumps(record))
 
 

@@ -5,8 +5,8 @@ Each backend builds its MLP from the canonical weights with `flow_width(2, 2, 4)
 targets and its samples from a fixed seed agree with Equinox's to 1e-4 before training
 (measured: 1e-7), and after 40 Adam steps of `flow_nll` every step's loss, the
 validation loss and the trained flow's `log_prob` and samples agree to 1e-3 (measured:
-at most 5.3e-4, Keras on torch). The coupled case (`flow_hidden=8`, the record's
-`"coupled"` entry) is held to the same tolerances.
+at most 5.3e-4, Keras on torch). The coupled case (`flow_hidden=8`, Adam at 1e-3; the
+record's `"coupled"` entry) is held to the same tolerances.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ from ._golden import (
     run_golden_field,
 )
 from ._golden_flow import (
+    GOLDEN_FLOW_COUPLED_LR,
     GOLDEN_FLOW_COUPLED_OPTIONS,
     GOLDEN_FLOW_OPTIONS,
     GOLDEN_FLOW_STEPS,
@@ -109,6 +110,7 @@ __all__ = [
     "GOLDEN_EMA_CASES",
     "GOLDEN_FIELD_CASES",
     "GOLDEN_FIELD_STEPS",
+    "GOLDEN_FLOW_COUPLED_LR",
     "GOLDEN_FLOW_COUPLED_OPTIONS",
     "GOLDEN_FLOW_OPTIONS",
     "GOLDEN_FLOW_STEPS",
