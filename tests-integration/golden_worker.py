@@ -3,7 +3,7 @@
 `python golden_worker.py <equinox|lightning|torch|torch_k10|keras|plain_torch> <out.json>` (Keras's
 backend comes from `KERAS_BACKEND`); a third argument `field` runs the conv-net field cases
 (`run_golden_field`) instead, `plateau` the `ReduceLROnPlateau` cases (`run_golden_plateau`,
-any backend above), `flow` the flow-head case (`run_golden_flow`), `rollout` the rollout-training cases
+any backend above), `flow` the flow-head cases (`run_golden_flow`, element-wise and coupled), `rollout` the rollout-training cases
 (`run_golden_rollout`). A comma-separated list (`mlp,plateau,field`) runs several suites in
 this one process (one framework import for all), writing `<out>.<suite>.json` each. One process per backend: Keras's backend is fixed per
 process. `plain_torch` is the example adapter of `examples/plain_torch_adapter.py`;
@@ -95,9 +95,18 @@ def _backend(backend: str) -> object:
 def _flow(backend: str, out: str) -> None:
     import json
 
-    from pipekit_train.core.testing import run_golden_flow
+    from pipekit_train.core.testing import (
+        GOLDEN_FLOW_COUPLED_LR,
+        GOLDEN_FLOW_COUPLED_OPTIONS,
+        run_golden_flow,
+    )
 
-    Path(out).write_text(json.dumps(run_golden_flow(_backend(backend))))
+    golden = _backend(backend)
+    record = run_golden_flow(golden)
+    record["coupled"] = run_golden_flow(
+        golden, options=GOLDEN_FLOW_COUPLED_OPTIONS, lr=GOLDEN_FLOW_COUPLED_LR
+    )
+    Path(out).write_text(json.dumps(record))
 
 
 def main_many(backend: str, out: str, suites: str) -> None:

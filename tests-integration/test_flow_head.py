@@ -89,3 +89,36 @@ def test_flow_width_is_checked_before_any_work() -> None:
             max_steps=1,
             progress=False,
         )
+
+
+def test_a_coupled_flow_over_one_value_is_refused_before_any_work() -> None:
+    """`flow_hidden` needs two target values to couple: `TrainingLoop` refuses one, and a
+    negative `flow_hidden` is refused when the loss is configured."""
+    train = banana(64, 0)
+    one = ArrayDataset(x=train.arrays["x"], y=train.arrays["y"][:, :1])
+    with pytest.raises(ConfigError, match=r"Received: flow_hidden=-1\. Pass e\.g\."):
+        losses.flow_nll(flow_hidden=-1)
+    with pytest.raises(
+        ConfigError, match=r"Received: flow_hidden=8, but the `data` target has 1 value"
+    ):
+        TrainingLoop(
+            model=toymodels.model_op(
+                "equinox", in_size=1, out_size=losses.flow_width(1, 3, 8), width=8, seed=0
+            ),
+            data=one,
+            loss=losses.flow_nll(**OPTS, flow_hidden=8),
+            optimizer_config={"name": "adam", "lr": 1e-3},
+            batch_size=16,
+            max_steps=1,
+            progress=False,
+        )
+    with pytest.raises(ConfigError, match=r"flow_hidden=8: 2 target values need 825 outputs"):
+        TrainingLoop(
+            model=toymodels.model_op("equinox", in_size=1, out_size=156, width=8, seed=0),
+            data=train,
+            loss=losses.flow_nll(**OPTS, flow_hidden=8),
+            optimizer_config={"name": "adam", "lr": 1e-3},
+            batch_size=16,
+            max_steps=1,
+            progress=False,
+        )

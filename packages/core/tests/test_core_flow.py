@@ -14,6 +14,7 @@ import pytest
 from pipekit_train.core import Flow, LocalModelRegistry, NeuralForward, RejectionError, losses
 from pipekit_train.core._errors import ConfigError, IntegrityError
 from pipekit_train.core.data import Normalizer
+from pipekit_train.core.losses._flow import flow_layer_width
 from pipekit_train.core.testing._numpy_model import NumpyLinearOp
 
 FACTORY = "pipekit_train.core.testing._numpy_model:linear"
@@ -137,8 +138,13 @@ def test_flow_nll_is_minus_the_mean_log_prob() -> None:
     loss = losses.flow_nll(**OPTS)
     expected = -np.mean(Flow.from_output(pred, **OPTS).log_prob(theta))
     assert float(loss(pred, theta)) == pytest.approx(expected, rel=1e-12)
-    assert losses.get("flow_nll").params == {"flow_layers": 4, "flow_bins": 8, "flow_bound": 3.0}
-    assert loss.describe() == {"name": "flow_nll", "params": OPTS}
+    assert losses.get("flow_nll").params == {
+        "flow_layers": 4,
+        "flow_bins": 8,
+        "flow_bound": 3.0,
+        "flow_hidden": 0,
+    }
+    assert loss.describe() == {"name": "flow_nll", "params": {**OPTS, "flow_hidden": 0}}
 
 
 def test_flow_nll_refuses_bad_options_and_widths() -> None:
@@ -281,3 +287,173 @@ def test_flow_head_travels_through_the_registry(tmp_path: Path) -> None:
     path.write_text(json.dumps(manifest))
     with pytest.raises(IntegrityError, match="does not match its digest"):
         registry.load("posterior")
+
+
+# --------------------------------------------------------------------------- coupled layers
+
+HOPTS = {**OPTS, "flow_hidden": 4}
+
+
+def coupled_params(
+    d: int, scale: float = 0.4, seed: int = 0, batch: tuple[int, ...] = ()
+) -> np.ndarray:
+    """Random parameters of the coupled flow (`flow_hidden=4`), conditioner included."""
+    width = losses.flow_width(d, OPTS["flow_layers"], OPTS["flow_bins"], HOPTS["flow_hidden"])
+    return scale * np.random.default_rng(seed).normal(size=(*batch, width))
+
+
+def embed(plain: np.ndarray, d: int, conditioner: np.ndarray | None = None) -> np.ndarray:
+    """Element-wise parameters placed in the coupled layout: each layer's block first, its
+    conditioner values (zero, or `conditioner`'s) after it."""
+    layers, bins, hidden = OPTS["flow_layers"], OPTS["flow_bins"], HOPTS["flow_hidden"]
+    small, big = flow_layer_width(d, bins), flow_layer_width(d, bins, hidden)
+    out = np.zeros((*plain.shape[:-1], layers * big))
+    for i in range(layers):
+        out[..., i * big : i * big + small] = plain[..., i * small : (i + 1) * small]
+        if conditioner is not None:
+            part = conditioner[..., i * (big - small) : (i + 1) * (big - small)]
+            out[..., i * big + small : (i + 1) * big] = part
+    return out
+
+
+def test_coupled_layout_widths() -> None:
+    """The conditioner's values follow each element-wise block: `H*d_a + H + P*H + P`."""
+    d, k, h = 5, OPTS["flow_bins"], 4
+    p = 3 * (3 * k - 1)  # d_b = 3 transformed values
+    extra = h * 2 + h + p * h + p
+    assert flow_layer_width(d, k, h) == flow_layer_width(d, k) + extra
+    assert losses.flow_width(d, 3, k, h) == 3 * flow_layer_width(d, k, h)
+    assert losses.flow_width(d, 3, k, 0) == losses.flow_width(d, 3, k)
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_zero_conditioner_is_the_element_wise_flow(d: int) -> None:
+    plain = params(d, scale=0.8, seed=11, batch=(40,))
+    coupled = embed(plain, d)
+    theta = np.random.default_rng(12).normal(size=(40, d)) * 2.0
+    np.testing.assert_allclose(
+        losses.flow_log_prob(coupled, theta, **HOPTS),
+        losses.flow_log_prob(plain, theta, **OPTS),
+        rtol=1e-13,
+        atol=1e-13,
+    )
+    z = np.random.default_rng(13).normal(size=(40, d)) * 2.0
+    np.testing.assert_allclose(
+        losses.flow_inverse(coupled, z, **HOPTS), losses.flow_inverse(plain, z, **OPTS), atol=1e-13
+    )
+
+
+@pytest.mark.parametrize("d", [3, 5])
+def test_coupled_inverse_and_log_determinant_are_exact(d: int) -> None:
+    """float64: `inverse(transform(theta)) == theta`, and the log-determinant equals log|det|
+    of a central-difference Jacobian of `flow_transform`."""
+    pred = coupled_params(d, scale=0.6, seed=d, batch=(200,))
+    theta = np.random.default_rng(20 + d).normal(size=(200, d)) * 2.0  # some beyond the bound
+    z, log_det = losses.flow_transform(pred, theta, **HOPTS)
+    np.testing.assert_allclose(losses.flow_inverse(pred, z, **HOPTS), theta, atol=1e-9)
+    z2 = np.random.default_rng(30 + d).normal(size=(200, d)) * 2.0
+    back, _ = losses.flow_transform(pred, losses.flow_inverse(pred, z2, **HOPTS), **HOPTS)
+    np.testing.assert_allclose(back, z2, atol=1e-9)
+    eps = 1e-6
+    for i in range(6):
+        cols = []
+        for j in range(d):
+            step = np.zeros(d)
+            step[j] = eps
+            up, _ = losses.flow_transform(pred[i], theta[i] + step, **HOPTS)
+            down, _ = losses.flow_transform(pred[i], theta[i] - step, **HOPTS)
+            cols.append((up - down) / (2 * eps))
+        jac = np.stack(cols, axis=-1)
+        assert log_det[i] == pytest.approx(np.log(abs(np.linalg.det(jac))), abs=1e-5)
+
+
+def test_the_second_half_depends_on_the_first() -> None:
+    """One layer, identity mixing and splines: the first value passes through unchanged
+    and the second one's spline moves with it only when the conditioner is nonzero."""
+    opts = {**HOPTS, "flow_layers": 1}
+    d, small = 2, flow_layer_width(2, OPTS["flow_bins"])
+    width = losses.flow_width(d, 1, OPTS["flow_bins"], HOPTS["flow_hidden"])
+    pred = np.zeros((2, width))
+    pred[:, small:] = np.random.default_rng(14).normal(size=width - small)  # the conditioner
+    theta = np.array([[-1.0, 0.5], [1.0, 0.5]])  # the same second value
+    z, _ = losses.flow_transform(pred, theta, **opts)
+    np.testing.assert_allclose(z[:, 0], theta[:, 0], atol=1e-12)  # identity spline of A
+    assert abs(z[0, 1] - z[1, 1]) > 1e-3  # B's spline moved with A
+    still, _ = losses.flow_transform(np.zeros((2, width)), theta, **opts)
+    np.testing.assert_allclose(still, theta, atol=1e-12)
+
+
+def test_coupled_flow_has_a_normalised_density_and_follows_it() -> None:
+    flow = Flow(coupled_params(2, seed=15), **OPTS, flow_hidden=4)
+    assert flow.dim == 2 and flow.options == HOPTS and "flow_hidden=4" in repr(flow)
+    draws = flow.sample(np.random.default_rng(0), n=20_000)
+    axes = grid_over(draws, 601)
+    mesh = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1)
+    cell = math.prod(float(a[1] - a[0]) for a in axes)
+    assert np.exp(flow.log_prob(mesh)).sum() * cell == pytest.approx(1.0, abs=2e-3)
+    # draws and density agree: the share of draws in a quadrant against its mass
+    quad = (mesh[..., 0] < np.median(draws[:, 0])) & (mesh[..., 1] < np.median(draws[:, 1]))
+    mass = np.exp(flow.log_prob(mesh))[quad].sum() * cell
+    share = np.mean((draws[:, 0] < np.median(draws[:, 0])) & (draws[:, 1] < np.median(draws[:, 1])))
+    assert mass == pytest.approx(share, abs=0.02)
+
+
+def test_flow_hidden_is_refused_when_bad() -> None:
+    with pytest.raises(ConfigError, match=r"Received: flow_hidden=-1\. Pass e\.g\."):
+        losses.flow_nll(flow_hidden=-1)
+    with pytest.raises(ConfigError, match=r"Received: flow_hidden=2\.5"):
+        losses.flow_nll(flow_hidden=2.5)
+    with pytest.raises(ConfigError, match=r"Received: flow_hidden=True"):
+        losses.flow_nll(flow_hidden=True)
+    with pytest.raises(
+        ConfigError,
+        match=r"Received: flow_hidden=16, but the target has 1 value\. Use flow_hidden=0",
+    ):
+        losses.flow_nll(flow_hidden=16)(np.zeros((4, 100)), np.zeros((4, 1)))
+    with pytest.raises(ConfigError, match=r"Received: flow_hidden=16, but the target has 1 value"):
+        losses.flow_width(1, flow_hidden=16)
+    with pytest.raises(ConfigError, match=r"flow_hidden=4.*flow_width\(2, 3, 5, 4\)"):
+        losses.flow_nll(**HOPTS)(np.zeros((4, 102)), np.zeros((4, 2)))
+    with pytest.raises(ConfigError, match=r"Received: flow_hidden=-2"):
+        NeuralForward(flow_op(), head="flow", flow_hidden=-2)
+    with pytest.raises(ConfigError, match=r"flow_bins=5 and flow_hidden=4 the model's output"):
+        Flow(np.zeros(102), **OPTS, flow_hidden=4)
+    assert losses.flow_nll(**HOPTS).describe() == {"name": "flow_nll", "params": HOPTS}
+
+
+def test_coupled_flow_head_travels_through_the_registry(tmp_path: Path) -> None:
+    """The options with `flow_hidden` are recorded; a record without it reads as 0; the
+    loaded `Flow` is in original units."""
+    d, hidden = 2, HOPTS["flow_hidden"]
+    width = losses.flow_width(d, OPTS["flow_layers"], OPTS["flow_bins"], hidden)
+    rng = np.random.default_rng(16)
+    op = NumpyLinearOp(FACTORY, seed=0, in_size=2, out_size=width)
+    op.model = op.model.replace(
+        W=(0.2 * rng.normal(size=(2, width))).astype(np.float32),
+        b=(0.3 * rng.normal(size=width)).astype(np.float32),
+    )
+    norm = normalizer()
+    registry = LocalModelRegistry(tmp_path / "models")
+    record = registry.register("posterior", op, normalizer=norm, head="flow", head_options=HOPTS)
+    assert record.head_options == HOPTS
+    forward = NeuralForward.from_record(*registry.load_record_and_model("posterior"))
+    assert forward.head_options == HOPTS
+    states = np.array([[0.5, -1.0], [2.0, -2.0]], dtype=np.float32)
+    flow = forward.distribution(states)
+    assert isinstance(flow, Flow) and flow.flow_hidden == hidden and flow.batch_shape == (2,)
+    raw = Flow.from_output(op(norm.apply({"x": states})["x"]), **HOPTS)
+    scale, offset = np.array([10.0, 0.01]), np.array([100.0, -0.5])
+    y = np.array([[101.0, -0.49], [95.0, -0.52]])
+    expected = raw.log_prob((y - offset) / scale) - np.log(scale).sum()
+    np.testing.assert_allclose(flow.log_prob(y), expected, rtol=1e-9)
+    np.testing.assert_allclose(
+        flow.sample(np.random.default_rng(0), n=7),
+        raw.sample(np.random.default_rng(0), n=7) * scale + offset,
+        rtol=1e-12,
+    )
+    # an element-wise record keeps its options as before (no `flow_hidden` key): read as 0
+    plain = registry.register("plain", flow_op(), head="flow", head_options=OPTS)
+    assert plain.head_options == OPTS
+    loaded = NeuralForward.from_record(*registry.load_record_and_model("plain"))
+    assert loaded.distribution(states).flow_hidden == 0
+    assert losses.get("flow_nll").params["flow_hidden"] == 0

@@ -24,6 +24,9 @@ MIX_FULL = (0.5 * RNG.normal(size=(8, 18))).astype(np.float32)
 FLOW_OPTS = {"flow_layers": 2, "flow_bins": 4, "flow_bound": 2.0}
 FLOW_T = (1.5 * T[:, :2]).astype(np.float32)  # some values beyond the splines' bound
 FLOW = (0.5 * RNG.normal(size=(8, losses.flow_width(2, 2, 4)))).astype(np.float32)
+COUPLED_OPTS = {**FLOW_OPTS, "flow_hidden": 3}  # coupled layers over 3 values
+COUPLED_T = (1.5 * T[:, :3]).astype(np.float32)
+COUPLED = (0.5 * RNG.normal(size=(8, losses.flow_width(3, 2, 4, 3)))).astype(np.float32)
 
 
 def _torch_gaussian(full):
@@ -87,6 +90,7 @@ CASES = [
     ),
     ("flow_nll", losses.flow_nll(**FLOW_OPTS), FLOW, FLOW_T, None),
     ("flow_nll_1d", losses.flow_nll(**FLOW_OPTS), FLOW[:, :26], FLOW_T[:, :1], None),
+    ("flow_nll_coupled", losses.flow_nll(**COUPLED_OPTS), COUPLED, COUPLED_T, None),
     ("cross_entropy_int", losses.cross_entropy, P, LABELS, _fn("cross_entropy")),
     ("cross_entropy_onehot", losses.cross_entropy, P, ONE_HOT, _fn("cross_entropy")),
     ("bce", losses.binary_cross_entropy, P * 3, BINARY, _fn("binary_cross_entropy_with_logits")),
@@ -103,7 +107,7 @@ CASES = [
 
 # float32 gradients through the flow's chain of splines and mixing maps differ between jax
 # and torch by float rounding (measured up to 2.6e-6 absolute, on gradients up to 0.3)
-GRAD_ATOL = {"flow_nll": 1e-5, "flow_nll_1d": 1e-5}
+GRAD_ATOL = {"flow_nll": 1e-5, "flow_nll_1d": 1e-5, "flow_nll_coupled": 1e-5}
 
 
 def _map(fn, x):
@@ -199,6 +203,31 @@ def test_flow_transform_and_inverse_same_on_numpy_jax_and_torch():
     ):
         np.testing.assert_allclose(np.asarray(z), z_ref, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(np.asarray(ld), ld_ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(inv), inv_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_coupled_flow_same_on_numpy_jax_and_torch():
+    """The coupled flow (`flow_hidden`): `log_prob` and the inverse on jax (under jit) and
+    torch agree with numpy's float64 for the same parameters."""
+    jax = pytest.importorskip("jax")
+    torch = pytest.importorskip("torch")
+    pred, target = COUPLED.astype(np.float64), COUPLED_T.astype(np.float64)
+    lp_ref = losses.flow_log_prob(pred, target, **COUPLED_OPTS)
+    inv_ref = losses.flow_inverse(pred, target, **COUPLED_OPTS)
+
+    def both(p, t):
+        return (
+            losses.flow_log_prob(p, t, **COUPLED_OPTS),
+            losses.flow_inverse(p, t, **COUPLED_OPTS),
+        )
+
+    jnp = jax.numpy
+    for lp, inv in (
+        jax.jit(both)(jnp.asarray(COUPLED), jnp.asarray(COUPLED_T)),
+        both(torch.as_tensor(COUPLED), torch.as_tensor(COUPLED_T)),
+        both(torch.as_tensor(pred), torch.as_tensor(target)),  # float64 on torch
+    ):
+        np.testing.assert_allclose(np.asarray(lp), lp_ref, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(np.asarray(inv), inv_ref, rtol=1e-5, atol=1e-5)
 
 

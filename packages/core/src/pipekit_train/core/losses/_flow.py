@@ -42,6 +42,39 @@ values (`K = flow_bins`), layer 1 first; within a block, in this order:
 
 So a block is `d*(3K - 1) + d*d + d` values and the width `flow_width(d, L, K) =
 L * (d*(3K - 1) + d*d + d)`. The loss `flow_nll` is `-mean(flow_log_prob)` over samples.
+
+**Coupling (`flow_hidden = H > 0`, `d >= 2`).** The element-wise splines carry no
+dependence *between* values; with `flow_hidden` each layer also couples them, still as a
+pure function of the network output (a *hypernetwork* coupling: the network outputs the
+conditioner's weights too, per sample). The target splits into the first `d_a = d // 2`
+values (`A`) and the other `d_b = d - d_a` (`B`); one fixed split is enough because the
+LU map of the next layer mixes every value into both halves. In each layer, after the
+affine map `a = A_l h + b_l`:
+
+    y_A = s(a_A);  u = tanh(W1 y_A + c1);  delta = W2 u + c2;  y_B = s_delta(a_B)
+
+`s` is the element-wise spline of the `A` rows with the layer's raw spline values, and
+`s_delta` the spline of the `B` rows with their raw values plus `delta` (`P = d_b*(3K - 1)`
+values, read as `(d_b, K)` width logits, `(d_b, K)` height logits and `(d_b, K-1)` raw
+derivatives, in that order). All-zero conditioner values give `delta = 0`: the
+element-wise layer. The Jacobian of a layer is block-triangular (`y_A` does not depend on
+`a_B`), so the log-determinant stays exact: `log|det A_l|` plus the log-derivatives of
+both halves' splines. The inverse runs the `A` half first (its output `y_A` is the
+conditioner's input), then the `B` half, then the affine inverse.
+
+The conditioner's values follow each layer's block above (so the element-wise layout is
+a prefix of the block), row-major:
+
+| slice after the element-wise block  | meaning                                          |
+|-------------------------------------|--------------------------------------------------|
+| first `H*d_a`                       | `W1`, `(H, d_a)`                                 |
+| next `H`                            | `c1`                                             |
+| next `P*H`                          | `W2`, `(P, H)`                                   |
+| last `P`                            | `c2`                                             |
+
+A coupled block is `d*(3K - 1) + d*d + d + H*d_a + H + P*H + P` values
+(`flow_layer_width(d, K, H)`). `flow_hidden = 0` (the default) is the element-wise flow,
+layout and numbers unchanged.
 """
 
 from __future__ import annotations
@@ -68,7 +101,12 @@ __all__ = [
 ]
 
 #: `flow_nll`'s parameters and their defaults (also the flow head's options).
-FLOW_DEFAULTS: dict[str, Any] = {"flow_layers": 4, "flow_bins": 8, "flow_bound": 3.0}
+FLOW_DEFAULTS: dict[str, Any] = {
+    "flow_layers": 4,
+    "flow_bins": 8,
+    "flow_bound": 3.0,
+    "flow_hidden": 0,
+}
 
 _LOG_2PI = math.log(2.0 * math.pi)
 _MIN_BIN = 1e-3  # the smallest bin width/height, as a share of the interval
@@ -76,29 +114,60 @@ _MIN_SLOPE = 1e-3  # the smallest knot derivative and `Upper` diagonal
 _SHIFT = math.log(math.expm1(1.0 - _MIN_SLOPE))  # softplus(0 + _SHIFT) + _MIN_SLOPE == 1
 
 
-def flow_layer_width(dim: int, flow_bins: int = 8) -> int:
-    """The number of values one flow layer takes for `d = dim` target values and `K` bins."""
-    return dim * (3 * flow_bins - 1) + dim * dim + dim
+def _coupling_width(dim: int, flow_bins: int, flow_hidden: int) -> int:
+    """The conditioner's values in one layer (0 without coupling)."""
+    if flow_hidden <= 0:
+        return 0
+    d_a = dim // 2
+    p = (dim - d_a) * (3 * flow_bins - 1)
+    return flow_hidden * d_a + flow_hidden + p * flow_hidden + p
 
 
-def flow_width(dim: int, flow_layers: int = 4, flow_bins: int = 8) -> int:
+def flow_layer_width(dim: int, flow_bins: int = 8, flow_hidden: int = 0) -> int:
+    """The number of values one flow layer takes for `d = dim` target values, `K` bins and
+    `flow_hidden` conditioner units (0: no coupling)."""
+    return (
+        dim * (3 * flow_bins - 1) + dim * dim + dim + _coupling_width(dim, flow_bins, flow_hidden)
+    )
+
+
+def flow_width(dim: int, flow_layers: int = 4, flow_bins: int = 8, flow_hidden: int = 0) -> int:
     """The size of the network's last output axis for a flow over `dim` values.
 
     Args:
         dim: `d`, the number of target values.
         flow_layers: `L`, the number of layers.
         flow_bins: `K`, the spline bins per layer and value.
+        flow_hidden: `H`, the coupling conditioner's hidden units per layer (0: no
+            coupling; `H > 0` needs `dim >= 2`).
+
+    Raises:
+        ConfigError: `flow_hidden > 0` with `dim < 2` (nothing to couple).
 
     Examples:
         >>> from pipekit_train.core.losses import flow_width
         >>> flow_width(2), flow_width(2, flow_layers=2, flow_bins=4)
         (208, 56)
+        >>> flow_width(2, flow_layers=2, flow_bins=4, flow_hidden=3)  # + 2 * (3 + 3 + 33 + 11)
+        156
     """
-    return flow_layers * flow_layer_width(dim, flow_bins)
+    check_coupling(dim, flow_hidden)
+    return flow_layers * flow_layer_width(dim, flow_bins, flow_hidden)
+
+
+def check_coupling(dim: int, flow_hidden: int, field: str = "target") -> None:
+    """Refuse `flow_hidden > 0` for fewer than two target values (nothing to couple)."""
+    if flow_hidden > 0 and dim < 2:
+        raise ConfigError(
+            f"`flow_hidden` couples the two halves of a target of at least 2 values. "
+            f"Received: flow_hidden={flow_hidden}, but the {field} has {dim} value. Use "
+            "flow_hidden=0 (the element-wise flow) for a single value."
+        )
 
 
 def check_params(params: dict[str, Any]) -> None:
-    """Validate `flow_nll`'s parameters (`flow_layers`, `flow_bins`, `flow_bound`)."""
+    """Validate `flow_nll`'s parameters (`flow_layers`, `flow_bins`, `flow_bound`,
+    `flow_hidden`)."""
     layers = params.get("flow_layers")
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise ConfigError(
@@ -123,6 +192,13 @@ def check_params(params: dict[str, Any]) -> None:
             f"[-flow_bound, flow_bound]). Received: flow_bound={bound!r}. Pass e.g. "
             "flow_nll(flow_bound=3.0) for normalised targets."
         )
+    hidden = params.get("flow_hidden", 0)
+    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
+        raise ConfigError(
+            f"`flow_hidden` must be an int >= 0 for `flow_nll` (the coupling conditioner's "
+            f"hidden units per layer; 0: no coupling). Received: flow_hidden={hidden!r}. "
+            "Pass e.g. flow_nll(flow_hidden=32), or leave it out for the element-wise flow."
+        )
 
 
 def _shape(x: Any) -> tuple[int, ...]:
@@ -133,19 +209,47 @@ def _softplus(xp: Any, a: Any) -> Any:
     return xp.maximum(a, xp.zeros_like(a)) + xp.log1p(xp.exp(-xp.abs(a)))
 
 
+class _Spline:
+    """Raw spline values of some rows: width and height logits `(..., n, K)` and raw
+    interior derivatives `(..., n, K-1)`, on `[-bound, bound]`."""
+
+    def __init__(self, widths: Any, heights: Any, derivs: Any, bound: float):
+        self.widths, self.heights, self.derivs, self.bound = widths, heights, derivs, bound
+
+    def rows(self, start: int, stop: int) -> _Spline:
+        """The splines of rows `start:stop`."""
+        return _Spline(
+            self.widths[..., start:stop, :],
+            self.heights[..., start:stop, :],
+            self.derivs[..., start:stop, :],
+            self.bound,
+        )
+
+    def shifted(self, xp: Any, delta: Any) -> _Spline:
+        """These splines with `delta` `(..., n*(3K - 1))` added to their raw values."""
+        lead = _shape(delta)[:-1]
+        n, k = _shape(self.widths)[-2:]
+        o = n * k
+        dw = xp.reshape(delta[..., :o], (*lead, n, k))
+        dh = xp.reshape(delta[..., o : 2 * o], (*lead, n, k))
+        dd = xp.reshape(delta[..., 2 * o :], (*lead, n, k - 1))
+        return _Spline(self.widths + dw, self.heights + dh, self.derivs + dd, self.bound)
+
+
 class _Layer:
     """One layer's parameters, split from the output `(..., width)`."""
 
-    def __init__(self, xp: Any, block: Any, d: int, k: int, bound: float):
+    def __init__(self, xp: Any, block: Any, d: int, k: int, bound: float, hidden: int = 0):
         lead = _shape(block)[:-1]
         m = d * (d - 1) // 2
         o = 0
-        self.widths = xp.reshape(block[..., o : o + d * k], (*lead, d, k))
+        widths = xp.reshape(block[..., o : o + d * k], (*lead, d, k))
         o += d * k
-        self.heights = xp.reshape(block[..., o : o + d * k], (*lead, d, k))
+        heights = xp.reshape(block[..., o : o + d * k], (*lead, d, k))
         o += d * k
-        self.derivs = xp.reshape(block[..., o : o + d * (k - 1)], (*lead, d, k - 1))
+        derivs = xp.reshape(block[..., o : o + d * (k - 1)], (*lead, d, k - 1))
         o += d * (k - 1)
+        self.spline = _Spline(widths, heights, derivs, bound)
         self.lower = block[..., o : o + m]
         o += m
         self.upper = block[..., o : o + m]
@@ -153,7 +257,18 @@ class _Layer:
         self.diag = _softplus(xp, block[..., o : o + d] + _SHIFT) + _MIN_SLOPE
         o += d
         self.shift = block[..., o : o + d]
-        self.d, self.k, self.bound = d, k, bound
+        o += d
+        self.d, self.k, self.bound, self.hidden = d, k, bound, hidden
+        if hidden > 0:
+            d_a = d // 2
+            p = (d - d_a) * (3 * k - 1)
+            self.w1 = xp.reshape(block[..., o : o + hidden * d_a], (*lead, hidden, d_a))
+            o += hidden * d_a
+            self.c1 = block[..., o : o + hidden]
+            o += hidden
+            self.w2 = xp.reshape(block[..., o : o + p * hidden], (*lead, p, hidden))
+            o += p * hidden
+            self.c2 = block[..., o : o + p]
 
     def lower_at(self, i: int, j: int) -> Any:
         return self.lower[..., i * (i - 1) // 2 + j]
@@ -162,10 +277,20 @@ class _Layer:
         d = self.d
         return self.upper[..., i * (d - 1) - i * (i - 1) // 2 + (j - i - 1)]
 
+    def coupled(self, xp: Any, y_a: Any) -> _Spline:
+        """The `B` rows' splines given the `A` half's spline output `y_a` `(..., d_a)`."""
+        u = xp.tanh(xp.matmul(self.w1, xp.expand_dims(y_a, axis=-1))[..., 0] + self.c1)
+        delta = xp.matmul(self.w2, xp.expand_dims(u, axis=-1))[..., 0] + self.c2
+        return self.spline.rows(self.d // 2, self.d).shifted(xp, delta)
 
-def _layers(xp: Any, pred: Any, d: int, layers: int, bins: int, bound: float) -> list[_Layer]:
-    w = flow_layer_width(d, bins)
-    return [_Layer(xp, pred[..., i * w : (i + 1) * w], d, bins, bound) for i in range(layers)]
+
+def _layers(
+    xp: Any, pred: Any, d: int, layers: int, bins: int, bound: float, hidden: int = 0
+) -> list[_Layer]:
+    w = flow_layer_width(d, bins, hidden)
+    return [
+        _Layer(xp, pred[..., i * w : (i + 1) * w], d, bins, bound, hidden) for i in range(layers)
+    ]
 
 
 # --------------------------------------------------------------------------- the affine map
@@ -220,7 +345,7 @@ def _edges(xp: Any, raw: Any, bound: float) -> tuple[Any, Any]:
     return -bound + 2.0 * bound * (cum - p), 2.0 * bound * p
 
 
-def _bin_parts(xp: Any, layer: _Layer, value: Any, on_heights: bool) -> tuple[Any, ...]:
+def _bin_parts(xp: Any, layer: _Spline, value: Any, on_heights: bool) -> tuple[Any, ...]:
     """The parameters of the bin holding each (clipped) value: `(x_k, w_k, y_k, h_k, d_k, d_k1)`."""
     xl, xw = _edges(xp, layer.widths, layer.bound)
     yl, yh = _edges(xp, layer.heights, layer.bound)
@@ -240,7 +365,7 @@ def _bin_parts(xp: Any, layer: _Layer, value: Any, on_heights: bool) -> tuple[An
     return pick(xl), pick(xw), pick(yl), pick(yh), pick(d_left), pick(d_right)
 
 
-def _spline(xp: Any, layer: _Layer, x: Any) -> tuple[Any, Any]:
+def _spline(xp: Any, layer: _Spline, x: Any) -> tuple[Any, Any]:
     """`(s(x), log s'(x))` element-wise; the identity (log-derivative 0) outside the bound."""
     b = layer.bound
     xc = xp.clip(x, -b, b)
@@ -256,7 +381,7 @@ def _spline(xp: Any, layer: _Layer, x: Any) -> tuple[Any, Any]:
     return xp.where(inside, y, x), xp.where(inside, log_d, xp.zeros_like(log_d))
 
 
-def _spline_inverse(xp: Any, layer: _Layer, y: Any) -> Any:
+def _spline_inverse(xp: Any, layer: _Spline, y: Any) -> Any:
     """`s^{-1}(y)`: the root in `[0, 1]` of the bin's quadratic (the stable form)."""
     b = layer.bound
     yc = xp.clip(y, -b, b)
@@ -298,7 +423,12 @@ def _namespace(pred: Any, other: Any, field: str) -> tuple[Any, Any]:
 
 
 def check_layout(
-    pred: Any, target: Any, flow_layers: int, flow_bins: int, field: str = "target"
+    pred: Any,
+    target: Any,
+    flow_layers: int,
+    flow_bins: int,
+    field: str = "target",
+    flow_hidden: int = 0,
 ) -> int:
     """Check `pred`'s width against `target`'s `d` values and return `d`."""
     if pred.ndim < 1 or target.ndim != pred.ndim or int(target.shape[-1]) < 1:
@@ -309,15 +439,44 @@ def check_layout(
             "trailing axis, e.g. (n, 1)."
         )
     d = int(target.shape[-1])
-    width = flow_width(d, flow_layers, flow_bins)
+    check_coupling(d, flow_hidden, field)
+    width = flow_width(d, flow_layers, flow_bins, flow_hidden)
     if _shape(pred)[:-1] != _shape(target)[:-1] or int(pred.shape[-1]) != width:
+        hidden = f", flow_hidden={flow_hidden}" if flow_hidden else ""
+        call = f"{d}, {flow_layers}, {flow_bins}" + (f", {flow_hidden}" if flow_hidden else "")
         raise ConfigError(
             f"`pred` must have shape {field}.shape[:-1] + ({width},) for `flow_nll` with "
-            f"flow_layers={flow_layers}, flow_bins={flow_bins} and {d} {field} values. "
+            f"flow_layers={flow_layers}, flow_bins={flow_bins}{hidden} and {d} {field} values. "
             f"Received: pred.shape={_shape(pred)}, {field}.shape={_shape(target)}. Give the "
-            f"model {width} outputs (flow_width({d}, {flow_layers}, {flow_bins}))."
+            f"model {width} outputs (flow_width({call}))."
         )
     return d
+
+
+def _forward_layer(xp: Any, layer: _Layer, h: Any) -> tuple[Any, Any]:
+    """One layer of the normalizing direction: `(output, log|det|)`."""
+    a = _affine(xp, layer, h)
+    if layer.hidden <= 0:
+        y, log_d = _spline(xp, layer.spline, a)
+        return y, xp.sum(xp.log(layer.diag) + log_d, axis=-1)
+    d_a = layer.d // 2
+    y_a, log_a = _spline(xp, layer.spline.rows(0, d_a), a[..., :d_a])
+    y_b, log_b = _spline(xp, layer.coupled(xp, y_a), a[..., d_a:])
+    log_det = xp.sum(xp.log(layer.diag), axis=-1) + xp.sum(log_a, axis=-1) + xp.sum(log_b, axis=-1)
+    return xp.concat([y_a, y_b], axis=-1), log_det
+
+
+def _inverse_layer(xp: Any, layer: _Layer, y: Any) -> Any:
+    """One layer of the sampling direction: the `A` half, the `B` half, the affine map."""
+    if layer.hidden <= 0:
+        a = _spline_inverse(xp, layer.spline, y)
+    else:
+        d_a = layer.d // 2
+        y_a = y[..., :d_a]
+        a_a = _spline_inverse(xp, layer.spline.rows(0, d_a), y_a)
+        a_b = _spline_inverse(xp, layer.coupled(xp, y_a), y[..., d_a:])
+        a = xp.concat([a_a, a_b], axis=-1)
+    return _affine_inverse(xp, layer, a)
 
 
 def flow_transform(
@@ -327,16 +486,16 @@ def flow_transform(
     flow_layers: int = 4,
     flow_bins: int = 8,
     flow_bound: float = 3.0,
+    flow_hidden: int = 0,
 ) -> tuple[Any, Any]:
     """The normalizing direction: `(z, log|det dz/dtarget|)` of shapes `target.shape` and
-    `target.shape[:-1]`, for `pred` in the layout of the module docstring."""
+    `target.shape[:-1]`, for `pred` in the layout of the module docstring (`flow_hidden >
+    0`: the coupled layers)."""
     xp, target = _namespace(pred, target, "target")
-    d = check_layout(pred, target, flow_layers, flow_bins)
+    d = check_layout(pred, target, flow_layers, flow_bins, flow_hidden=flow_hidden)
     h, log_det = target, None
-    for layer in _layers(xp, pred, d, flow_layers, flow_bins, float(flow_bound)):
-        h = _affine(xp, layer, h)
-        h, log_d = _spline(xp, layer, h)
-        term = xp.sum(xp.log(layer.diag) + log_d, axis=-1)
+    for layer in _layers(xp, pred, d, flow_layers, flow_bins, float(flow_bound), flow_hidden):
+        h, term = _forward_layer(xp, layer, h)
         log_det = term if log_det is None else log_det + term
     return h, log_det
 
@@ -348,17 +507,18 @@ def flow_inverse(
     flow_layers: int = 4,
     flow_bins: int = 8,
     flow_bound: float = 3.0,
+    flow_hidden: int = 0,
 ) -> Any:
     """The sampling direction: the target whose `flow_transform` is `z` (same shape as `z`).
 
     With `z` standard normal this draws from the flow (what `Flow.sample` does).
     """
     xp, z = _namespace(pred, z, "z")
-    d = check_layout(pred, z, flow_layers, flow_bins, field="z")
+    d = check_layout(pred, z, flow_layers, flow_bins, field="z", flow_hidden=flow_hidden)
     h = z
-    for layer in reversed(_layers(xp, pred, d, flow_layers, flow_bins, float(flow_bound))):
-        h = _spline_inverse(xp, layer, h)
-        h = _affine_inverse(xp, layer, h)
+    layers = _layers(xp, pred, d, flow_layers, flow_bins, float(flow_bound), flow_hidden)
+    for layer in reversed(layers):
+        h = _inverse_layer(xp, layer, h)
     return h
 
 
@@ -369,6 +529,7 @@ def flow_log_prob(
     flow_layers: int = 4,
     flow_bins: int = 8,
     flow_bound: float = 3.0,
+    flow_hidden: int = 0,
 ) -> Any:
     """The flow's log-density of `target`, per sample: shape `target.shape[:-1]`.
 
@@ -376,7 +537,12 @@ def flow_log_prob(
     torch), differentiable where the library is.
     """
     z, log_det = flow_transform(
-        pred, target, flow_layers=flow_layers, flow_bins=flow_bins, flow_bound=flow_bound
+        pred,
+        target,
+        flow_layers=flow_layers,
+        flow_bins=flow_bins,
+        flow_bound=flow_bound,
+        flow_hidden=flow_hidden,
     )
     xp = array_api_compat.array_namespace(z)
     d = int(z.shape[-1])
@@ -390,14 +556,20 @@ def flow_nll(
     flow_layers: int = 4,
     flow_bins: int = 8,
     flow_bound: float = 3.0,
+    flow_hidden: int = 0,
 ) -> Any:
     """Conditional normalizing-flow negative log-likelihood, averaged over samples.
 
-    `pred` holds `flow_width(d, flow_layers, flow_bins)` values per sample (layout in the
-    module docstring); `target` has `d` values on its last axis and `pred`'s other axes.
-    The result is `-mean(flow_log_prob(pred, target))`, the exact NLL.
+    `pred` holds `flow_width(d, flow_layers, flow_bins, flow_hidden)` values per sample
+    (layout in the module docstring); `target` has `d` values on its last axis and
+    `pred`'s other axes. The result is `-mean(flow_log_prob(pred, target))`, the exact NLL.
     """
     lp = flow_log_prob(
-        pred, target, flow_layers=flow_layers, flow_bins=flow_bins, flow_bound=flow_bound
+        pred,
+        target,
+        flow_layers=flow_layers,
+        flow_bins=flow_bins,
+        flow_bound=flow_bound,
+        flow_hidden=flow_hidden,
     )
     return -array_api_compat.array_namespace(lp).mean(lp)

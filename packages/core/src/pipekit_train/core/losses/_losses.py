@@ -286,7 +286,9 @@ flow_nll: Loss = register(
 
 The network outputs every parameter of the flow (splines and mixing maps, layer by
 layer); the layout is documented in `pipekit_train.core.losses._flow` and
-`losses.flow_width` gives its size.
+`losses.flow_width` gives its size. `flow_nll(flow_hidden=32)` couples the values inside
+each layer (the second half's splines conditioned on the first half by a small network
+whose weights are part of the output); the default 0 is the element-wise flow.
 """
 
 cross_entropy: Loss = register("cross_entropy", _cross_entropy)

@@ -1,8 +1,9 @@
 """`Flow`: a predicted conditional normalizing flow (what a `head="flow"` model's output means).
 
-A model trained with `losses.flow_nll(flow_layers=L, flow_bins=K, flow_bound=B)` outputs,
-per sample, every parameter of a normalizing flow over the (normalised) target (layout
-in `pipekit_train.core.losses._flow`). `Flow` holds that output and evaluates it with the
+A model trained with `losses.flow_nll(flow_layers=L, flow_bins=K, flow_bound=B,
+flow_hidden=H)` outputs, per sample, every parameter of a normalizing flow over the
+(normalised) target (layout in `pipekit_train.core.losses._flow`; `H > 0`: coupled
+layers whose conditioner weights are part of the output). `Flow` holds that output and evaluates it with the
 same array-API functions the loss trains with, in numpy float64: `log_prob` (the change
 of variables), `sample` (the inverse pass) and a Monte Carlo `mean`, in the target's
 original units (`loc + scale * normalised`, the normalizer's affine map).
@@ -40,10 +41,11 @@ class RejectionError(PipekitError, RuntimeError):
     """`Flow.sample` with a box found too few draws inside it."""
 
 
-def flow_dim(width: int, flow_layers: int, flow_bins: int) -> int | None:
-    """The `d` with `flow_width(d, flow_layers, flow_bins) == width`, or None."""
-    for d in range(1, 1 + max(1, width)):
-        w = layout.flow_width(d, flow_layers, flow_bins)
+def flow_dim(width: int, flow_layers: int, flow_bins: int, flow_hidden: int = 0) -> int | None:
+    """The `d` with `flow_width(d, flow_layers, flow_bins, flow_hidden) == width`, or None
+    (`flow_hidden > 0`: `d >= 2`)."""
+    for d in range(2 if flow_hidden > 0 else 1, 1 + max(2, width)):
+        w = layout.flow_width(d, flow_layers, flow_bins, flow_hidden)
         if w == width:
             return d
         if w > width:
@@ -51,9 +53,15 @@ def flow_dim(width: int, flow_layers: int, flow_bins: int) -> int | None:
     return None
 
 
-def _options(flow_layers: Any, flow_bins: Any, flow_bound: Any) -> dict[str, Any]:
+def _options(
+    flow_layers: Any, flow_bins: Any, flow_bound: Any, flow_hidden: Any = 0
+) -> dict[str, Any]:
+    """The options as `flow_nll` takes them; `flow_hidden` only when it is not 0 (so an
+    element-wise flow's options, and the records holding them, read as before)."""
     options = {"flow_layers": flow_layers, "flow_bins": flow_bins, "flow_bound": flow_bound}
-    layout.check_params(options)
+    layout.check_params({**options, "flow_hidden": flow_hidden})
+    if flow_hidden != 0:
+        options["flow_hidden"] = flow_hidden
     return options
 
 
@@ -64,7 +72,8 @@ class Flow:
     `value = loc + scale * u` where `u` follows the flow of `params` (normalised units).
 
     Attributes:
-        params: the raw model output, `(..., flow_width(d, flow_layers, flow_bins))`.
+        params: the raw model output, `(..., flow_width(d, flow_layers, flow_bins,
+            flow_hidden))`.
         flow_layers: the number of layers the model was trained with.
         flow_bins: the spline bins per layer and value.
         flow_bound: the spline interval `[-flow_bound, flow_bound]` (normalised units).
@@ -73,6 +82,8 @@ class Flow:
             nonzero (default 1).
         low: the lower corner of the box the flow is truncated to (`within`), or None.
         high: the upper corner of that box, or None.
+        flow_hidden: the coupling conditioner's hidden units per layer (0: element-wise
+            layers, the default).
     """
 
     params: np.ndarray
@@ -83,21 +94,31 @@ class Flow:
     scale: Any = 1.0
     low: Any = None
     high: Any = None
+    flow_hidden: int = 0
     dim: int = field(init=False)
 
     def __post_init__(self) -> None:
-        _options(self.flow_layers, self.flow_bins, self.flow_bound)
+        _options(self.flow_layers, self.flow_bins, self.flow_bound, self.flow_hidden)
         params = np.asarray(self.params, dtype=np.float64)
         width = int(params.shape[-1]) if params.ndim else 0
-        d = flow_dim(width, self.flow_layers, self.flow_bins) if params.ndim else None
+        hidden = self.flow_hidden
+        d = flow_dim(width, self.flow_layers, self.flow_bins, hidden) if params.ndim else None
         if d is None:
-            widths = [layout.flow_width(i, self.flow_layers, self.flow_bins) for i in (1, 2, 3)]
+            layers, bins = self.flow_layers, self.flow_bins
+            if hidden:
+                given = f"flow_layers={layers}, flow_bins={bins} and flow_hidden={hidden}"
+                args, sizes = f"{layers}, {bins}, {hidden}", (2, 3, 4)
+                check = "`flow_layers`, `flow_bins` and `flow_hidden`"
+            else:
+                given = f"flow_layers={layers} and flow_bins={bins}"
+                args, sizes = f"{layers}, {bins}", (1, 2, 3)
+                check = "`flow_layers` and `flow_bins`"
+            widths = [layout.flow_width(i, layers, bins, hidden) for i in sizes]
             raise ConfigError(
-                f"With `head='flow'`, flow_layers={self.flow_layers} and "
-                f"flow_bins={self.flow_bins} the model's output width must be "
-                f"flow_width(d, {self.flow_layers}, {self.flow_bins}) for some d ({widths} for "
-                f"d = 1, 2, 3). Received: output shape {params.shape}. Check `flow_layers` and "
-                "`flow_bins` against the loss the model was trained with."
+                f"With `head='flow'`, {given} the model's output width must be "
+                f"flow_width(d, {args}) for some d ({widths} for d = "
+                f"{', '.join(map(str, sizes))}). Received: output shape {params.shape}. "
+                f"Check {check} against the loss the model was trained with."
             )
         object.__setattr__(self, "params", params)
         object.__setattr__(self, "dim", d)
@@ -134,8 +155,9 @@ class Flow:
 
     @property
     def options(self) -> dict[str, Any]:
-        """`{"flow_layers", "flow_bins", "flow_bound"}`, as `flow_nll` takes them."""
-        return _options(self.flow_layers, self.flow_bins, self.flow_bound)
+        """`{"flow_layers", "flow_bins", "flow_bound"}` (and `"flow_hidden"` when it is not
+        0), as `flow_nll` takes them."""
+        return _options(self.flow_layers, self.flow_bins, self.flow_bound, self.flow_hidden)
 
     def _replace(self, **changes: Any) -> Flow:
         fields = {
@@ -281,14 +303,19 @@ class Flow:
 
     @classmethod
     def from_output(
-        cls, out: Any, flow_layers: int = 4, flow_bins: int = 8, flow_bound: float = 3.0
+        cls,
+        out: Any,
+        flow_layers: int = 4,
+        flow_bins: int = 8,
+        flow_bound: float = 3.0,
+        flow_hidden: int = 0,
     ) -> Flow:
         """Decode a raw model output `(..., width)` in the `flow_nll` layout (normalised units).
 
         Raises:
-            ConfigError: the width fits no target size for `flow_layers`/`flow_bins`.
+            ConfigError: the width fits no target size for the options.
         """
-        return flow_from_output(out, flow_layers, flow_bins, flow_bound)
+        return flow_from_output(out, flow_layers, flow_bins, flow_bound, flow_hidden)
 
     def __getitem__(self, index: Any) -> Flow:
         """The flows at `index` of the batch axes (numpy indexing)."""
@@ -302,18 +329,29 @@ class Flow:
 
     def __repr__(self) -> str:
         box = "" if self.low is None else f", within=[{self.low.tolist()}, {self.high.tolist()}]"
+        hidden = f", flow_hidden={self.flow_hidden}" if self.flow_hidden else ""
         return (
             f"Flow(batch_shape={self.batch_shape}, dim={self.dim}, flow_layers={self.flow_layers}, "
-            f"flow_bins={self.flow_bins}, flow_bound={self.flow_bound}{box})"
+            f"flow_bins={self.flow_bins}, flow_bound={self.flow_bound}{hidden}{box})"
         )
 
 
 def flow_from_output(
-    out: Any, flow_layers: int = 4, flow_bins: int = 8, flow_bound: float = 3.0
+    out: Any,
+    flow_layers: int = 4,
+    flow_bins: int = 8,
+    flow_bound: float = 3.0,
+    flow_hidden: int = 0,
 ) -> Flow:
     """Decode a model output `(..., width)` (the `flow_nll` layout) into a `Flow`.
 
     Raises:
-        ConfigError: the width fits no target size for these `flow_layers`/`flow_bins`.
+        ConfigError: the width fits no target size for these options.
     """
-    return Flow(np.asarray(out, dtype=np.float64), flow_layers, flow_bins, flow_bound)
+    return Flow(
+        np.asarray(out, dtype=np.float64),
+        flow_layers,
+        flow_bins,
+        flow_bound,
+        flow_hidden=flow_hidden,
+    )

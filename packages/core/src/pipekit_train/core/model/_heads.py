@@ -14,7 +14,8 @@ A *head* names how to read a trained model's raw output:
 - `"flow"`: the output holds every parameter of a conditional normalizing flow (spline
   and mixing-map parameters, layer by layer), the layout `flow_nll` trains
   (`pipekit_train.core.losses._flow`). Its head options `{"flow_layers": L,
-  "flow_bins": K, "flow_bound": B}` say how to read it.
+  "flow_bins": K, "flow_bound": B}` (and `"flow_hidden": H` for a coupled flow) say how
+  to read it.
 
 The head (and its options) is recorded in the model registry (`register(..., head=...,
 head_options=...)`), so a loader knows what the output means without the training code.
@@ -57,11 +58,13 @@ def check_head(head: Any, *, field: str = "head") -> str:
 
 def check_head_options(head: str, options: Any, *, field: str = "head_options") -> dict | None:
     """Validate the options of `head`: `{"n_components", "covariance"}` for `"mixture"`,
-    `{"flow_layers", "flow_bins", "flow_bound"}` for `"flow"`.
+    `{"flow_layers", "flow_bins", "flow_bound"}` (and `"flow_hidden"`) for `"flow"`.
 
     Returns:
         The options as a new dict (`covariance` filled in with `"diag"`, a flow's missing
-        options with `flow_nll`'s defaults), or None for a head without options.
+        options with `flow_nll`'s defaults, except `flow_hidden`, kept only when it is not
+        0: an element-wise flow's options read as they did before the option existed, and
+        a record without it is an element-wise flow), or None for a head without options.
 
     Raises:
         ConfigError: options for a head that takes none, or bad/missing options.
@@ -112,6 +115,8 @@ def _flow_options(options: Any, field: str) -> dict:
         )
     out = {**FLOW_DEFAULTS, **options}
     check_params(out)
+    if out["flow_hidden"] == 0:
+        del out["flow_hidden"]
     return out
 
 

@@ -62,7 +62,9 @@ class ModelRecord:
             `NeuralForward.from_record` uses it.
         head_options: the head's options, if it has any: `{"n_components": K,
             "covariance": "diag" | "full"}` for `"mixture"`, `{"flow_layers": L,
-            "flow_bins": K, "flow_bound": B}` for `"flow"`; None otherwise.
+            "flow_bins": K, "flow_bound": B}` for `"flow"` (plus `"flow_hidden": H` for
+            a coupled flow; absent, as in every record written before the option, it is
+            0); None otherwise.
         record_sha256: `record_digest` of the manifest (every field above but `uri`),
             checked on `record()`/`load()`; None for a record written before pipekit-train
             stored it (only its weights are then verified).

@@ -392,7 +392,9 @@ class FsspecModelRegistry:
             head_options: for `head="mixture"`, `{"n_components": K}` (and
                 `"covariance": "full"` for a full-covariance mixture; default `"diag"`);
                 for `head="flow"`, `{"flow_layers": L, "flow_bins": K, "flow_bound": B}`
-                (missing keys: `flow_nll`'s defaults, recorded filled in); recorded as
+                and, for a coupled flow, `"flow_hidden": H` (missing keys: `flow_nll`'s
+                defaults, recorded filled in, except `flow_hidden`, recorded only when it
+                is not 0, so a record without it is an element-wise flow); recorded as
                 `record.head_options` and covered by the record digest.
 
         Returns:

@@ -79,9 +79,9 @@ class NeuralForward:
     covariances are `diag(s) L L^T diag(s)`), the weights unchanged. Calling the forward
     returns the mixture mean.
 
-    **Flow head.** With `head="flow"` (and `flow_layers`, `flow_bins`, `flow_bound` as
-    the model was trained with `losses.flow_nll`; left out, `flow_nll`'s defaults) the
-    output holds every parameter of a conditional normalizing flow in normalised units
+    **Flow head.** With `head="flow"` (and `flow_layers`, `flow_bins`, `flow_bound`,
+    `flow_hidden` as the model was trained with `losses.flow_nll`; left out, `flow_nll`'s
+    defaults) the output holds every parameter of a conditional normalizing flow in normalised units
     (layout in `pipekit_train.core.losses._flow`). `distribution(state)` returns a `Flow`
     in original units: its `loc`/`scale` are the normalizer's affine map of the output
     (`invert(0)` and `invert(1) - invert(0)`; plus the state with `residual=True`), so
@@ -102,6 +102,8 @@ class NeuralForward:
         flow_bins: the spline bins per layer and value (`head="flow"` only; default 8).
         flow_bound: the splines' interval `[-flow_bound, flow_bound]` in normalised
             units (`head="flow"` only; default 3.0).
+        flow_hidden: the coupling conditioner's hidden units per layer (`head="flow"`
+            only; default 0, element-wise layers).
         state_ndim: the number of axes of one state: 1 for a vector `(d,)` (default), 3
             for a channels-last 2-D field `(H, W, C)`. An input with `state_ndim + 1` axes
             is a batch of states.
@@ -133,6 +135,7 @@ class NeuralForward:
         flow_layers: int | None = None,
         flow_bins: int | None = None,
         flow_bound: float | None = None,
+        flow_hidden: int | None = None,
     ):
         if not callable(model_op):
             raise ConfigError(
@@ -176,7 +179,12 @@ class NeuralForward:
                 "head='mixture' needs the number of components. Received: n_components=None. "
                 "Pass n_components=K (as in mixture_nll(n_components=K) at training)."
             )
-        flow = {"flow_layers": flow_layers, "flow_bins": flow_bins, "flow_bound": flow_bound}
+        flow = {
+            "flow_layers": flow_layers,
+            "flow_bins": flow_bins,
+            "flow_bound": flow_bound,
+            "flow_hidden": flow_hidden,
+        }
         given = {k: v for k, v in flow.items() if v is not None}
         if self.head != "flow" and given:
             raise ConfigError(

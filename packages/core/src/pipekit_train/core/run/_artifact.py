@@ -349,7 +349,7 @@ class TrainingArtifact:
                 was `flow_nll`, else not recorded.
             head_options: the head's options (`{"n_components": K, "covariance": ...}`
                 for a mixture, `{"flow_layers": ..., "flow_bins": ..., "flow_bound":
-                ...}` for a flow). Default: the loss's parameters when the run's loss was
+                ...}` for a flow, with `"flow_hidden"` when it is not 0). Default: the loss's parameters when the run's loss was
                 `mixture_nll` (`flow_nll`) and the head is `"mixture"` (`"flow"`).
             test_metrics: held-out metrics (e.g. `artifact.evaluate(test)`), recorded
                 beside the run's final metrics with a `test_` prefix (covered by the

@@ -19,7 +19,8 @@
   (the same description and initial weights give the same loss curve on every backend);
   `run_golden_field`, `GOLDEN_FIELD_CASES`: its conv-net cases on channels-last fields;
   `run_golden_plateau`, `compare_plateau`, `PLATEAU_CASES`: its `ReduceLROnPlateau` cases;
-  `run_golden_flow`, `compare_golden_flow`: its flow-head case (`flow_nll`, `Flow`);
+  `run_golden_flow`, `compare_golden_flow`: its flow-head cases (`flow_nll`, `Flow`;
+  element-wise and, with `GOLDEN_FLOW_COUPLED_OPTIONS`, coupled);
   `run_golden_rollout`, `GOLDEN_ROLLOUT_CASES`: its rollout-training cases (`Rollout`).
 - `DeepSetSuite`, `point_sets`: the checks every backend's `deep_set` embedding passes.
 """
@@ -53,6 +54,8 @@ from ._golden import (
     run_golden_field,
 )
 from ._golden_flow import (
+    GOLDEN_FLOW_COUPLED_LR,
+    GOLDEN_FLOW_COUPLED_OPTIONS,
     GOLDEN_FLOW_OPTIONS,
     GOLDEN_FLOW_STEPS,
     compare_golden_flow,
@@ -107,6 +110,8 @@ __all__ = [
     "GOLDEN_EMA_CASES",
     "GOLDEN_FIELD_CASES",
     "GOLDEN_FIELD_STEPS",
+    "GOLDEN_FLOW_COUPLED_LR",
+    "GOLDEN_FLOW_COUPLED_OPTIONS",
     "GOLDEN_FLOW_OPTIONS",
     "GOLDEN_FLOW_STEPS",
     "GOLDEN_ROLLOUTS",

@@ -5,7 +5,12 @@ Every backend builds its MLP from the same canonical weights (`golden_weights`) 
 at fixed targets and its samples from a fixed seed for the *initial* weights (the same
 weights must give the same density and draws), then trains with `flow_nll` and records
 every step's loss, the final validation loss and the trained flow's `log_prob` and
-samples. `compare_golden_flow` checks two backends' records against each other.
+samples. `compare_golden_flow` checks two backends' records against each other. The
+coupled case (`GOLDEN_FLOW_COUPLED_OPTIONS`: the same flow with `flow_hidden=8`, the
+conditioner's weights part of the output) runs the same way with
+`run_golden_flow(backend, options=GOLDEN_FLOW_COUPLED_OPTIONS, lr=GOLDEN_FLOW_COUPLED_LR)`
+(at Adam's 0.01 its loss jumps about after 20 steps and float rounding then separates
+the backends by 0.3; at 1e-3 they agree).
 
 ```python
 from pipekit_train.core.testing import compare_golden_flow, run_golden_flow
@@ -31,6 +36,8 @@ from pipekit_train.core.data import ArrayDataset
 from ._golden import GoldenBackend, golden_weights
 
 __all__ = [
+    "GOLDEN_FLOW_COUPLED_LR",
+    "GOLDEN_FLOW_COUPLED_OPTIONS",
     "GOLDEN_FLOW_OPTIONS",
     "GOLDEN_FLOW_STEPS",
     "compare_golden_flow",
@@ -43,6 +50,12 @@ GOLDEN_FLOW_STEPS = 40
 
 GOLDEN_FLOW_OPTIONS: dict[str, Any] = {"flow_layers": 2, "flow_bins": 4, "flow_bound": 3.0}
 """`flow_nll`'s options in the flow case (2 layers of 4 bins: 56 outputs for 2 values)."""
+
+GOLDEN_FLOW_COUPLED_OPTIONS: dict[str, Any] = {**GOLDEN_FLOW_OPTIONS, "flow_hidden": 8}
+"""The coupled flow case's options (`flow_hidden=8`: 56 + 2 * 115 = 286 outputs)."""
+
+GOLDEN_FLOW_COUPLED_LR = 1e-3
+"""Adam's learning rate in the coupled flow case (the element-wise case uses 0.01)."""
 
 _PROBES = 8  # observations whose flows are probed
 _DRAWS = 16  # samples per probed flow
@@ -65,30 +78,44 @@ def golden_flow_task(
     return ArrayDataset(x=x[:n_train], y=y[:n_train]), ArrayDataset(x=x[n_train:], y=y[n_train:])
 
 
-def _probe(model: Any, val: ArrayDataset) -> tuple[list, list]:
+def _probe(model: Any, val: ArrayDataset, options: Mapping[str, Any]) -> tuple[list, list]:
     """`(log_prob at the first targets, samples from seed 0)` of the model's flows."""
     batch = val.get_batch(np.arange(_PROBES))
-    flow = Flow.from_output(np.asarray(model(batch["x"])), **GOLDEN_FLOW_OPTIONS)
+    flow = Flow.from_output(np.asarray(model(batch["x"])), **options)
     log_prob = flow.log_prob(batch["y"])
     samples = flow.sample(np.random.default_rng(0), n=_DRAWS)
     return log_prob.tolist(), samples.tolist()
 
 
-def run_golden_flow(backend: GoldenBackend, *, steps: int = GOLDEN_FLOW_STEPS) -> dict[str, Any]:
+def run_golden_flow(
+    backend: GoldenBackend,
+    *,
+    steps: int = GOLDEN_FLOW_STEPS,
+    options: Mapping[str, Any] = GOLDEN_FLOW_OPTIONS,
+    lr: float = 0.01,
+) -> dict[str, Any]:
     """The flow case on `backend` (JSON): initial and trained `log_prob` and samples, and
-    the training curve of `flow_nll` with Adam."""
+    the training curve of `flow_nll` with Adam.
+
+    Args:
+        backend: the backend under test.
+        steps: the optimizer steps.
+        options: `flow_nll`'s options (`GOLDEN_FLOW_COUPLED_OPTIONS`: the coupled case).
+        lr: Adam's learning rate (`GOLDEN_FLOW_COUPLED_LR` in the coupled case).
+    """
+    options = dict(options)
     train, val = golden_flow_task()
     width = losses.flow_width(
-        2, GOLDEN_FLOW_OPTIONS["flow_layers"], GOLDEN_FLOW_OPTIONS["flow_bins"]
+        2, options["flow_layers"], options["flow_bins"], options.get("flow_hidden", 0)
     )
     weights = golden_weights((2, 32, width))
-    log_prob0, samples0 = _probe(backend.model_from_weights(weights), val)
+    log_prob0, samples0 = _probe(backend.model_from_weights(weights), val, options)
     artifact = TrainingLoop(
         model=backend.model_from_weights(weights),
         data=train,
         validation=val,
-        loss=losses.flow_nll(**GOLDEN_FLOW_OPTIONS),
-        optimizer_config={"name": "adam", "lr": 0.01},
+        loss=losses.flow_nll(**options),
+        optimizer_config={"name": "adam", "lr": lr},
         batch_size=32,
         max_steps=steps,
         validate_every_n_steps=steps,
@@ -97,7 +124,7 @@ def run_golden_flow(backend: GoldenBackend, *, steps: int = GOLDEN_FLOW_STEPS) -
         adapter=backend.adapter("float32"),
         progress=False,
     ).run()
-    log_prob1, samples1 = _probe(artifact.model, val)
+    log_prob1, samples1 = _probe(artifact.model, val, options)
     return {
         "backend": backend.name,
         "log_prob_initial": log_prob0,

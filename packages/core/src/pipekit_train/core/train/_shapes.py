@@ -280,19 +280,25 @@ def _check_flow(
     model: Any, params: dict[str, Any], name: str, pred: tuple[int, ...], target: tuple[int, ...]
 ) -> None:
     from pipekit_train.core.losses import flow_width
+    from pipekit_train.core.losses._flow import check_coupling
 
     layers, bins = params["flow_layers"], params["flow_bins"]
-    width = flow_width(target[-1], layers, bins)
+    hidden = params.get("flow_hidden", 0)
+    check_coupling(target[-1], hidden, f"`{name}` target")
+    width = flow_width(target[-1], layers, bins, hidden)
     if pred != (*target[:-1], width):
         size = _size_kwarg(model, _OUT_KWARGS)
         fix = f"build the model with {size[0]}={width}" if size is not None else "change the model"
+        options = f"flow_layers={layers}, flow_bins={bins}"
+        args = f"{target[-1]}, {layers}, {bins}"
+        if hidden:
+            options, args = f"{options}, flow_hidden={hidden}", f"{args}, {hidden}"
         raise ConfigError(
             f"`{name}` targets do not fit the model's predictions for `flow_nll` with "
-            f"flow_layers={layers}, flow_bins={bins}: {target[-1]} target values need "
-            f"{width} outputs (flow_width({target[-1]}, {layers}, {bins})). Received: "
-            f"{name}['y'] with samples of shape {target}, but the model predicts samples of "
-            f"shape {pred} ({_describe_model(model, size)}). Make the outputs match: {fix}, "
-            "or change flow_layers/flow_bins."
+            f"{options}: {target[-1]} target values need {width} outputs (flow_width({args})). "
+            f"Received: {name}['y'] with samples of shape {target}, but the model predicts "
+            f"samples of shape {pred} ({_describe_model(model, size)}). Make the outputs "
+            f"match: {fix}, or change flow_layers/flow_bins{'/flow_hidden' if hidden else ''}."
         )
 
 
