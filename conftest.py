@@ -144,9 +144,40 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 # `PIPEKIT_SUITE_TIMELINE=path.jsonl uv run pytest` writes one line per test phase as the
 # controller receives it: seconds since the run started, the xdist worker, the test, the
 # phase and its duration. `scripts/suite_timeline.py path.jsonl` reads it (per worker: the
-# units in the order they ran, their wall time, and the idle tail).
+# units in the order they ran, their wall time, and the idle tail). Each phase also
+# carries the CPU seconds its worker process and the children it waited for used since the
+# previous phase (`cpu`: wall time on a loaded 2-core machine says little about cost).
 _TIMELINE = os.environ.get("PIPEKIT_SUITE_TIMELINE")
 _T0 = __import__("time").monotonic()
+_CPU_LAST: list[float] = []
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the CPU count of the suite timeline after collection (see above)."""
+    if _TIMELINE:
+        _CPU_LAST[:] = [_cpu_seconds()]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Attach the phase's CPU seconds to its report (suite timeline only; see above)."""
+    outcome = yield
+    if not _TIMELINE:
+        return
+    now = _cpu_seconds()
+    last = _CPU_LAST[0] if _CPU_LAST else now
+    _CPU_LAST[:] = [now]
+    outcome.get_result().user_properties.append(("cpu", round(now - last, 2)))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -166,6 +197,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         "when": report.when,
         "duration": round(report.duration, 2),
         "outcome": report.outcome,
+        "cpu": dict(report.user_properties).get("cpu"),
     }
     with open(_TIMELINE, "a") as fh:
         fh.write(json.dumps(line) + "\n")

@@ -9,7 +9,10 @@ uv run python scripts/suite_timeline.py /tmp/t.jsonl --top 40
 Per xdist worker: the work units in the order they ran (a unit is a test file, the Ray
 files together, the golden files together, one docs page), the wall time each held the
 worker (from the previous unit's last report to its own last), and when the worker went
-idle. Then the units by wall time and the tests by summed phase durations.
+idle. Then the units by wall time and the tests by summed phase durations; with CPU
+seconds in the timeline (its `cpu` field: the worker's and its waited-for children's), the
+units and tests by CPU too (what a test costs, where wall time on a loaded machine also
+counts the others).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ def main() -> None:
     units: dict[tuple[str, str], list[float]] = {}  # (worker, unit) -> [first, last] report
     order: dict[str, list[str]] = defaultdict(list)
     tests: dict[str, float] = defaultdict(float)
+    cpu_units: dict[str, float] = defaultdict(float)
+    cpu_tests: dict[str, float] = defaultdict(float)
     for x in lines:
         key = (x["worker"], x["unit"])
         if key not in units:
@@ -38,6 +43,9 @@ def main() -> None:
             order[x["worker"]].append(x["unit"])
         units[key][1] = x["t"]
         tests[x["test"]] += x["duration"]
+        if x.get("cpu") is not None:
+            cpu_units[x["unit"]] += x["cpu"]
+            cpu_tests[x["test"]] += x["cpu"]
 
     print(f"run: {end:.0f} s from the controller's start to the last report")
     walls: dict[str, float] = {}
@@ -58,6 +66,14 @@ def main() -> None:
     print(f"\ntests by summed durations (top {args.top}):")
     for test, dur in sorted(tests.items(), key=lambda kv: -kv[1])[: args.top]:
         print(f"  {dur:6.1f} s  {test}")
+    if cpu_units:
+        print(f"\nCPU: {sum(cpu_units.values()):.0f} s in all after collection")
+        print(f"units by CPU (top {args.top}):")
+        for unit, cpu in sorted(cpu_units.items(), key=lambda kv: -kv[1])[: args.top]:
+            print(f"  {cpu:6.0f} s  {unit}")
+        print(f"\ntests by CPU (top {args.top}):")
+        for test, cpu in sorted(cpu_tests.items(), key=lambda kv: -kv[1])[: args.top]:
+            print(f"  {cpu:6.1f} s  {test}")
 
 
 if __name__ == "__main__":
