@@ -4,6 +4,7 @@ Gaussian head on a curved conditional density, and the registry hands back a `Fl
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -75,19 +76,28 @@ def test_flow_head_beats_the_gaussian_head(backend: str, tmp_path: Path) -> None
     assert np.median(np.abs(resid)) < 0.2
 
 
+def _one_step_loop(model: Any, data: Any, loss: Any) -> TrainingLoop:
+    """A one-update `TrainingLoop` of `model` on `data` with the flow `loss` (checks only)."""
+    return TrainingLoop(
+        model=model,
+        data=data,
+        loss=loss,
+        optimizer_config={"name": "adam", "lr": 1e-3},
+        batch_size=16,
+        max_steps=1,
+        progress=False,
+    )
+
+
 def test_flow_width_is_checked_before_any_work() -> None:
     """A model whose output width does not fit `flow_nll`'s layout is refused by
     `TrainingLoop` itself, naming the width it needs."""
     train = banana(64, 0)
     with pytest.raises(ConfigError, match=r"2 target values need 156 outputs.*out_size=156"):
-        TrainingLoop(
-            model=toymodels.model_op("equinox", in_size=1, out_size=155, width=8, seed=0),
-            data=train,
-            loss=losses.flow_nll(**OPTS),
-            optimizer_config={"name": "adam", "lr": 1e-3},
-            batch_size=16,
-            max_steps=1,
-            progress=False,
+        _one_step_loop(
+            toymodels.model_op("equinox", in_size=1, out_size=155, width=8, seed=0),
+            train,
+            losses.flow_nll(**OPTS),
         )
 
 
@@ -101,24 +111,16 @@ def test_a_coupled_flow_over_one_value_is_refused_before_any_work() -> None:
     with pytest.raises(
         ConfigError, match=r"Received: flow_hidden=8, but the `data` target has 1 value"
     ):
-        TrainingLoop(
-            model=toymodels.model_op(
+        _one_step_loop(
+            toymodels.model_op(
                 "equinox", in_size=1, out_size=losses.flow_width(1, 3, 8), width=8, seed=0
             ),
-            data=one,
-            loss=losses.flow_nll(**OPTS, flow_hidden=8),
-            optimizer_config={"name": "adam", "lr": 1e-3},
-            batch_size=16,
-            max_steps=1,
-            progress=False,
+            one,
+            losses.flow_nll(**OPTS, flow_hidden=8),
         )
     with pytest.raises(ConfigError, match=r"flow_hidden=8: 2 target values need 825 outputs"):
-        TrainingLoop(
-            model=toymodels.model_op("equinox", in_size=1, out_size=156, width=8, seed=0),
-            data=train,
-            loss=losses.flow_nll(**OPTS, flow_hidden=8),
-            optimizer_config={"name": "adam", "lr": 1e-3},
-            batch_size=16,
-            max_steps=1,
-            progress=False,
+        _one_step_loop(
+            toymodels.model_op("equinox", in_size=1, out_size=156, width=8, seed=0),
+            train,
+            losses.flow_nll(**OPTS, flow_hidden=8),
         )

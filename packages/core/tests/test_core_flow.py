@@ -87,22 +87,30 @@ def test_inverse_and_forward_are_each_others_identity(d: int) -> None:
     np.testing.assert_allclose(losses.flow_inverse(pred, z2, **OPTS), theta2, atol=1e-9)
 
 
+def _assert_log_det_is_the_jacobians(
+    pred: np.ndarray, theta: np.ndarray, log_det: np.ndarray, opts: dict
+) -> None:
+    """Each sample's log-determinant equals log|det| of a central-difference Jacobian of
+    `flow_transform` (float64)."""
+    eps, d = 1e-6, theta.shape[-1]
+    for i in range(len(theta)):
+        cols = []
+        for j in range(d):
+            step = np.zeros(d)
+            step[j] = eps
+            up, _ = losses.flow_transform(pred[i], theta[i] + step, **opts)
+            down, _ = losses.flow_transform(pred[i], theta[i] - step, **opts)
+            cols.append((up - down) / (2 * eps))
+        jac = np.stack(cols, axis=-1)
+        assert log_det[i] == pytest.approx(np.log(abs(np.linalg.det(jac))), abs=1e-5)
+
+
 def test_log_determinant_is_the_jacobians() -> None:
     """The change-of-variables term equals log|det| of a finite-difference Jacobian."""
     pred = params(3, scale=0.8, batch=(6,))
     theta = np.random.default_rng(2).normal(size=(6, 3)) * 1.5
     _, log_det = losses.flow_transform(pred, theta, **OPTS)
-    eps = 1e-6
-    for i in range(6):
-        cols = []
-        for j in range(3):
-            step = np.zeros(3)
-            step[j] = eps
-            up, _ = losses.flow_transform(pred[i], theta[i] + step, **OPTS)
-            down, _ = losses.flow_transform(pred[i], theta[i] - step, **OPTS)
-            cols.append((up - down) / (2 * eps))
-        jac = np.stack(cols, axis=-1)
-        assert log_det[i] == pytest.approx(np.log(abs(np.linalg.det(jac))), abs=1e-5)
+    _assert_log_det_is_the_jacobians(pred[:6], theta[:6], log_det[:6], OPTS)
 
 
 def test_samples_follow_the_density() -> None:
@@ -354,17 +362,7 @@ def test_coupled_inverse_and_log_determinant_are_exact(d: int) -> None:
     z2 = np.random.default_rng(30 + d).normal(size=(200, d)) * 2.0
     back, _ = losses.flow_transform(pred, losses.flow_inverse(pred, z2, **HOPTS), **HOPTS)
     np.testing.assert_allclose(back, z2, atol=1e-9)
-    eps = 1e-6
-    for i in range(6):
-        cols = []
-        for j in range(d):
-            step = np.zeros(d)
-            step[j] = eps
-            up, _ = losses.flow_transform(pred[i], theta[i] + step, **HOPTS)
-            down, _ = losses.flow_transform(pred[i], theta[i] - step, **HOPTS)
-            cols.append((up - down) / (2 * eps))
-        jac = np.stack(cols, axis=-1)
-        assert log_det[i] == pytest.approx(np.log(abs(np.linalg.det(jac))), abs=1e-5)
+    _assert_log_det_is_the_jacobians(pred[:6], theta[:6], log_det[:6], HOPTS)
 
 
 def test_the_second_half_depends_on_the_first() -> None:
