@@ -196,6 +196,95 @@ def main(out: Path, strategy: str, elastic: bool) -> None:
             runs["restored_2_on_1"] = _elastic_run(out, 6, "e21", 1)
             runs["resume_2_to_1"] = _elastic_run(out, 10, "e21", 1)
         (out / f"elastic-rank{rank}.json").write_text(json.dumps(runs))
+    if elastic:
+        (out / f"torch-rank{rank}.json").write_text(json.dumps(_torch_runs(out, rank)))
+
+
+def _torch_runs(out: Path, rank: int) -> dict[str, Any]:
+    """`Torch()` on the process group Lightning's DDP left initialized: data parallel."""
+    import numpy as np
+    import torch
+
+    from pipekit_train.core import Checkpoint, TrainingLoop
+    from pipekit_train.core.data import ArrayDataset
+    from pipekit_train.core.testing import regression_task
+    from pipekit_train.lightning import LightningModelOp, Torch
+    from pipekit_train.lightning._distributed import DataParallel
+    from pipekit_train.lightning._state import TorchState
+
+    assert torch.distributed.is_initialized()
+    train, val = regression_task()
+
+    def run(tag: str, max_steps: int, *, dropout: float = 0.0, **kwargs: Any) -> dict[str, Any]:
+        data = kwargs.pop("data", None) or _recording_data()
+        art = TrainingLoop(
+            model=LightningModelOp(
+                "pipekit_train.lightning.testing:mlp",
+                in_size=4,
+                out_size=1,
+                width=8,
+                dropout=dropout,
+                seed=0,
+            ),
+            data=data,
+            validation=val,
+            optimizer_config={"name": "adam", "lr": 0.01},
+            batch_size=16,
+            max_steps=max_steps,
+            validate_every_n_steps=3,
+            adapter=Torch(),
+            progress=False,
+            **kwargs,
+        ).run()
+        ran = art.steps - (art.resumed_from_step or 0)
+        return {
+            "steps": art.steps,
+            "resumed_from_step": art.resumed_from_step,
+            "sha": hashlib.sha256(art.model.serialize_weights()).hexdigest(),
+            "weights": [
+                t.detach().double().ravel().tolist() for t in art.model.model.state_dict().values()
+            ],
+            "loss": art.history["loss"],
+            "seen": getattr(data, "seen", [])[:ran],
+            "skipped": art.history.series("nonfinite_skipped")[0]
+            if "nonfinite_skipped" in art.history
+            else [],
+        }
+
+    def ckpt(name: str, every: int = 3) -> Checkpoint:
+        return Checkpoint(out / name, every_n_steps=every, max_to_keep=None)
+
+    runs: dict[str, Any] = {
+        # the same run as Lightning's two-process `reference_2` (no dropout)
+        "plain": run("plain", 10),
+        # dropout: 6 steps, a resume to 10, an uninterrupted 10
+        "first": run("first", 6, dropout=0.1, checkpoint=ckpt("t-ckpt")),
+        "resumed": run("resumed", 10, dropout=0.1, checkpoint=ckpt("t-ckpt")),
+        "reference": run("reference", 10, dropout=0.1),
+    }
+    # on_nonfinite="skip" with a NaN in one process's shard only: both drop that update
+    batch = train.get_batch(np.arange(len(train)))
+    batch["x"][37] = np.nan
+    runs["skip"] = run("skip", 16, data=ArrayDataset(**batch), on_nonfinite="skip")
+    # a torch DataLoader would be read whole by every process: refused before any work
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from pipekit_train.core import ConfigError
+
+    tensors = TensorDataset(torch.from_numpy(batch["x"]), torch.from_numpy(batch["y"]))
+    try:
+        run("loader", 4, data=DataLoader(tensors, batch_size=8), checkpoint=ckpt("t-loader"))
+        runs["refused_loader"] = None
+    except ConfigError as err:
+        runs["refused_loader"] = str(err)
+    runs["loader_dir"] = (out / "t-loader").exists()
+    # each process draws its own dropout stream from the one shared private state
+    dp = DataParallel(torch.device("cpu"))
+    state = TorchState(torch.nn.Linear(1, 1), torch_rng=torch.manual_seed(0).get_state())
+    dp.reseed(state)
+    runs["draw"] = torch.rand(4).tolist()
+    runs["shared_rng"] = hashlib.sha256(state.torch_rng.numpy().tobytes()).hexdigest()
+    return runs
 
 
 if __name__ == "__main__":

@@ -132,3 +132,31 @@ def test_ddp_elastic_resume_continues_the_global_sample_sequence(ddp_run: Path) 
     print("max |weight difference| (1->2 vs ref1, vs ref2, 2->1 vs ref1, vs ref2, ref2 vs ref1):")
     print(" ".join(f"{d:.3g}" for d in diffs))
     assert max(diffs) < 1e-5, diffs
+
+
+@pytest.mark.slow
+def test_torch_adapter_trains_data_parallel_on_the_process_group(ddp_run: Path) -> None:
+    """`Torch()` in the same two processes, after Lightning's DDP set up the group."""
+    runs = [json.loads((ddp_run / f"torch-rank{r}.json").read_text()) for r in (0, 1)]
+    lightning = json.loads((ddp_run / "elastic-rank0.json").read_text())["reference_2"]
+    one, other = runs
+    # each process reads its half of every global batch, as under Lightning's DDP
+    assert one["plain"]["seen"] == lightning["seen"]
+    assert all(len(part) == 8 for part in other["plain"]["seen"])
+    # the replicas stay bit-identical, and the run is Lightning's DDP run to rounding
+    for name in ("plain", "first", "resumed", "reference", "skip"):
+        assert one[name]["sha"] == other[name]["sha"], name
+    assert one["plain"]["loss"] == other["plain"]["loss"]  # the losses are averaged too
+    assert _max_diff(one["plain"], lightning) < 1e-6
+    # dropout: exact resume from the chief's checkpoint, on both processes
+    assert one["resumed"]["resumed_from_step"] == 6
+    assert one["resumed"]["sha"] == one["reference"]["sha"] != one["plain"]["sha"]
+    # a NaN in one process's shard: both drop the same update
+    assert len(one["skip"]["skipped"]) == 1 and one["skip"]["skipped"] == other["skip"]["skipped"]
+    assert one["skip"]["steps"] == 16
+    # a torch DataLoader is refused on every process, before any work
+    for r in runs:
+        assert "Received: data=DataLoader, processes=2" in r["refused_loader"]
+        assert not r["loader_dir"]
+    # dropout streams differ per process; the shared private state does not
+    assert one["draw"] != other["draw"] and one["shared_rng"] == other["shared_rng"]

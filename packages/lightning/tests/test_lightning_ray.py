@@ -1,10 +1,11 @@
-"""`Lightning()` on a Ray Train worker group (`pipekit_train.lightning.ray.fit_on_ray`).
+"""`Torch()` and `Lightning()` on a Ray Train worker group (`pipekit_train.lightning.ray.fit_on_ray`).
 
 A local Ray runtime, shared by this module, runs two CPU workers (gloo). The restart test
-SIGKILLs worker 1 at about half of training, with the checkpoints on `s3://` (a moto
-server on loopback); Ray restarts the group (`max_failures=1`),
-which resumes from pipekit's latest complete checkpoint and must end with the weight
-bytes of an uninterrupted two-worker run.
+trains `Torch()` data-parallel, SIGKILLs worker 1 at about half of training, with the
+checkpoints on `s3://` (a moto server on loopback); Ray restarts the group
+(`max_failures=1`), which resumes from pipekit's latest complete checkpoint and must end
+with the weight bytes of an uninterrupted two-worker `Torch()` run, which are those of
+the same run with `Lightning()` (Ray's DDP strategy) too.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def make_loop(
     out: str,
     tag: str,
     kill_at: int | None,
-    adapter: str = "lightning",
+    adapter: str = "torch",
     s3: dict[str, Any] | None = None,
 ) -> Any:
     """The job's loop (built on each worker); with `s3` (the loopback server's storage
@@ -69,14 +70,18 @@ def make_loop(
 
 
 def reference_then(out: str, loop: Any) -> Any:
-    """On each worker: first the uninterrupted two-worker reference run (once per job:
-    not again in the restarted group), then hand `loop` to `fit_on_ray`. One Ray Train
-    run then holds both, which saves starting a third worker group."""
+    """On each worker: first the uninterrupted two-worker reference runs, `Torch()` and
+    `Lightning()` (once per job: not again in the restarted group), then hand `loop` to
+    `fit_on_ray`. One Ray Train run then holds all three, which saves starting more
+    worker groups."""
     from pipekit_train.lightning.ray import on_ray
 
-    if not all((Path(out) / f"reference-rank{r}.json").exists() for r in (0, 1)):
-        reference = on_ray(make_loop(out, "reference", None).plan)
-        reference.adapter.run(reference)
+    if not all((Path(out) / f"lightning-rank{r}.json").exists() for r in (0, 1)):
+        for tag in ("reference", "lightning"):
+            reference = on_ray(
+                make_loop(out, tag, None, adapter=tag.replace("reference", "torch")).plan
+            )
+            reference.adapter.run(reference)
     return loop
 
 
@@ -126,15 +131,23 @@ def test_bad_arguments_fail_before_ray_starts(tmp_path: Path) -> None:
     assert not ray.is_initialized()
 
 
-def test_torch_adapter_is_refused_with_a_pointer_to_lightning(tmp_path: Path) -> None:
+def test_on_ray_sets_up_lightning_and_keeps_torch_on_the_cpu(tmp_path: Path) -> None:
+    import dataclasses
+
+    from pipekit_train.core.testing import NumpyAdapter
     from pipekit_train.lightning.ray import on_ray
 
-    plan = make_loop(str(tmp_path), "x", None, adapter="torch").plan
-    with pytest.raises(ConfigError, match=r"adapter=Lightning\(accelerator='cpu'\)"):
-        on_ray(plan)
+    plan = make_loop(str(tmp_path), "x", None).plan
+    assert on_ray(plan) is plan  # Torch() without a GPU: data parallel over the group as it is
+    lightning = on_ray(make_loop(str(tmp_path), "x", None, adapter="lightning").plan)
+    kwargs = lightning.adapter.trainer_kwargs
+    assert kwargs["accelerator"] == "cpu" and kwargs["devices"] == "auto"
+    assert type(kwargs["strategy"]).__name__ == "RayDDPStrategy"
+    with pytest.raises(ConfigError, match=r"Received: adapter=NumpyAdapter"):
+        on_ray(dataclasses.replace(plan, adapter=NumpyAdapter()))
 
 
-@pytest.mark.slow  # a Ray Train run of two Lightning workers, restarted once (~110 s)
+@pytest.mark.slow  # a Ray Train run of two workers, restarted once (~100 s)
 def test_a_killed_worker_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
     tmp_path: Path, ray_runtime: LoopbackS3
 ) -> None:
@@ -158,6 +171,8 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
     assert [r["resumed_from_step"] for r in got] == [resumed_at] * 2
     assert [r["resumed_from_step"] for r in ref] == [None] * 2
     assert got[0]["sha"] == got[1]["sha"] == ref[0]["sha"] == ref[1]["sha"]
+    # Torch()'s gradient average is DDP's: the Lightning run ends with the same bytes
+    assert [r["sha"] for r in _records(tmp_path, "lightning")] == [ref[0]["sha"]] * 2
     assert {r["job"] for r in got} == {"ray-train:pipekit-ray-restart"}
     # two starts of each worker: at step 0 and, after Ray's restart, at the checkpoint
     starts = (tmp_path / "killed-starts.txt").read_text().split("\n")[:-1]

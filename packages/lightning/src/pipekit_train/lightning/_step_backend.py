@@ -44,6 +44,7 @@ from ._checkpoint import checkpointer
 from ._compile import CUDA_GRAPHS, Objective
 from ._data import loader_batches, loader_pass
 from ._determinism import is_deterministic
+from ._distributed import DataParallel
 from ._ema import averaged_copy, has_ema, swapped_in
 from ._fetch import fetch
 from ._grad_norm import grad_norm
@@ -115,12 +116,19 @@ class TorchStepBackend(StepBackend[TorchState]):
         self._zero_grad = GradReset()
         # the private RNG is swapped in only around modules that may draw from it
         self._random = not is_deterministic(self._op.model)
+        # data parallel over an initialized process group (`_distributed.py`)
+        self._dp = DataParallel(self._device) if DataParallel.joined() else None
+        if self._dp is not None:
+            self.data_shard = (self._dp.rank, self._dp.world)
+            self.is_chief = self._dp.rank == 0
 
     # -- state -----------------------------------------------------------------------------
     def init_state(self) -> TorchState:
         """A copy of the model on the device, a fresh optimizer (and schedule), a seeded RNG."""
         net = copy.deepcopy(self._op.model).to(self._device)
         net.train()
+        if self._dp is not None:
+            self._dp.broadcast(net)
         optimizer, scheduler = build_optimizer(
             self.plan.optimizer_config,
             net.parameters(),
@@ -214,6 +222,8 @@ class TorchStepBackend(StepBackend[TorchState]):
         else:
             loss = self._objective(state)(batch)
         loss.backward()
+        if self._dp is not None:
+            (loss,) = self._dp.average(state.module, (loss,))
         self._norm = self._clip_grads(state.module)
         optimizer.step()
         for scheduler in state.schedulers:
@@ -239,6 +249,8 @@ class TorchStepBackend(StepBackend[TorchState]):
         if m == 1 and scaler is None and not self._skip:
             return [self._plain_update(state, batches[0])]
         objective = self._objective(state)
+        if self._dp is not None and self._random:
+            self._dp.reseed(state)  # this process's stream for this update
         saved = None
         if self._skip:
             buffers = [b for b in net.buffers() if b.is_floating_point()]
@@ -254,6 +266,8 @@ class TorchStepBackend(StepBackend[TorchState]):
                 scaled = scaler.scale(scaled)
             scaled.backward()
             losses.append(loss.detach())
+        if self._dp is not None:  # every process now sees the same gradients and losses
+            losses = self._dp.average(net, losses)
         if self._grad_norm:  # a dropped update reports NaN
             self._norm = torch.full((), float("nan"), device=losses[0].device)
         if self._skip and not all(bool(torch.isfinite(v)) for v in losses):
@@ -280,13 +294,14 @@ class TorchStepBackend(StepBackend[TorchState]):
         if state.torch_rng is None or not self._random:
             return None
         outer = torch.get_rng_state()
-        torch.set_rng_state(state.torch_rng)
+        if self._dp is None:  # data parallel: each update seeds its own (`_update`)
+            torch.set_rng_state(state.torch_rng)
         return outer
 
-    @staticmethod
-    def _leave_rng(state: TorchState, outer: torch.Tensor | None) -> None:
+    def _leave_rng(self, state: TorchState, outer: torch.Tensor | None) -> None:
         if outer is not None:
-            state.torch_rng = torch.get_rng_state()
+            if self._dp is None:
+                state.torch_rng = torch.get_rng_state()
             torch.set_rng_state(outer)
 
     def _graph(self, state: TorchState) -> GraphedUpdate:
@@ -414,6 +429,10 @@ class TorchStepBackend(StepBackend[TorchState]):
     def learning_rate(self, state: TorchState) -> float:
         """The first parameter group's learning rate."""
         return float(state.optimizers[0].param_groups[0]["lr"])
+
+    def agree(self, flags: Sequence[bool]) -> Sequence[bool]:
+        """Element-wise "any process" of the step-boundary flags (data parallel runs)."""
+        return flags if self._dp is None else self._dp.any(flags)
 
     def fetch(self, values: Any) -> list[np.ndarray]:
         """Tensors to host arrays in one transfer."""

@@ -9,7 +9,6 @@ update is the loop a PyTorch user writes by hand.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +28,7 @@ from ._adapter import TRAINER_KWARGS
 from ._compile import CUDA_GRAPHS, compile_options
 from ._data import is_datamodule
 from ._determinism import is_deterministic
+from ._distributed import DataParallel, launched_world_size
 from ._graphs import CAPTURABLE_OPTIMIZERS
 from ._model import LightningModelOp, is_lightning_module
 from ._nvml import without_nvml_check
@@ -50,9 +50,13 @@ class Torch(StepAdapter):
     ends bit-identical to such a loop over the same batches. It runs the whole canonical
     spec (every optimizer, decoupled weight decay, clipping, every schedule, gradient
     accumulation, the non-finite policies, core's three precisions), core datasets and
-    torch `DataLoader`s, `OnlineTrainer`, and exact resume. It trains in one process on
-    one device; for Lightning's strategies (DDP, FSDP, several devices), a
-    `LightningModule` or a `LightningDataModule` use `Lightning()`.
+    torch `DataLoader`s, `OnlineTrainer`, and exact resume. It trains on one device per
+    process; in a process that joined an initialized `torch.distributed` process group
+    of several (Ray Train's `TorchTrainer`, or `init_process_group` under `torchrun`) it
+    trains data-parallel, as DDP does: each process takes its part of every global batch
+    of a pipekit dataset and the gradients are averaged with one all-reduce per update
+    (`_distributed.py`). For Lightning's strategies (FSDP, several devices per process),
+    a `LightningModule` or a `LightningDataModule` use `Lightning()`.
 
     Args:
         steps_per_execution: fused steps: the most optimizer updates one call runs (core
@@ -116,8 +120,8 @@ class Torch(StepAdapter):
         for key, value in lightning_only.items():
             if key in TRAINER_KWARGS or key in ("max_steps", "max_epochs"):
                 raise ConfigError(
-                    f"`{key}` is a Lightning() option: Torch() trains in one process on one "
-                    f"device with a plain torch loop. Received: {key}={value!r}. {_POINTER}"
+                    f"`{key}` is a Lightning() option: Torch() trains on one device per "
+                    f"process with a plain torch loop. Received: {key}={value!r}. {_POINTER}"
                 )
             raise ConfigError(
                 f"`{key}` is not a Torch() argument. Received: {key}={value!r}. Use "
@@ -216,13 +220,7 @@ class Torch(StepAdapter):
     def validate(self, plan: Plan) -> None:
         """Raise `ConfigError` for anything `Torch()` cannot run (before any work)."""
         self._check_model(plan.model)
-        world = os.environ.get("WORLD_SIZE", "1")
-        if world.isdigit() and int(world) > 1:
-            raise self._unsupported(
-                "A multi-process run",
-                f"WORLD_SIZE={world}",
-                "Torch() trains in one process; use adapter=Lightning(strategy='ddp').",
-            )
+        self._check_processes(plan)
         for field in ("data", "validation"):
             if is_datamodule(getattr(plan, field)):
                 raise self._unsupported(
@@ -262,6 +260,34 @@ class Torch(StepAdapter):
                 "`fused_optimizer` builds the optimizer from the canonical spec. Received: "
                 "fused_optimizer=True with a callable optimizer_config. Pass fused=True to "
                 "your own optimizer instead, or use a dict optimizer_config."
+            )
+
+    def _check_processes(self, plan: Plan) -> None:
+        """Data parallel runs: a process group to join, and what it cannot run."""
+        if not DataParallel.joined():
+            world = launched_world_size()
+            if world > 1:
+                raise ConfigError(
+                    "Torch() trains data-parallel over torch.distributed's default process "
+                    f"group, which this process has not joined. Received: WORLD_SIZE={world}. "
+                    "Call torch.distributed.init_process_group('gloo') (or 'nccl') before the "
+                    "run, or launch it with pipekit_train.lightning.ray.fit_on_ray."
+                )
+            return
+        world = torch.distributed.get_world_size()
+        for field in ("data", "validation"):
+            if self.accepts_data(getattr(plan, field)):
+                raise ConfigError(
+                    f"A torch DataLoader `{field}` is not supported in a data-parallel Torch() "
+                    f"run: every process would read all of it. Received: {field}="
+                    f"{type(getattr(plan, field)).__name__}, processes={world}. Use a pipekit "
+                    "dataset (core gives each process its part of every batch)."
+                )
+        if self.compile == CUDA_GRAPHS:
+            raise ConfigError(
+                "compile='cuda-graphs' captures one process's update; the gradient "
+                f"all-reduce of a data-parallel run is not in it. Received: processes={world}. "
+                "Use compile=True or False."
             )
 
     def _check_capturable(self, plan: Plan) -> None:

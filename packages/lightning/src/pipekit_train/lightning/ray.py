@@ -1,4 +1,4 @@
-"""One `Lightning()` training job over a Ray Train worker group (`TorchTrainer`).
+"""One `Lightning()` or `Torch()` training job over a Ray Train worker group (`TorchTrainer`).
 
 `fit_on_ray(make_loop, num_workers=2, max_failures=1)` runs the loop that `make_loop()`
 builds on every worker of a `TorchTrainer` (gloo on CPU, nccl with `use_gpu=True`): the
@@ -13,7 +13,10 @@ Checkpoints stay pipekit's own (the loop's `Checkpoint`: a local or shared folde
 group resumes from pipekit's latest complete checkpoint; every pipekit checkpoint's step
 and location (and the metrics) reach Ray through `ray.train.report`.
 
-`Torch()` trains in one process, so it is refused here: use `Lightning()` on Ray.
+A loop whose adapter is `Torch()` trains data-parallel over Ray's process group as it
+is (`Torch`'s module docs): each worker takes its part of every global batch and the
+gradients are averaged with one all-reduce per update. With `use_gpu=True` a `Torch()`
+without a `device` trains on the GPU Ray gave its worker.
 
 Importing this module needs Ray Train: `pip install 'pipekit-train-lightning[ray]'`.
 """
@@ -24,6 +27,8 @@ import copy
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import torch
 
 from pipekit_train.core import ConfigError
 from pipekit_train.core.utils import (
@@ -45,30 +50,33 @@ _RAY_OWNED = ("strategy", "devices", "num_nodes", "plugins")
 
 
 def on_ray(plan: Any) -> Any:
-    """The plan with its `Lightning()` adapter set up for the Ray worker group.
+    """The plan with its adapter set up for the Ray worker group.
 
     Args:
-        plan: a `TrainingLoop`'s plan whose adapter is `Lightning(...)`.
+        plan: a `TrainingLoop`'s plan whose adapter is `Lightning(...)` or `Torch(...)`.
 
     Returns:
-        The same plan with a copy of the adapter that trains under Ray's process group.
+        The same plan with a copy of the adapter that trains under Ray's process group
+        (`Lightning`: Ray's strategy, environment and devices; `Torch` without a
+        `device`: the worker's device).
 
     Raises:
-        ConfigError: the adapter is `Torch()` or not a Lightning adapter.
+        ConfigError: the adapter is neither `Lightning()` nor `Torch()`.
     """
     import dataclasses
 
     adapter = plan.adapter
     if isinstance(adapter, Torch):
-        raise ConfigError(
-            "Torch() trains in one process, so it cannot train over a Ray worker group. "
-            "Received: adapter=Torch(...). Use adapter=Lightning(accelerator='cpu') (or "
-            "'gpu') in the loop factory; Ray sets its strategy and devices."
-        )
+        if adapter.device is not None or not torch.cuda.is_available():
+            return plan
+        on_gpu = copy.copy(adapter)
+        on_gpu.device = _ray_torch.get_device()  # the GPU Ray gave this worker
+        return dataclasses.replace(plan, adapter=on_gpu)
     if not isinstance(adapter, Lightning):
         raise ConfigError(
-            "pipekit_train.lightning.ray runs loops whose adapter is Lightning(). Received: "
-            f"adapter={type(adapter).__name__}. Use pipekit_train.equinox.ray for Equinox."
+            "pipekit_train.lightning.ray runs loops whose adapter is Lightning() or Torch(). "
+            f"Received: adapter={type(adapter).__name__}. Use pipekit_train.equinox.ray for "
+            "Equinox."
         )
     ray_lightning = optional_import("ray.train.lightning", **_EXTRA)  # imports lightning
     kwargs = {k: v for k, v in adapter.trainer_kwargs.items() if k not in _RAY_OWNED}
@@ -96,7 +104,8 @@ def fit_on_ray(
 
     Connects to the running Ray runtime (or starts a local one, as `ray.train` does).
     `loop_factory` is pickled by Ray and called on every worker after Ray set up the
-    process group; it returns a `TrainingLoop` with `adapter=Lightning(...)` and, for a
+    process group; it returns a `TrainingLoop` with `adapter=Lightning(...)` (or
+    `Torch(...)`, data-parallel over the group) and, for a
     job that should survive a lost worker, a `checkpoint=` every worker reaches (a
     shared folder or `s3://`).
 
@@ -116,7 +125,7 @@ def fit_on_ray(
 
     Raises:
         ConfigError: a bad argument (before Ray starts); on the workers, a loop Ray cannot
-            run (e.g. `Torch()`).
+            run (e.g. an Equinox adapter).
 
     Examples:
         >>> from pipekit_train.lightning.ray import fit_on_ray
