@@ -39,6 +39,11 @@ scikit-learn besides `pipekit_train.core`.
 each layer's splines of the second half of θ conditioned on the first half through a small
 network whose weights the head outputs); 0, the default, is the element-wise flow.
 
+`--patience N`: stop after N validations (every 250 updates) without a better validation
+loss. The default, 4, is about 30 epochs of 9000 training simulations (10⁴); at 10⁵ sbi's
+rule (20 epochs without improvement) is `--patience 28`, used for the 10⁵ table of
+`docs/guides/sbi.md`.
+
 `--sbi`: when the `sbi` package is installed, its NPE (default neural spline flow,
 default training) runs on the same simulations and is scored the same way (optional;
 never a dependency). `--quick`: two_moons and slcp on Equinox, the flow head, 2 000

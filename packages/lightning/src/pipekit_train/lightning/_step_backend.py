@@ -246,11 +246,11 @@ class TorchStepBackend(StepBackend[TorchState]):
         """One optimizer update from `len(batches)` accumulated batches; their losses."""
         net, optimizer, scaler = state.module, state.optimizers[0], state.scaler
         m = len(batches)
+        if self._dp is not None and self._random:
+            self._dp.reseed(state)  # this process's stream for this update
         if m == 1 and scaler is None and not self._skip:
             return [self._plain_update(state, batches[0])]
         objective = self._objective(state)
-        if self._dp is not None and self._random:
-            self._dp.reseed(state)  # this process's stream for this update
         saved = None
         if self._skip:
             buffers = [b for b in net.buffers() if b.is_floating_point()]
