@@ -69,7 +69,9 @@ def placement_trial(params: dict[str, Any], *, trial_dir: Path | None = None) ->
     name = uuid.uuid4().hex
     marker = running / name
     start = time.time()
-    marker.write_text(json.dumps({"pid": os.getpid()}))
+    pending = record_dir / f".{name}.marker"  # whole before it appears: readers poll it
+    pending.write_text(json.dumps({"pid": os.getpid()}))
+    os.replace(pending, marker)
     max_running = 0
     met_at = None
     try:
