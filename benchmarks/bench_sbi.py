@@ -39,6 +39,12 @@ scikit-learn besides `pipekit_train.core`.
 each layer's splines of the second half of θ conditioned on the first half through a small
 network whose weights the head outputs); 0, the default, is the element-wise flow.
 
+`--members K`: K networks per case, trained on the same simulations with seeds `seed` …
+`seed + K - 1` (member 0 is the single network of `--members 1`); the posterior is their
+equal-weight mixture (`PosteriorEnsemble`), truncated to the prior box as a whole
+(`Ensemble.within`: member k's share of the draws is proportional to its mass inside the
+box). Training time is the members' sum.
+
 `--patience N`: stop after N validations (every 250 updates) without a better validation
 loss. The default, 4, is about 30 epochs of 9000 training simulations (10⁴); at 10⁵ sbi's
 rule (20 epochs without improvement) is `--patience 28`, used for the 10⁵ table of
@@ -199,14 +205,19 @@ def train(
     return posterior, setting, seconds, artifact.steps
 
 
-def draws(posterior: Any, setting: Setting, x_o: np.ndarray, n: int, seed: int) -> tuple:
-    """`n` posterior draws at `x_o` inside the prior box, and the share outside it."""
-    from pipekit_train.core import Flow
+def draws(posteriors: list[Any], setting: Setting, x_o: np.ndarray, n: int, seed: int) -> tuple:
+    """`n` draws at `x_o` inside the prior box, and the share of the mass outside it: of
+    one network's posterior, or of several networks' `PosteriorEnsemble`."""
+    from pipekit_train.core import PosteriorEnsemble
 
-    task = setting.task
+    posterior = posteriors[0] if len(posteriors) == 1 else PosteriorEnsemble(posteriors)
     dist = posterior.distribution(setting.inputs(x_o[None])[0])
-    rng = np.random.default_rng(seed)
-    if isinstance(dist, Flow):
+    return _draws(dist, setting.task, np.random.default_rng(seed), n)
+
+
+def _draws(dist: Any, task: Task, rng: np.random.Generator, n: int) -> tuple:
+    """`n` draws of one distribution inside the prior box, and its share outside it."""
+    if callable(getattr(dist, "within", None)):  # a Flow, or an Ensemble of flows
         outside = 1.0 - float(dist.within(task.low, task.high).acceptance)
         return np.asarray(dist.within(task.low, task.high).sample(rng, n)), outside
     kept, total, drawn = [], 0, 0
@@ -266,32 +277,41 @@ def sample_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
             for backend in args.backends:
                 for head in args.heads:
                     print(f"{name}, {budget} simulations, {backend}, {head} head", flush=True)
-                    posterior, setting, seconds, steps = train(
-                        task,
-                        theta,
-                        x,
-                        backend=backend,
-                        head=head,
-                        embedding=args.embedding,
-                        steps=args.steps,
-                        flow_layers=args.flow_layers,
-                        flow_bins=args.flow_bins,
-                        flow_hidden=args.flow_hidden,
-                        components=args.components,
-                        seed=args.seed,
-                        patience=args.patience,
-                    )
+                    members = [
+                        train(
+                            task,
+                            theta,
+                            x,
+                            backend=backend,
+                            head=head,
+                            embedding=args.embedding,
+                            steps=args.steps,
+                            flow_layers=args.flow_layers,
+                            flow_bins=args.flow_bins,
+                            flow_hidden=args.flow_hidden,
+                            components=args.components,
+                            seed=args.seed + m,
+                            patience=args.patience,
+                        )
+                        for m in range(args.members)
+                    ]
+                    setting = members[0][1]
+                    seconds = sum(member[2] for member in members)
+                    steps = sum(member[3] for member in members)
                     coupled = f" (flow_hidden={args.flow_hidden})" if head == "flow" else ""
                     label = f"{backend}, {head}{coupled if args.flow_hidden else ''}"
-                    runs.append((label, posterior, setting, seconds, steps))
+                    if args.members > 1:
+                        label += f", {args.members}-member ensemble"
+                    posteriors = [member[0] for member in members]
+                    runs.append((label, posteriors, setting, seconds, steps))
             if args.sbi:
                 started = time.perf_counter()
                 npe = sbi_npe(task, theta, x, args.seed)
                 if npe is None:
                     print("    sbi is not installed: no NPE comparison", flush=True)
                 else:
-                    runs.append(("sbi NPE", npe, None, time.perf_counter() - started, 0))
-            for label, posterior, setting, seconds, steps_done in runs:
+                    runs.append(("sbi NPE", [npe], None, time.perf_counter() - started, 0))
+            for label, posteriors, setting, seconds, steps_done in runs:
                 embedding = f", {args.embedding}" if task.point_size and setting else ""
                 case = f"{name}, {budget} sims, {label}{embedding}"
                 saved, outside = {}, []
@@ -300,12 +320,17 @@ def sample_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                     if setting is None:  # sbi's posterior
                         import torch
 
-                        got = posterior.sample(
-                            (args.posterior_samples,), x=torch.as_tensor(x_o, dtype=torch.float32)
-                        ).numpy()
+                        got = (
+                            posteriors[0]
+                            .sample(
+                                (args.posterior_samples,),
+                                x=torch.as_tensor(x_o, dtype=torch.float32),
+                            )
+                            .numpy()
+                        )
                         leak = float("nan")
                     else:
-                        got, leak = draws(posterior, setting, x_o, args.posterior_samples, k)
+                        got, leak = draws(posteriors, setting, x_o, args.posterior_samples, k)
                     saved[f"obs{k}"] = np.asarray(got, dtype=np.float32)
                     outside.append(leak)
                 path = out / f"{_slug(case)}.npz"
@@ -407,6 +432,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "better val_loss (0: train all --steps)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--members",
+        type=int,
+        default=1,
+        help="networks per case, trained on the same simulations with seeds seed..seed+K-1; "
+        "the posterior is their equal-weight mixture",
+    )
     parser.add_argument("--sbi", action="store_true", help="also run sbi's NPE if installed")
     parser.add_argument("--out", help="folder for the draws (default: a temporary one)")
     parser.add_argument("--sample-only", action="store_true", help="train and save draws only")

@@ -42,6 +42,7 @@ from .data import (
     split_trajectories,
 )
 from .losses import Loss
+from .model._ensemble import Ensemble, PosteriorEnsemble
 from .model._flow import Flow, RejectionError
 from .model._heads import Gaussian
 from .model._mixture import Mixture
@@ -106,6 +107,7 @@ __all__ = [
     "Cycle",
     "Dataset",
     "EarlyStopping",
+    "Ensemble",
     "Flow",
     "FsspecModelRegistry",
     "Gaussian",
@@ -137,6 +139,7 @@ __all__ = [
     "OnlineTrainer",
     "Operator",
     "PipekitError",
+    "PosteriorEnsemble",
     "Precision",
     "Preempted",
     "ProgressBar",
