@@ -238,14 +238,18 @@ def sbi_npe(task: Task, theta: np.ndarray, x: np.ndarray, seed: int) -> Any:
         from sbi.utils import BoxUniform
     except ImportError:
         return None
+    import contextlib
+
     torch.manual_seed(seed)
     low = torch.full((task.dim_theta,), task.low)
     prior = BoxUniform(low=low, high=torch.full((task.dim_theta,), task.high))
-    inference = NPE(prior=prior)
-    inference.append_simulations(
-        torch.as_tensor(theta, dtype=torch.float32), torch.as_tensor(x, dtype=torch.float32)
-    )
-    return inference.build_posterior(inference.train())
+    # sbi's default summary writer puts `sbi-logs/` in the working directory: not the repo's
+    with tempfile.TemporaryDirectory() as logs, contextlib.chdir(logs):
+        inference = NPE(prior=prior)
+        inference.append_simulations(
+            torch.as_tensor(theta, dtype=torch.float32), torch.as_tensor(x, dtype=torch.float32)
+        )
+        return inference.build_posterior(inference.train())
 
 
 def c2st_score(job: tuple[str, int, str, int]) -> float:
