@@ -28,6 +28,20 @@ from pathlib import Path
 from typing import Any
 
 
+def _mlp(dropout: float = 0.0) -> Any:
+    """The workers' model: the testing MLP (4 -> 8 -> 1), seed 0."""
+    from pipekit_train.lightning import LightningModelOp
+
+    return LightningModelOp(
+        "pipekit_train.lightning.testing:mlp",
+        in_size=4,
+        out_size=1,
+        width=8,
+        dropout=dropout,
+        seed=0,
+    )
+
+
 def _recording_data() -> Any:
     """The training data; `seen` gets the sample indices of every batch read, in order."""
     from pipekit_train.core.data import ArrayDataset
@@ -51,15 +65,13 @@ def _elastic_run(out: Path, max_steps: int, ckpt: str | None, devices: int) -> d
     """One recorded run on `devices` processes (1: no DDP)."""
     from pipekit_train.core import Checkpoint, TrainingLoop
     from pipekit_train.core.testing import regression_task
-    from pipekit_train.lightning import Lightning, LightningModelOp
+    from pipekit_train.lightning import Lightning
 
     _, val = regression_task()
     data = _recording_data()
     strategy = {"strategy": "ddp"} if devices > 1 else {}
     art = TrainingLoop(
-        model=LightningModelOp(
-            "pipekit_train.lightning.testing:mlp", in_size=4, out_size=1, width=8, seed=0
-        ),
+        model=_mlp(),
         data=data,
         validation=val,
         optimizer_config={"name": "adam", "lr": 0.01},
@@ -104,14 +116,7 @@ def main(out: Path, strategy: str, elastic: bool) -> None:
     results = []
     for max_steps, directory in ((6, "ckpt"), (10, "ckpt"), (10, "reference")):
         loop = TrainingLoop(
-            model=LightningModelOp(
-                "pipekit_train.lightning.testing:mlp",
-                in_size=4,
-                out_size=1,
-                width=8,
-                dropout=0.1,
-                seed=0,
-            ),
+            model=_mlp(dropout=0.1),
             data=train,
             validation=val,
             optimizer_config={"name": "adam", "lr": 0.01},
@@ -208,7 +213,7 @@ def _torch_runs(out: Path, rank: int) -> dict[str, Any]:
     from pipekit_train.core import Checkpoint, TrainingLoop
     from pipekit_train.core.data import ArrayDataset
     from pipekit_train.core.testing import regression_task
-    from pipekit_train.lightning import LightningModelOp, Torch
+    from pipekit_train.lightning import Torch
     from pipekit_train.lightning._distributed import DataParallel
     from pipekit_train.lightning._state import TorchState
 
@@ -218,14 +223,7 @@ def _torch_runs(out: Path, rank: int) -> dict[str, Any]:
     def run(tag: str, max_steps: int, *, dropout: float = 0.0, **kwargs: Any) -> dict[str, Any]:
         data = kwargs.pop("data", None) or _recording_data()
         art = TrainingLoop(
-            model=LightningModelOp(
-                "pipekit_train.lightning.testing:mlp",
-                in_size=4,
-                out_size=1,
-                width=8,
-                dropout=dropout,
-                seed=0,
-            ),
+            model=_mlp(dropout),
             data=data,
             validation=val,
             optimizer_config={"name": "adam", "lr": 0.01},
