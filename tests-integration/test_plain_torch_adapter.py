@@ -81,6 +81,9 @@ def test_capabilities_refuse_what_it_does_not_offer() -> None:
 class TestPlainTorchConformance(AdapterConformance):
     """The contract's conformance suite, run against the one-file example backend."""
 
+    # the kill-and-resume workers fork from a server that imported these
+    worker_preload = ("torch", "pipekit_train.lightning", "grain")
+
     flow_resume = False  # the flow head's kill-and-resume on torch runs with Torch()
 
     def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:

@@ -8,6 +8,9 @@ from pipekit_train.core.testing import AdapterConformance, NumpyAdapter, NumpyLi
 
 
 class TestNumpyConformance(AdapterConformance):
+    # the kill-and-resume workers fork from a server that imported these
+    worker_preload = ("pipekit_train.core", "grain")
+
     optimizer_config = {"name": "adam", "lr": 0.05}
     flow_resume = False  # NumpyAdapter's analytic gradients are mse's only
 

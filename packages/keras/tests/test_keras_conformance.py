@@ -16,6 +16,9 @@ from pipekit_train.keras import Keras, KerasModelOp
 
 
 class TestKerasConformance(AdapterConformance):
+    # the kill-and-resume workers fork from a server that imported these
+    worker_preload = ("keras", "pipekit_train.keras", "grain")
+
     subprocess_env = {"KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "jax")}
     # The S3 kill-and-resume subprocess runs once for Keras, on jax; the torch pass
     # covers the same store with the memory:// and local kill-and-resume tests.

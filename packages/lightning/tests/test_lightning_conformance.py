@@ -9,6 +9,9 @@ from pipekit_train.lightning import LightningModelOp
 
 
 class TestLightningConformance(AdapterConformance):
+    # the kill-and-resume workers fork from a server that imported these
+    worker_preload = ("lightning.pytorch", "pipekit_train.lightning", "grain")
+
     def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
         return LightningModelOp(
             "pipekit_train.lightning.testing:linear", in_size=in_size, out_size=out_size, seed=seed

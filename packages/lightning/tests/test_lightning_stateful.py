@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ import pytest
 import torch
 
 from pipekit_train.core import Checkpoint, ConfigError, TrainingLoop
+from pipekit_train.core.testing import run_python
 from pipekit_train.lightning import Lightning, LightningModelOp
 from pipekit_train.lightning._stateful import (
     decode_loader_state,
@@ -27,6 +26,8 @@ stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader")
 StatefulDataLoader = stateful_dataloader.StatefulDataLoader
 
 HERE = Path(__file__).parent
+# the kill-and-resume workers fork from a server that imported these
+WORKER_PRELOAD = ("lightning.pytorch", "pipekit_train.lightning", "pipekit_train.core.testing")
 
 
 def _loader(n: int = 40, seed: int = 0, num_workers: int = 0) -> Any:
@@ -142,12 +143,10 @@ def test_sigkill_and_resume_is_bit_identical(data: str, tmp_path: Path, torch_wo
     }
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "torch_worker.py"), str(path)],
+    proc = run_python(
+        [str(HERE / "torch_worker.py"), str(path)],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
+        preload=WORKER_PRELOAD,
     )
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr[-3000:])
     resumed = torch_worker.build(spec, kill_at=None).run()

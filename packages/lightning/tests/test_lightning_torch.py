@@ -19,13 +19,17 @@ import torch.nn.functional as F
 from pipekit_train.core import Checkpoint, ConfigError, OnlineTrainer, TrainingLoop
 from pipekit_train.core.checkpoint import step_dirs
 from pipekit_train.core.data import ArrayDataset, make_batches
-from pipekit_train.core.testing import AdapterConformance, regression_task
+from pipekit_train.core.testing import AdapterConformance, regression_task, run_python
 from pipekit_train.lightning import CompileFallbackWarning, LightningModelOp, Torch
 
 HERE = Path(__file__).resolve().parent
+# the kill-and-resume workers fork from a server that imported these
+WORKER_PRELOAD = ("torch", "pipekit_train.lightning", "pipekit_train.core.testing", "grain")
 
 
 class TestTorchConformance(AdapterConformance):
+    worker_preload = WORKER_PRELOAD
+
     def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
         return LightningModelOp(
             "pipekit_train.lightning.testing:linear", in_size=in_size, out_size=out_size, seed=seed
@@ -405,12 +409,10 @@ def test_sigkill_and_resume_is_exact(name: str, tmp_path: Path, torch_worker: An
     }
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "torch_worker.py"), str(path)],
+    proc = run_python(
+        [str(HERE / "torch_worker.py"), str(path)],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
+        preload=WORKER_PRELOAD,
     )
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr[-3000:])
     resumed = torch_worker.build(spec, kill_at=None).run()

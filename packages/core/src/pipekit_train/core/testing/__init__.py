@@ -23,12 +23,16 @@
   element-wise and, with `GOLDEN_FLOW_COUPLED_OPTIONS`, coupled);
   `run_golden_rollout`, `GOLDEN_ROLLOUT_CASES`: its rollout-training cases (`Rollout`).
 - `DeepSetSuite`, `point_sets`: the checks every backend's `deep_set` embedding passes.
+- `spawn_python`, `run_python`: start a worker process (`python -m module ...` or
+  `python script ...`) forked from a server that imported the framework once
+  (`AdapterConformance.worker_preload`); a plain subprocess where forking is off.
 """
 
 from typing import Any
 
 from ._calibration import check_calibration_monitor
 from ._embeddings import DEEP_SET_SIZES, DeepSetSuite, point_sets
+from ._fork_server import ForkedProcess, run_python, spawn_python
 from ._golden import (
     GOLDEN_CASES,
     GOLDEN_EMA_CASES,
@@ -104,6 +108,9 @@ from ._smallfs import SmallFilesystemUnavailable, small_filesystem
 from ._tasks import FLOW_HEAD, damped_oscillator_step, flow_task, oscillator_task, regression_task
 
 __all__ = [
+    "ForkedProcess",
+    "run_python",
+    "spawn_python",
     "BAD_INPUTS",
     "FLOW_HEAD",
     "GOLDEN_CASES",

@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import uuid
 import warnings
@@ -42,6 +41,7 @@ from pipekit_train.core.checkpoint._policy import Checkpoint
 from pipekit_train.core.losses._flow import flow_width
 from pipekit_train.core.train._training_loop import TrainingLoop
 
+from ._fork_server import spawn_python
 from ._s3 import LoopbackS3, loopback_s3
 from ._smallfs import SmallFilesystemUnavailable, small_filesystem
 from ._tasks import FLOW_HEAD, TASKS, oscillator_task, regression_task, task_loss
@@ -426,6 +426,9 @@ class AdapterConformance:
         rollout_resume: whether to run the kill-and-resume test of rollout training (a
             variant of a backend already covered may switch it off; a backend without
             rollout training is checked to refuse it either way).
+        worker_preload: modules (the framework) that the kill-and-resume and preemption
+            workers import before they fork from a server process, instead of each
+            starting a fresh interpreter (`_fork_server`); empty: a plain subprocess.
     """
 
     optimizer_config: dict[str, Any] = {"name": "adam", "lr": 0.05}
@@ -436,6 +439,7 @@ class AdapterConformance:
     cloud_resume: bool = True
     flow_resume: bool = True
     rollout_resume: bool = True
+    worker_preload: tuple[str, ...] = ()
     last_reference: Any = None  # the uninterrupted run of the last `_kill_and_resume`
     s3_bucket: str = "pipekit-conformance"
     small_fs_size: str = "192k"
@@ -523,6 +527,17 @@ class AdapterConformance:
         b = self.loop(max_steps=6, seed=1).run()
         assert a.model.serialize_weights() != b.model.serialize_weights()
 
+    def _spawn_worker(self, spec_path: Path) -> Any:
+        """Start `pipekit_train.core.testing._worker spec_path` (forked when `worker_preload`)."""
+        preload = (
+            (*self.worker_preload, "pipekit_train.core.testing") if self.worker_preload else ()
+        )
+        return spawn_python(
+            ["-m", "pipekit_train.core.testing._worker", str(spec_path)],
+            env={**os.environ, **self.subprocess_env},
+            preload=preload,
+        )
+
     # -- exact resume -------------------------------------------------------------------
     def _adapter_config(self) -> dict[str, Any] | None:
         adapter = self.make_adapter()
@@ -555,21 +570,16 @@ class AdapterConformance:
         }
         spec_path = tmp_path / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        env = {**os.environ, **self.subprocess_env}
-        proc = subprocess.run(
-            [sys.executable, "-m", "pipekit_train.core.testing._worker", str(spec_path)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert proc.returncode == -9, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
+        proc = self._spawn_worker(spec_path)
+        try:
+            out, err = proc.communicate(timeout=600)
+        finally:
+            proc.kill()
+        assert proc.returncode == -9, (proc.returncode, out[-2000:], err[-4000:])
         policy = Checkpoint(
             directory, every_n_steps=4, max_to_keep=None, storage_options=storage_options
         )
-        assert step_dirs(policy), (
-            f"no checkpoint was written before the kill: {proc.stderr[-2000:]}"
-        )
+        assert step_dirs(policy), f"no checkpoint was written before the kill: {err[-2000:]}"
         dead = read_lease(policy)  # the killed run could not release its lease
         assert dead is not None, "the killed run held no lease on its checkpoint location"
 
@@ -655,7 +665,13 @@ class AdapterConformance:
                     progress=False,
                 )
             return
-        check_rollout_kill_resume(make, self.make_adapter(), tmp_path, env=self.subprocess_env)
+        check_rollout_kill_resume(
+            make,
+            self.make_adapter(),
+            tmp_path,
+            env=self.subprocess_env,
+            preload=self.worker_preload,
+        )
 
     # -- preemption and time budgets ------------------------------------------------------
     def _preempt_and_resume(
@@ -702,14 +718,7 @@ class AdapterConformance:
         }
         spec_path = tmp_path / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        env = {**os.environ, **self.subprocess_env}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pipekit_train.core.testing._worker", str(spec_path)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = self._spawn_worker(spec_path)
         target = rng.randint(2, self.resume_steps // 2)
         wanted = "writing 5" if during_save else f"step {target}"
         deadline = time.monotonic() + 600

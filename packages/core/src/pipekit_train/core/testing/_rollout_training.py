@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ import numpy as np
 from pipekit_train.core import Checkpoint, NeuralForward, Rollout, TrainingLoop
 from pipekit_train.core.data import TrajectoryWindows
 
+from ._fork_server import run_python
 from ._golden_rollout import golden_rollout_task
 
 __all__ = [
@@ -217,12 +217,14 @@ def check_rollout_kill_resume(
     steps: int = 16,
     kill_at: int = 11,
     env: Mapping[str, str] | None = None,
+    preload: Sequence[str] = (),
 ) -> None:
     """A run killed with SIGKILL mid-schedule (with noise) resumes to the same bytes.
 
     The run (`ROLLOUT_RESUME_SPEC`, checkpoints every 4 steps) trains in a subprocess
     (`pipekit_train.core.testing._worker`) that kills itself at `kill_at`; the resumed
     run must end with the weights, losses and validation losses of a straight run.
+    `preload`: the modules a fork server imports for it (`AdapterConformance.worker_preload`).
     """
     from pipekit_train.core.checkpoint import step_dirs
 
@@ -244,16 +246,15 @@ def check_rollout_kill_resume(
     }
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pipekit_train.core.testing._worker", str(spec_path)],
+    proc = run_python(
+        ["-m", "pipekit_train.core.testing._worker", str(spec_path)],
         env={**os.environ, **dict(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=600,
+        preload=(*preload, "pipekit_train.core.testing") if preload else (),
     )
-    assert proc.returncode == -9, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
+    out, err = proc.stdout, proc.stderr
+    assert proc.returncode == -9, (proc.returncode, out[-2000:], err[-4000:])
     policy = Checkpoint(directory, every_n_steps=4, max_to_keep=None)
-    assert step_dirs(policy), f"no checkpoint before the kill: {proc.stderr[-2000:]}"
+    assert step_dirs(policy), f"no checkpoint before the kill: {err[-2000:]}"
     train, val = golden_rollout_task()
     kw: dict[str, Any] = {
         "normalizer": train.normalizer(),
