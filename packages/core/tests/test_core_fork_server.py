@@ -88,6 +88,10 @@ def test_a_forked_worker_runs_like_a_fresh_interpreter(workdir: Path) -> None:
         preload=("helper_mod",),
     )
     assert json.loads(again.stdout.splitlines()[0])["flag"] == "two"
+    elsewhere = run_python(
+        [str(workdir / "worker.py"), "ok"], env=env, preload=("helper_mod",), cwd=workdir / "lib"
+    )
+    assert json.loads(elsewhere.stdout.splitlines()[0])["cwd"] == str(workdir / "lib")
 
 
 @pytest.mark.parametrize(("mode", "status"), [("kill", -9), ("exit", 3), ("raise", 1)])

@@ -167,11 +167,12 @@ def spawn_python(
     *,
     env: Mapping[str, str],
     preload: Sequence[str] = (),
+    cwd: str | os.PathLike[str] | None = None,
 ) -> ForkedProcess | subprocess.Popen[str]:
     """Start `python *args` (`["-m", module, ...]` or `[script, ...]`), forked from a server.
 
     The server imported `preload` once; the child then runs as that command would, with
-    `env`, in this process's working directory. Returns a `ForkedProcess` (`pid`, `poll`,
+    `env`, in `cwd` (default: this process's working directory). Returns a `ForkedProcess` (`pid`, `poll`,
     `wait`, `communicate`, `kill`, `returncode`), or, where forking is off or unsafe, a
     `subprocess.Popen` with text pipes that answers the same calls.
     """
@@ -197,12 +198,13 @@ def spawn_python(
             out, err = folder / "stdout", folder / "stderr"
             out.touch()  # there even if the worker dies before it opens them
             err.touch()
-            pid = server.spawn(args, dict(env), os.getcwd(), out, err)
+            pid = server.spawn(args, dict(env), os.fspath(cwd or os.getcwd()), out, err)
             if pid is not None:
                 return ForkedProcess(server, pid, out, err)
     return subprocess.Popen(
         [sys.executable, *args],
         env=dict(env),
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -214,11 +216,12 @@ def run_python(
     *,
     env: Mapping[str, str],
     preload: Sequence[str] = (),
+    cwd: str | os.PathLike[str] | None = None,
     timeout: float = 600,
 ) -> subprocess.CompletedProcess[str]:
     """`spawn_python`, waited for: as `subprocess.run([sys.executable, *args], ...)` with
     `capture_output=True, text=True` (the child is killed if it outlives `timeout`)."""
-    proc = spawn_python(args, env=env, preload=preload)
+    proc = spawn_python(args, env=env, preload=preload, cwd=cwd)
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:
