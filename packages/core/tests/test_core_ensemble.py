@@ -123,3 +123,40 @@ def test_posterior_ensemble_feeds_the_diagnostics() -> None:
 def test_bad_input_is_refused(make, match) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match=match):
         make()
+
+
+def test_registered_members_load_back_as_one_ensemble(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pipekit_train.core import NeuralForward
+    from pipekit_train.core.registry import LocalModelRegistry
+    from pipekit_train.core.testing._numpy_model import NumpyLinearOp
+
+    def op(seed: int) -> NumpyLinearOp:  # 3 inputs -> a Gaussian over 1 value (mean, log-var)
+        return NumpyLinearOp(
+            "pipekit_train.core.testing._numpy_model:linear", seed=seed, in_size=3, out_size=2
+        )
+
+    registry = LocalModelRegistry(tmp_path / "models")
+    for seed in (0, 1, 2):
+        registry.register("posterior", op(seed), head="gaussian")
+    registry.register("posterior", op(3))  # version 4: a point head, not a member
+    x = np.random.default_rng(0).normal(size=(5, 3))
+    theta = np.random.default_rng(1).normal(size=(5, 1))
+
+    loaded = PosteriorEnsemble.from_registry(registry, "posterior", [1, 3], weights=[3.0, 1.0])
+    direct = PosteriorEnsemble(
+        [NeuralForward(op(0), head="gaussian"), NeuralForward(op(2), head="gaussian")],
+        weights=[3.0, 1.0],
+    )
+    np.testing.assert_allclose(loaded.weights, [0.75, 0.25])
+    np.testing.assert_allclose(
+        loaded.distribution(x).log_prob(theta), direct.distribution(x).log_prob(theta), rtol=1e-12
+    )
+    assert len(PosteriorEnsemble.from_registry(registry, "posterior", [1, 2, 3]).posteriors) == 3
+
+    with pytest.raises(ConfigError, match=r"share a head.*version 1 .*'gaussian'.*version 4"):
+        PosteriorEnsemble.from_registry(registry, "posterior", [1, 4])
+    for bad in ([], [1, 1], "12", [True], [1.0]):
+        with pytest.raises(ConfigError, match=r"Received: versions="):
+            PosteriorEnsemble.from_registry(registry, "posterior", bad)
+    with pytest.raises(ConfigError, match="9"):
+        PosteriorEnsemble.from_registry(registry, "posterior", [1, 9])
