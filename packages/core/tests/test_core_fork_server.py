@@ -44,6 +44,12 @@ if mode == "wait":
 """
 
 
+@pytest.fixture(autouse=True)
+def _fork_server_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check the fork server itself: on, whatever the caller's environment says."""
+    monkeypatch.delenv("PIPEKIT_TEST_FORK_SERVER", raising=False)
+
+
 @pytest.fixture()
 def workdir(tmp_path: Path) -> Path:
     (tmp_path / "worker.py").write_text(SCRIPT)
