@@ -41,7 +41,7 @@ from pipekit_train.core.checkpoint._policy import Checkpoint
 from pipekit_train.core.losses._flow import flow_width
 from pipekit_train.core.train._training_loop import TrainingLoop
 
-from ._fork_server import spawn_python
+from ._fork_server import run_python, spawn_python
 from ._s3 import LoopbackS3, loopback_s3
 from ._smallfs import SmallFilesystemUnavailable, small_filesystem
 from ._tasks import FLOW_HEAD, TASKS, oscillator_task, regression_task, task_loss
@@ -527,16 +527,17 @@ class AdapterConformance:
         b = self.loop(max_steps=6, seed=1).run()
         assert a.model.serialize_weights() != b.model.serialize_weights()
 
-    def _spawn_worker(self, spec_path: Path) -> Any:
-        """Start `pipekit_train.core.testing._worker spec_path` (forked when `worker_preload`)."""
+    def _worker(self, spec_path: Path) -> dict[str, Any]:
+        """`spawn_python`/`run_python` arguments of `pipekit_train.core.testing._worker
+        spec_path` (forked from a server when `worker_preload` is set)."""
         preload = (
             (*self.worker_preload, "pipekit_train.core.testing") if self.worker_preload else ()
         )
-        return spawn_python(
-            ["-m", "pipekit_train.core.testing._worker", str(spec_path)],
-            env={**os.environ, **self.subprocess_env},
-            preload=preload,
-        )
+        return {
+            "args": ["-m", "pipekit_train.core.testing._worker", str(spec_path)],
+            "env": {**os.environ, **self.subprocess_env},
+            "preload": preload,
+        }
 
     # -- exact resume -------------------------------------------------------------------
     def _adapter_config(self) -> dict[str, Any] | None:
@@ -570,11 +571,8 @@ class AdapterConformance:
         }
         spec_path = tmp_path / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        proc = self._spawn_worker(spec_path)
-        try:
-            out, err = proc.communicate(timeout=600)
-        finally:
-            proc.kill()
+        proc = run_python(**self._worker(spec_path), timeout=600)
+        out, err = proc.stdout, proc.stderr
         assert proc.returncode == -9, (proc.returncode, out[-2000:], err[-4000:])
         policy = Checkpoint(
             directory, every_n_steps=4, max_to_keep=None, storage_options=storage_options
@@ -718,7 +716,7 @@ class AdapterConformance:
         }
         spec_path = tmp_path / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        proc = self._spawn_worker(spec_path)
+        proc = spawn_python(**self._worker(spec_path))
         target = rng.randint(2, self.resume_steps // 2)
         wanted = "writing 5" if during_save else f"step {target}"
         deadline = time.monotonic() + 600
