@@ -29,15 +29,17 @@ from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 import pytest  # noqa: E402
 
 GOLDEN_WORKER = Path(__file__).resolve().parent / "golden_worker.py"
-# label -> (backend package, KERAS_BACKEND, the suites it runs)
-GOLDEN_SETUPS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
-    "equinox": ("equinox", None, ("mlp", "plateau", "field", "flow", "rollout")),
-    "lightning": ("lightning", None, ("mlp", "plateau", "field", "flow", "rollout")),
-    "torch": ("torch", None, ("mlp", "plateau", "flow", "rollout")),
-    "torch-k10": ("torch_k10", None, ("mlp", "rollout")),
+# label -> (backend package, the process it runs in, the suites it runs). One process per
+# KERAS_BACKEND value runs its setups one after another: the torch-based setups share one
+# torch import, Equinox and Keras-on-jax one jax import (the same bytes as a process each).
+GOLDEN_SETUPS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "equinox": ("equinox", "jax", ("mlp", "plateau", "field", "flow", "rollout")),
+    "lightning": ("lightning", "torch", ("mlp", "plateau", "field", "flow", "rollout")),
+    "torch": ("torch", "torch", ("mlp", "plateau", "flow", "rollout")),
+    "torch-k10": ("torch_k10", "torch", ("mlp", "rollout")),
     "keras-jax": ("keras", "jax", ("mlp", "plateau", "field", "flow", "rollout")),
     "keras-torch": ("keras", "torch", ("mlp", "plateau", "field", "flow", "rollout")),
-    "plain-torch": ("plain_torch", None, ("mlp", "plateau")),
+    "plain-torch": ("plain_torch", "torch", ("mlp", "plateau")),
 }
 # the test file of each suite (the root conftest keeps them in one xdist work unit)
 GOLDEN_FILES = {
@@ -60,38 +62,45 @@ def golden_outputs(
 ) -> Callable[[str, str], str]:
     """`outputs(label, suite) -> JSON text` of the golden worker's run.
 
-    Every suite whose test file this session collected runs at the first request, each
-    backend in one process for all of them (a framework import costs 5–15 s), two
-    processes at a time on 2 cores.
+    Every suite whose test file this session collected runs at the first request: the
+    jax-based setups in one process and the torch-based ones in another, side by side (a
+    framework import costs 5–15 s).
     """
     collected = {Path(str(item.fspath)).name for item in request.session.items}
     wanted = {suite for suite, name in GOLDEN_FILES.items() if name in collected}
     out = tmp_path_factory.mktemp("golden_suites")
     results: dict[tuple[str, str], str] = {}
 
-    def run(label: str) -> None:
-        package, keras_backend, suites = GOLDEN_SETUPS[label]
-        todo = [s for s in suites if s in wanted]
+    def run(process: str) -> None:
+        todo = {
+            label: [s for s in suites if s in wanted]
+            for label, (_, keras_backend, suites) in GOLDEN_SETUPS.items()
+            if keras_backend == process
+        }
+        todo = {label: suites for label, suites in todo.items() if suites}
         if not todo:
             return
         # one thread each, or torch's intra-op threads oversubscribe two cores
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        if keras_backend:
-            env["KERAS_BACKEND"] = keras_backend
-        prefix = out / label
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "KERAS_BACKEND": process}
+        args = []
+        for label, suites in todo.items():
+            args += [GOLDEN_SETUPS[label][0], str(out / label), ",".join(suites) + ","]
         proc = subprocess.run(
-            [sys.executable, str(GOLDEN_WORKER), package, str(prefix), ",".join(todo) + ","],
+            [sys.executable, str(GOLDEN_WORKER), *args],
             env=env,
             capture_output=True,
             text=True,
             timeout=1800,
         )
-        assert proc.returncode == 0, f"{label}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-        for suite in todo:
-            results[label, suite] = Path(f"{prefix}.{suite}.json").read_text()
+        assert proc.returncode == 0, f"{process}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        for label, suites in todo.items():
+            for suite in suites:
+                results[label, suite] = Path(f"{out / label}.{suite}.json").read_text()
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        list(pool.map(run, GOLDEN_SETUPS))
+        list(
+            pool.map(run, sorted({keras_backend for _, keras_backend, _ in GOLDEN_SETUPS.values()}))
+        )
 
     def outputs(label: str, suite: str) -> str:
         return results[label, suite]

@@ -5,8 +5,9 @@ backend comes from `KERAS_BACKEND`); a third argument `field` runs the conv-net 
 (`run_golden_field`) instead, `plateau` the `ReduceLROnPlateau` cases (`run_golden_plateau`,
 any backend above), `flow` the flow-head cases (`run_golden_flow`, element-wise and coupled), `rollout` the rollout-training cases
 (`run_golden_rollout`). A comma-separated list (`mlp,plateau,field`) runs several suites in
-this one process (one framework import for all), writing `<out>.<suite>.json` each. One process per backend: Keras's backend is fixed per
-process. `plain_torch` is the example adapter of `examples/plain_torch_adapter.py`;
+this one process (one framework import for all), writing `<out>.<suite>.json` each; several
+`<backend> <out> <suites,>` triples run one after another in this one process (Keras's
+backend is fixed per process: one process per Keras backend). `plain_torch` is the example adapter of `examples/plain_torch_adapter.py`;
 `torch` / `torch_k10` are `pipekit_train.lightning.Torch()` with 1 / 10 fused steps.
 """
 
@@ -115,8 +116,17 @@ def main_many(backend: str, out: str, suites: str) -> None:
         main(backend, f"{out}.{suite}.json", suite)
 
 
+def main_setups(args: list[str]) -> None:
+    """Several backends in one process, one `<package> <out> <suites,>` triple each (the
+    torch-based ones share one torch import; Keras's backend is the process's)."""
+    for at in range(0, len(args), 3):
+        main_many(*args[at : at + 3])
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 3 and "," in sys.argv[3]:
+    if len(sys.argv) > 4:
+        main_setups(sys.argv[1:])
+    elif len(sys.argv) > 3 and "," in sys.argv[3]:
         main_many(*sys.argv[1:4])
     else:
         main(*sys.argv[1:4])
