@@ -1,14 +1,16 @@
 """Run the golden-run suite on one backend and write its runs as JSON.
 
-`python golden_worker.py <equinox|lightning|torch|torch_k10|keras|plain_torch> <out.json>` (Keras's
-backend comes from `KERAS_BACKEND`); a third argument `field` runs the conv-net field cases
-(`run_golden_field`) instead, `plateau` the `ReduceLROnPlateau` cases (`run_golden_plateau`,
-any backend above), `flow` the flow-head cases (`run_golden_flow`, element-wise and coupled), `rollout` the rollout-training cases
-(`run_golden_rollout`). A comma-separated list (`mlp,plateau,field`) runs several suites in
-this one process (one framework import for all), writing `<out>.<suite>.json` each; several
-`<backend> <out> <suites,>` triples run one after another in this one process (Keras's
-backend is fixed per process: one process per Keras backend). `plain_torch` is the example adapter of `examples/plain_torch_adapter.py`;
-`torch` / `torch_k10` are `pipekit_train.lightning.Torch()` with 1 / 10 fused steps.
+`python golden_worker.py <equinox|lightning|torch|torch_k10|keras|plain_torch> <out.json>`
+(Keras's backend comes from `KERAS_BACKEND`); a third argument `field` runs the conv-net
+field cases (`run_golden_field`) instead, `plateau` the `ReduceLROnPlateau` cases
+(`run_golden_plateau`, any backend above), `flow` the flow-head cases (`run_golden_flow`,
+element-wise and coupled), `rollout` the rollout-training cases (`run_golden_rollout`).
+A comma-separated list (`mlp,plateau,field`) runs several suites in this one process (one
+framework import for all), writing `<out>.<suite>.json` each. Several `<backend> <out>
+<suites,>` triples run one after another in this one process; Keras's backend is fixed per
+process, so one process per Keras backend. `plain_torch` is the example adapter of
+`examples/plain_torch_adapter.py`; `torch` / `torch_k10` are
+`pipekit_train.lightning.Torch()` with 1 / 10 fused steps.
 """
 
 from __future__ import annotations
