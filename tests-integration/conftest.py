@@ -74,10 +74,9 @@ def golden_outputs(
     def run(process: str) -> None:
         todo = {
             label: [s for s in suites if s in wanted]
-            for label, (_, keras_backend, suites) in GOLDEN_SETUPS.items()
-            if keras_backend == process
+            for label, (_, in_process, suites) in GOLDEN_SETUPS.items()
+            if in_process == process and wanted.intersection(suites)
         }
-        todo = {label: suites for label, suites in todo.items() if suites}
         if not todo:
             return
         # one thread each, or torch's intra-op threads oversubscribe two cores
@@ -98,9 +97,7 @@ def golden_outputs(
                 results[label, suite] = Path(f"{out / label}.{suite}.json").read_text()
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        list(
-            pool.map(run, sorted({keras_backend for _, keras_backend, _ in GOLDEN_SETUPS.values()}))
-        )
+        list(pool.map(run, sorted({process for _, process, _ in GOLDEN_SETUPS.values()})))
 
     def outputs(label: str, suite: str) -> str:
         return results[label, suite]

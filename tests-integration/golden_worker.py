@@ -121,14 +121,17 @@ def main_many(backend: str, out: str, suites: str) -> None:
 def main_setups(args: list[str]) -> None:
     """Several backends in one process, one `<package> <out> <suites,>` triple each (the
     torch-based ones share one torch import; Keras's backend is the process's)."""
+    if len(args) % 3:
+        raise SystemExit(
+            f"golden_worker: arguments come in `<backend> <out> <suites,>` triples. "
+            f"Received: {len(args)} arguments ({args!r})."
+        )
     for at in range(0, len(args), 3):
         main_many(*args[at : at + 3])
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 4:
+    if len(sys.argv) > 3 and "," in sys.argv[3]:
         main_setups(sys.argv[1:])
-    elif len(sys.argv) > 3 and "," in sys.argv[3]:
-        main_many(*sys.argv[1:4])
     else:
         main(*sys.argv[1:4])
