@@ -85,7 +85,7 @@ LONGEST = (
     "ray",
     "golden",
     "tests-integration/test_docs_examples.py",
-    "packages/keras/tests/test_keras_torch_conformance.py",
+    "packages/keras/tests/test_keras_backends.py",
     "tests-integration/test_field_emulator.py",
     "packages/equinox/tests/test_equinox_conformance.py",
     "tests-integration/test_examples.py",

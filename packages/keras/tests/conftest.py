@@ -3,7 +3,7 @@
 Keras fixes its backend when it is first imported, so the backend of a test process
 comes from `KERAS_BACKEND` (default here: jax; an unset variable would make keras try
 tensorflow). The torch-backend run of the same tests happens in a subprocess
-(`test_keras_backends.py`, and `test_keras_torch_conformance.py` for the conformance suite).
+(`test_keras_backends.py`, the conformance suite included).
 """
 
 from __future__ import annotations
