@@ -101,7 +101,7 @@ def _set_model(backend: str, out_size: int, seed: int) -> Any:
         from pipekit_train.equinox import EquinoxModelOp
 
         return EquinoxModelOp("pipekit_train.equinox:deep_set", **options)
-    if backend == "lightning":
+    if backend in ("lightning", "torch"):  # torch: the same network, trained by `Torch()`
         from pipekit_train.lightning import LightningModelOp
 
         return LightningModelOp("pipekit_train.lightning:deep_set", **options)
@@ -173,8 +173,18 @@ def train(
         model = _set_model(backend, width, seed)
     else:
         model = toymodels.model_op(
-            backend, in_size=task.dim_x, out_size=width, width=128, seed=seed, **options
+            "lightning" if backend == "torch" else backend,
+            in_size=task.dim_x,
+            out_size=width,
+            width=128,
+            seed=seed,
+            **options,
         )
+    adapter = None  # the model operator's own adapter
+    if backend == "torch":
+        from pipekit_train.lightning import Torch
+
+        adapter = Torch()
     started = time.perf_counter()
     artifact = TrainingLoop(
         model=model,
@@ -192,6 +202,7 @@ def train(
         validate_every_n_steps=VALIDATE_EVERY,
         callbacks=[EarlyStopping(patience=patience)] if patience > 0 else [],
         seed=seed,
+        adapter=adapter,
         progress=False,
     ).run()
     seconds = time.perf_counter() - started
@@ -411,7 +422,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--heads", nargs="+", default=["flow"], choices=["flow", "mixture"])
     parser.add_argument("--budgets", nargs="+", type=int, default=[10_000])
     parser.add_argument(
-        "--backends", nargs="+", default=["equinox"], choices=["equinox", "lightning", "keras"]
+        "--backends", nargs="+", default=["equinox"], choices=["equinox", "lightning", "torch", "keras"]
     )
     parser.add_argument("--observations", nargs="+", type=int, default=list(range(1, 11)))
     parser.add_argument("--embedding", default="deep_set", choices=["deep_set", "mlp"])
