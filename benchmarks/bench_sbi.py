@@ -4,7 +4,7 @@
 ```bash
 uv run python benchmarks/bench_sbi.py                              # two_moons, slcp, 10k, flow
 uv run python benchmarks/bench_sbi.py --tasks slcp --heads flow mixture --budgets 10000 100000
-uv run python benchmarks/bench_sbi.py --backends equinox lightning keras --observations 1 2 3
+uv run python benchmarks/bench_sbi.py --backends equinox lightning torch keras --observations 1 2 3
 uv run python benchmarks/bench_sbi.py --quick --json /tmp/sbi.json    # run_all convention
 ```
 
@@ -28,6 +28,7 @@ depth 2). `slcp` reads its 8 values as a set of 4 i.i.d. 2-D points: `--embeddin
 deep_set` (default; the backend's `deep_set`: φ on each point, a mean, ρ to the head;
 the points are z-scored per coordinate with statistics shared by all four, which keeps the
 set's symmetry) or `--embedding mlp` (an MLP on the 8 values, z-scored by `Normalizer`).
+Backend `torch` trains the `lightning` network with the lean `Torch()` adapter.
 
 Training and scoring can run apart: `--sample-only --out DIR` trains and saves the
 draws (`DIR/cases.json` and one `.npz` per case); `--score-only --out DIR --jobs N` reads
@@ -422,7 +423,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--heads", nargs="+", default=["flow"], choices=["flow", "mixture"])
     parser.add_argument("--budgets", nargs="+", type=int, default=[10_000])
     parser.add_argument(
-        "--backends", nargs="+", default=["equinox"], choices=["equinox", "lightning", "torch", "keras"]
+        "--backends",
+        nargs="+",
+        default=["equinox"],
+        choices=["equinox", "lightning", "torch", "keras"],
     )
     parser.add_argument("--observations", nargs="+", type=int, default=list(range(1, 11)))
     parser.add_argument("--embedding", default="deep_set", choices=["deep_set", "mlp"])
