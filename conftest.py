@@ -78,13 +78,17 @@ GOLDEN_FILES = (
 )
 
 
+# Each docs page runs in a subprocess of its own and shares nothing with the other pages: one
+# work unit per page, so the pages spread over the workers instead of one worker running all
+# of them (three to four minutes) in a row.
+PER_TEST_FILES = ("tests-integration/test_docs_examples.py",)
+
 # The longest work units (a minute or more each on a loaded 2-core machine, measured with
 # `--durations`), handed out first and longest first, so that no long unit starts late and
 # keeps one worker busy after the others have finished.
 LONGEST = (
     "ray",
     "golden",
-    "tests-integration/test_docs_examples.py",
     "packages/keras/tests/test_keras_backends.py",
     "tests-integration/test_field_emulator.py",
     "packages/equinox/tests/test_equinox_conformance.py",
@@ -102,6 +106,8 @@ def _file_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     if path in RAY_FILES:
         return "ray"
+    if path in PER_TEST_FILES:
+        return nodeid
     return "golden" if path in GOLDEN_FILES else path
 
 

@@ -5,8 +5,8 @@
 
 Started from the repository root, it runs the blocks in a fresh temporary folder that holds
 a copy of `examples/` (printed first; `--workdir` chooses another), so nothing a page writes
-lands in the checkout. `tests-integration/test_docs_examples.py` runs this once per page, in a
-process of its own forked from a server that imported the frameworks once, in a fresh
+lands in the checkout. `tests-integration/test_docs_examples.py` runs this once per page, in a subprocess of its
+own (so a page pays for its torch/jax imports once, and pages run in parallel), in a fresh
 temporary working directory that holds a copy of `examples/`.
 
 What runs:

@@ -1,12 +1,8 @@
 """Every code block of README.md and docs/**/*.md runs as written (or says why not).
 
-One test per page: `docs_runner.py` runs the page's blocks in order in a process of its own,
-in a fresh temporary directory holding a copy of `examples/`. That process is forked from a
-server that imported the frameworks once (`run_python`'s `preload`; a plain subprocess where
-forking is off or unsafe): a reader's fresh `python` would import them in the page's first
-block instead, and a name a block uses without importing it still fails, since the page's
-namespace starts empty. The pages run one after another on one xdist worker, which pays for
-those imports once. The directives a page may use
+One test per page: `docs_runner.py` runs the page's blocks in order in a subprocess of its
+own (a page pays for its framework imports once; pages run in parallel under xdist), in a
+fresh temporary directory holding a copy of `examples/`. The directives a page may use
 (`<!-- docs: skip (reason) -->`, `output`, `replace`, `exit`, `env`, `setup`) are
 described in `tests-integration/docs_runner.py`. Pages that train on several backends
 are marked slow.
@@ -25,8 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from pipekit_train.core.testing import run_python
-
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = Path(__file__).with_name("docs_runner.py")
 
@@ -37,20 +31,6 @@ sys.modules[_spec.name] = runner
 _spec.loader.exec_module(runner)
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-# What the pages import, imported once by the fork server (with KERAS_BACKEND=jax, as the
-# pages run); `docs/install.md` says to set the variable before keras is first imported.
-PRELOAD = (
-    "numpy",
-    "jax",
-    "equinox",
-    "optax",
-    "torch",
-    "lightning",
-    "keras",
-    "pipekit_train.equinox",
-    "pipekit_train.lightning",
-    "pipekit_train.keras",
-)
 # Pages whose blocks take more than ~10 s on a 2-core machine (several backends, CLI runs).
 SLOW = {
     "docs/cli.md",
@@ -73,11 +53,12 @@ def _run(page: Path, workdir: Path) -> tuple[subprocess.CompletedProcess[str], l
     env = {**os.environ, "KERAS_BACKEND": "jax", "OMP_NUM_THREADS": "1"}
     env.pop("PYTHONPATH", None)
     report = workdir.parent / f"{workdir.name}-report.json"
-    proc = run_python(
-        [str(RUNNER), str(page), "--json", str(report)],
+    proc = subprocess.run(
+        [sys.executable, str(RUNNER), str(page), "--json", str(report)],
         cwd=workdir,
+        capture_output=True,
+        text=True,
         env=env,
-        preload=PRELOAD,
         timeout=900,
     )
     results = json.loads(report.read_text()) if report.is_file() else None

@@ -20,18 +20,18 @@ def _root_conftest() -> Any:
 
 def test_every_named_test_file_exists() -> None:
     conftest = _root_conftest()
-    named = [*conftest.RAY_FILES, *conftest.GOLDEN_FILES]
+    named = [*conftest.RAY_FILES, *conftest.GOLDEN_FILES, *conftest.PER_TEST_FILES]
     named += [unit for unit in conftest.LONGEST if unit not in ("ray", "golden")]
     missing = [path for path in named if not (ROOT / path).is_file()]
     assert missing == []
     assert len(set(conftest.LONGEST)) == len(conftest.LONGEST)
 
 
-def test_units_group_ray_and_golden_files_and_keep_the_docs_pages_together() -> None:
+def test_units_group_ray_and_golden_files_and_split_docs_pages() -> None:
     conftest = _root_conftest()
     assert {conftest._file_of(f"{path}::test_x") for path in conftest.RAY_FILES} == {"ray"}
     assert {conftest._file_of(f"{p}::test_x") for p in conftest.GOLDEN_FILES} == {"golden"}
     page = "tests-integration/test_docs_examples.py::test_page_blocks_run[docs/cli.md]"
-    assert conftest._file_of(page) == "tests-integration/test_docs_examples.py"
+    assert conftest._file_of(page) == page
     other = "packages/core/tests/test_core_cli.py::test_x"
     assert conftest._file_of(other) == "packages/core/tests/test_core_cli.py"
