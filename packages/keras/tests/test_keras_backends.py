@@ -25,9 +25,9 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-# The fused variant's preemption cases (SIGTERM, SIGUSR1 during a write, max_time) test
-# core's lifecycle at a fused-call boundary, which does not depend on Keras's backend: they
-# run in the jax pass only; the fused variant keeps its training and resume cases on torch.
+# The fused variant (`steps_per_execution > 1`) is jax-only: on torch its cases skip. Its
+# preemption cases (SIGTERM, SIGUSR1 during a write, max_time) test core's lifecycle at a
+# fused-call boundary, not Keras's backend, and are left out of the torch pass altogether.
 ON_TORCH = "not (FusedSteps and (sigterm or sigusr1 or max_time))"
 
 
