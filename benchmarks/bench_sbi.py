@@ -39,6 +39,9 @@ scikit-learn besides `pipekit_train.core`.
 `--flow-hidden H` gives the flow head coupled layers (`losses.flow_nll(flow_hidden=H)`:
 each layer's splines of the second half of θ conditioned on the first half through a small
 network whose weights the head outputs); 0, the default, is the element-wise flow.
+`--shared-conditioner` (Equinox, slcp, with `--flow-hidden`) is an experiment: the
+conditioner's weights are learned constants shared by every observation, with only its
+biases read from the DeepSet (sbi's design; `sbi_conditioner.py`).
 
 `--members K`: K networks per case, trained on the same simulations with seeds `seed` …
 `seed + K - 1` (member 0 is the single network of `--members 1`); the posterior is their
@@ -95,12 +98,17 @@ VALIDATE_EVERY = 250
 TARGETS = {("slcp", 10_000): 0.80, ("slcp", 100_000): 0.72, ("two_moons", 10_000): 0.58}
 
 
-def _set_model(backend: str, out_size: int, seed: int) -> Any:
+def _set_model(
+    backend: str, out_size: int, seed: int, shared_conditioner: dict[str, int] | None = None
+) -> Any:
     options = {"point_size": 2, "out_size": out_size, "embed_size": 64, "width": 128}
     options.update(depth=2, seed=seed)
     if backend == "equinox":
         from pipekit_train.equinox import EquinoxModelOp
 
+        if shared_conditioner is not None:  # the experiment of `sbi_conditioner.py`
+            factory = "sbi_conditioner:shared_conditioner_deep_set"
+            return EquinoxModelOp(factory, **options, **shared_conditioner)
         return EquinoxModelOp("pipekit_train.equinox:deep_set", **options)
     if backend in ("lightning", "torch"):  # torch: the same network, trained by `Torch()`
         from pipekit_train.lightning import LightningModelOp
@@ -147,6 +155,7 @@ def train(
     components: int,
     seed: int,
     patience: int,
+    shared_conditioner: bool = False,
 ) -> tuple[Any, Setting, float, int]:
     """Train one posterior network; returns `(posterior, setting, seconds, updates)`."""
     import toymodels
@@ -171,7 +180,9 @@ def train(
         width = losses.mixture_width(components, task.dim_theta, "full")
         options = {"n_logits": components, "logit_scale": 0.03}
     if setting.as_set:
-        model = _set_model(backend, width, seed)
+        flow = {"dim": task.dim_theta, "flow_layers": flow_layers, "flow_bins": flow_bins}
+        flow["flow_hidden"] = flow_hidden
+        model = _set_model(backend, width, seed, flow if shared_conditioner else None)
     else:
         model = toymodels.model_op(
             "lightning" if backend == "torch" else backend,
@@ -308,6 +319,7 @@ def sample_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                             components=args.components,
                             seed=args.seed + m,
                             patience=args.patience,
+                            shared_conditioner=args.shared_conditioner,
                         )
                         for m in range(args.members)
                     ]
@@ -316,6 +328,8 @@ def sample_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                     steps = sum(member[3] for member in members)
                     coupled = f" (flow_hidden={args.flow_hidden})" if head == "flow" else ""
                     label = f"{backend}, {head}{coupled if args.flow_hidden else ''}"
+                    if args.shared_conditioner:
+                        label += ", shared conditioner"
                     if args.members > 1:
                         label += f", {args.members}-member ensemble"
                     posteriors = [member[0] for member in members]
@@ -439,6 +453,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         default=0,
         help="the flow's coupling conditioner units per layer (0: element-wise layers)",
     )
+    parser.add_argument(
+        "--shared-conditioner",
+        action="store_true",
+        help="with --flow-hidden: W1, W2 shared across observations (sbi_conditioner.py)",
+    )
     parser.add_argument("--components", type=int, default=10, help="mixture components")
     parser.add_argument(
         "--posterior-samples", type=int, default=10_000, help="draws per side for C2ST"
@@ -474,6 +493,19 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         args.backends, args.observations = ["equinox"], [1, 2]
         args.steps, args.posterior_samples = 400, 1000
     os.environ.setdefault("KERAS_BACKEND", "jax")
+    if args.shared_conditioner and (
+        args.flow_hidden < 1
+        or args.heads != ["flow"]
+        or args.backends != ["equinox"]
+        or args.embedding != "deep_set"
+        or args.tasks != ["slcp"]
+    ):
+        parser.error(
+            "--shared-conditioner is an Equinox experiment on slcp's DeepSet with the coupled "
+            f"flow. Received: flow_hidden={args.flow_hidden}, heads={args.heads}, "
+            f"backends={args.backends}, embedding={args.embedding!r}, tasks={args.tasks}. "
+            "Pass --tasks slcp --heads flow --backends equinox --flow-hidden H (H > 0)."
+        )
     if (args.sample_only or args.score_only) and not args.out:
         parser.error("--sample-only and --score-only need --out DIR")
     with tempfile.TemporaryDirectory() as scratch:
