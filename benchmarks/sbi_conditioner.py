@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipekit_train.core import model_factory
+from pipekit_train.core import ConfigError, model_factory
 from pipekit_train.core.losses import flow_width
 from pipekit_train.equinox import deep_set
 
@@ -33,7 +33,7 @@ __all__ = ["shared_conditioner_deep_set", "slots"]
 def slots(dim: int, flow_layers: int, flow_bins: int, flow_hidden: int) -> list[tuple[str, int]]:
     """The output in order, as `(kind, size)` runs: `"x"` (from the network), `"w1"` or
     `"w2"` (constants)."""
-    elementwise = dim * (3 * flow_bins - 1) + dim * dim + dim
+    elementwise = flow_width(dim, 1, flow_bins)  # one element-wise layer
     d_a = dim // 2
     p = (dim - d_a) * (3 * flow_bins - 1)
     layer = [("x", elementwise), ("w1", flow_hidden * d_a), ("x", flow_hidden)]
@@ -78,10 +78,11 @@ def shared_conditioner_deep_set(
     layer's (`N(0, 1 / d_a)`), `W2` near zero (`N(0, 0.01²)`: nearly the element-wise flow)."""
     runs = slots(dim, flow_layers, flow_bins, flow_hidden)
     if out_size != flow_width(dim, flow_layers, flow_bins, flow_hidden):
-        raise ValueError(
+        raise ConfigError(
             f"Received: out_size={out_size}, but the coupled flow over {dim} values with "
             f"{flow_layers} layers, {flow_bins} bins and {flow_hidden} hidden units has "
-            f"{flow_width(dim, flow_layers, flow_bins, flow_hidden)} outputs."
+            f"{flow_width(dim, flow_layers, flow_bins, flow_hidden)} outputs. Pass "
+            "out_size=losses.flow_width(dim, flow_layers, flow_bins, flow_hidden)."
         )
     keys = jax.random.split(key, 1 + len(runs))
     n_own = sum(size for kind, size in runs if kind == "x")
