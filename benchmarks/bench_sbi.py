@@ -43,6 +43,17 @@ network whose weights the head outputs); 0, the default, is the element-wise flo
 conditioner's weights are learned constants shared by every observation, with only its
 biases read from the DeepSet (sbi's design; `sbi_conditioner.py`).
 
+`--symmetry`: use the task's known symmetries in θ (`Task.symmetries`, maps `θ → G θ`
+that leave prior and likelihood unchanged: slcp's sign flips of θ₃ and θ₄, two_moons'
+mirror `(θ₁, θ₂) → (-θ₂, -θ₁)`), which sbi's and sbibm's NPE do not use: `augment` trains
+on every simulation under each symmetry (after the 90/10 split, so a simulation and its
+images stay on one side; the same simulations, four times the training pairs on slcp);
+`average` maps each posterior draw by a symmetry chosen at random (the identity
+included), which makes the posterior exactly symmetric; `both` does both. Averaging maps
+the draws when they are scored, so `--score-only --symmetry average` scores saved draws
+under it. An experiment of the benchmark: it reads
+task knowledge a user may not have, so its rows are not comparable with sbibm's.
+
 `--members K`: K networks per case, trained on the same simulations with seeds `seed` …
 `seed + K - 1` (member 0 is the single network of `--members 1`); the posterior is their
 equal-weight mixture (`PosteriorEnsemble`), truncated to the prior box as a whole
@@ -156,6 +167,7 @@ def train(
     seed: int,
     patience: int,
     shared_conditioner: bool = False,
+    symmetry: str = "none",
 ) -> tuple[Any, Setting, float, int]:
     """Train one posterior network; returns `(posterior, setting, seconds, updates)`."""
     import toymodels
@@ -167,6 +179,16 @@ def train(
     inputs = setting.inputs(x)
     data = ArrayDataset(x=inputs, y=theta.astype(np.float32))
     train_set, val_set = split(data, (0.9, 0.1), seed=0)
+    if symmetry in ("augment", "both"):  # each part's simulations under every symmetry
+        train_set, val_set = (
+            ArrayDataset(
+                x=np.concatenate([inputs[part.indices]] * len(task.group())),
+                y=np.concatenate([theta[part.indices] @ g.T for g in task.group()]).astype(
+                    np.float32
+                ),
+            )
+            for part in (train_set, val_set)
+        )
     keys = ("y",) if setting.as_set else ("x", "y")
     norm = Normalizer.fit(train_set, keys=keys)
     options: dict[str, Any] = {}
@@ -275,17 +297,28 @@ def sbi_npe(task: Task, theta: np.ndarray, x: np.ndarray, seed: int) -> Any:
         return inference.build_posterior(inference.train())
 
 
-def c2st_score(job: tuple[str, int, str, int]) -> float:
+def symmetrized(task: Task, got: np.ndarray, seed: int) -> np.ndarray:
+    """Each draw mapped by one of the task's symmetries (the identity included), chosen at
+    random: the draws of the symmetrized posterior (`--symmetry average`)."""
+    group = np.stack(task.group())
+    pick = np.random.default_rng([seed, 0x53594D]).integers(len(group), size=len(got))
+    return np.einsum("nij,nj->ni", group[pick], got).astype(got.dtype)
+
+
+def c2st_score(job: tuple[str, int, str, int, bool]) -> float:
     """C2ST of one saved draw set against its reference (a process pool runs these)."""
     from pipekit_train.core import diagnostics
 
-    task, k, path, n = job
+    task, k, path, n, average = job
     with np.load(path) as saved:
         got = saved[f"obs{k}"][:n]
+    if average:
+        got = symmetrized(get_task(task), got, k)
     started = time.perf_counter()
     score = diagnostics.c2st(get_task(task).reference(k)[:n], got, seed=k, folds=5)
     took = time.perf_counter() - started
-    print(f"    {Path(path).stem}, observation {k}: C2ST {score:.4f} ({took:.0f} s)", flush=True)
+    name = Path(path).stem + ("_symmetry_average" if average else "")
+    print(f"    {name}, observation {k}: C2ST {score:.4f} ({took:.0f} s)", flush=True)
     return score
 
 
@@ -320,6 +353,7 @@ def sample_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                             seed=args.seed + m,
                             patience=args.patience,
                             shared_conditioner=args.shared_conditioner,
+                            symmetry=args.symmetry,
                         )
                         for m in range(args.members)
                     ]
@@ -332,6 +366,8 @@ def sample_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                         label += ", shared conditioner"
                     if args.members > 1:
                         label += f", {args.members}-member ensemble"
+                    if args.symmetry in ("augment", "both"):
+                        label += ", symmetry augment"
                     posteriors = [member[0] for member in members]
                     runs.append((label, posteriors, setting, seconds, steps))
             if args.sbi:
@@ -376,6 +412,7 @@ def sample_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                         "observations": list(args.observations),
                         "samples": args.posterior_samples,
                         "steps": steps_done,
+                        "average": args.symmetry in ("average", "both") and setting is not None,
                     }
                 )
                 (out / "cases.json").write_text(json.dumps(cases, indent=1))
@@ -383,14 +420,24 @@ def sample_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
 
 
 def score_all(
-    cases: list[dict[str, Any]], out: Path, jobs: int, samples: int | None = None
+    cases: list[dict[str, Any]],
+    out: Path,
+    jobs: int,
+    samples: int | None = None,
+    average: bool = False,
 ) -> list[dict[str, Any]]:
     """C2ST of every saved draw set (in `jobs` processes; the first `samples` draws of each
-    side when given); the result rows."""
+    side when given; the draws mapped by random symmetries where the case says so, or every
+    case's when `average`); the result rows."""
     for c in cases:
         c["samples"] = min(c["samples"], samples or c["samples"])
+        c["average"] = c.get("average", False) or average
+        if c["average"] and not c["case"].endswith("symmetry average"):
+            c["case"] += ", symmetry average"
     work = [
-        (c["task"], k, str(out / c["path"]), c["samples"]) for c in cases for k in c["observations"]
+        (c["task"], k, str(out / c["path"]), c["samples"], c["average"])
+        for c in cases
+        for k in c["observations"]
     ]
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
@@ -458,6 +505,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         action="store_true",
         help="with --flow-hidden: W1, W2 shared across observations (sbi_conditioner.py)",
     )
+    parser.add_argument(
+        "--symmetry",
+        default="none",
+        choices=["none", "augment", "average", "both"],
+        help="use the task's known symmetries: train on every simulation under each "
+        "(augment), draw under a random one (average), or both",
+    )
     parser.add_argument("--components", type=int, default=10, help="mixture components")
     parser.add_argument(
         "--posterior-samples", type=int, default=10_000, help="draws per side for C2ST"
@@ -506,6 +560,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             f"backends={args.backends}, embedding={args.embedding!r}, tasks={args.tasks}. "
             "Pass --tasks slcp --heads flow --backends equinox --flow-hidden H (H > 0)."
         )
+    no_symmetry = [name for name in args.tasks if not get_task(name).symmetries]
+    if args.symmetry != "none" and no_symmetry:
+        parser.error(
+            f"--symmetry needs tasks with known symmetries (two_moons, slcp). Received: "
+            f"symmetry={args.symmetry!r}, tasks={args.tasks}, but {no_symmetry} have none. "
+            "Drop those tasks or pass --symmetry none."
+        )
     if (args.sample_only or args.score_only) and not args.out:
         parser.error("--sample-only and --score-only need --out DIR")
     with tempfile.TemporaryDirectory() as scratch:
@@ -515,7 +576,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             cases = json.loads((out / "cases.json").read_text())
         else:
             cases = sample_all(args, out)
-        rows = [] if args.sample_only else score_all(cases, out, args.jobs, args.c2st_samples)
+        average = args.score_only and args.symmetry in ("average", "both")
+        rows = (
+            []
+            if args.sample_only
+            else score_all(cases, out, args.jobs, args.c2st_samples, average=average)
+        )
     if args.json:
         write_rows(args.json, rows)
     return rows

@@ -48,6 +48,10 @@ class Task:
         simulator: `simulator(theta (n, dim_theta), rng) -> x (n, dim_x)`.
         point_size: for data made of i.i.d. points, the values of one point (slcp: 2),
             else None.
+        symmetries: the task's known symmetries in θ, as `dim_theta × dim_theta`
+            matrices `G` (nested tuples; the identity left out) that leave the prior and
+            the likelihood unchanged, `p(x | G θ) = p(x | θ)`, so that the posterior is
+            unchanged by `θ → G θ` too; together with the identity they form a group.
     """
 
     name: str
@@ -57,6 +61,11 @@ class Task:
     high: float
     simulator: Callable[[np.ndarray, np.random.Generator], np.ndarray]
     point_size: int | None = None
+    symmetries: tuple[tuple[tuple[float, ...], ...], ...] = ()
+
+    def group(self) -> list[np.ndarray]:
+        """The symmetry group's matrices, the identity first."""
+        return [np.eye(self.dim_theta)] + [np.asarray(g, dtype=np.float64) for g in self.symmetries]
 
     def prior(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """`n` draws from the uniform prior, `(n, dim_theta)`."""
@@ -119,9 +128,22 @@ def _gaussian_mixture(theta: np.ndarray, rng: np.random.Generator) -> np.ndarray
     return theta + scale[:, None] * rng.standard_normal(theta.shape)
 
 
+def _signs(dim: int, flipped: tuple[int, ...]) -> tuple[tuple[float, ...], ...]:
+    """The diagonal matrix that flips the signs of the parameters `flipped`."""
+    return tuple(
+        tuple((-1.0 if i in flipped else 1.0) if i == j else 0.0 for j in range(dim))
+        for i in range(dim)
+    )
+
+
+#: two_moons: x depends on |θ₁ + θ₂| and θ₂ - θ₁, both unchanged by (θ₁, θ₂) → (-θ₂, -θ₁).
+_TWO_MOONS_MIRROR = ((0.0, -1.0), (-1.0, 0.0))
+#: slcp: the likelihood depends on θ₃² and θ₄² only: the sign flips of θ₃ and θ₄.
+_SLCP_SIGNS = (_signs(5, (2,)), _signs(5, (3,)), _signs(5, (2, 3)))
+
 TASKS: dict[str, Task] = {
-    "two_moons": Task("two_moons", 2, 2, -1.0, 1.0, _two_moons),
-    "slcp": Task("slcp", 5, 8, -3.0, 3.0, _slcp, point_size=2),
+    "two_moons": Task("two_moons", 2, 2, -1.0, 1.0, _two_moons, symmetries=(_TWO_MOONS_MIRROR,)),
+    "slcp": Task("slcp", 5, 8, -3.0, 3.0, _slcp, point_size=2, symmetries=_SLCP_SIGNS),
     "gaussian_mixture": Task("gaussian_mixture", 2, 2, -10.0, 10.0, _gaussian_mixture),
 }
 
