@@ -54,6 +54,10 @@ the draws when they are scored, so `--score-only --symmetry average` scores save
 under it. An experiment of the benchmark: it reads
 task knowledge a user may not have, so its rows are not comparable with sbibm's.
 
+`--theta-order P`: the flow sees θ's columns in the order `P` (a permutation; in a
+coupled flow the first half of that order conditions the rest), and its draws are put
+back in the task's order before they are saved.
+
 `--members K`: K networks per case, trained on the same simulations with seeds `seed` …
 `seed + K - 1` (member 0 is the single network of `--members 1`); the posterior is their
 equal-weight mixture (`PosteriorEnsemble`), truncated to the prior box as a whole
@@ -133,8 +137,10 @@ def _set_model(
 class Setting:
     """One trained posterior: the task, its inputs' transform and the network."""
 
-    def __init__(self, task: Task, embedding: str):
+    def __init__(self, task: Task, embedding: str, order: list[int] | None = None):
         self.task = task
+        #: the network's θ is the task's θ[:, order] (None: the task's order)
+        self.order = order
         self.as_set = task.point_size is not None and embedding == "deep_set"
         self.shift: np.ndarray | None = None
         self.scale: np.ndarray | None = None
@@ -168,6 +174,7 @@ def train(
     patience: int,
     shared_conditioner: bool = False,
     symmetry: str = "none",
+    order: list[int] | None = None,
 ) -> tuple[Any, Setting, float, int]:
     """Train one posterior network; returns `(posterior, setting, seconds, updates)`."""
     import toymodels
@@ -175,17 +182,19 @@ def train(
     from pipekit_train.core import EarlyStopping, Normalizer, TrainingLoop, losses
     from pipekit_train.core.data import ArrayDataset, split
 
-    setting = Setting(task, embedding)
+    setting = Setting(task, embedding, order)
     inputs = setting.inputs(x)
+    if order is not None:  # the flow sees θ in this order (its first half conditions the rest)
+        theta = theta[:, order]
     data = ArrayDataset(x=inputs, y=theta.astype(np.float32))
     train_set, val_set = split(data, (0.9, 0.1), seed=0)
     if symmetry in ("augment", "both"):  # each part's simulations under every symmetry
         train_set, val_set = (
             ArrayDataset(
                 x=np.concatenate([inputs[part.indices]] * len(task.group())),
-                y=np.concatenate([theta[part.indices] @ g.T for g in task.group()]).astype(
-                    np.float32
-                ),
+                y=np.concatenate(
+                    [theta[part.indices] @ _reordered(g, order).T for g in task.group()]
+                ).astype(np.float32),
             )
             for part in (train_set, val_set)
         )
@@ -250,6 +259,11 @@ def train(
     return posterior, setting, seconds, artifact.steps
 
 
+def _reordered(g: np.ndarray, order: list[int] | None) -> np.ndarray:
+    """The symmetry `g` acting on θ[:, order]."""
+    return g if order is None else g[np.ix_(order, order)]
+
+
 def draws(posteriors: list[Any], setting: Setting, x_o: np.ndarray, n: int, seed: int) -> tuple:
     """`n` draws at `x_o` inside the prior box, and the share of the mass outside it: of
     one network's posterior, or of several networks' `PosteriorEnsemble`."""
@@ -257,7 +271,10 @@ def draws(posteriors: list[Any], setting: Setting, x_o: np.ndarray, n: int, seed
 
     posterior = posteriors[0] if len(posteriors) == 1 else PosteriorEnsemble(posteriors)
     dist = posterior.distribution(setting.inputs(x_o[None])[0])
-    return _draws(dist, setting.task, np.random.default_rng(seed), n)
+    got, outside = _draws(dist, setting.task, np.random.default_rng(seed), n)
+    if setting.order is not None:  # back to the task's order
+        got = np.asarray(got)[:, np.argsort(setting.order)]
+    return got, outside
 
 
 def _draws(dist: Any, task: Task, rng: np.random.Generator, n: int) -> tuple:
@@ -354,6 +371,7 @@ def sample_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                             patience=args.patience,
                             shared_conditioner=args.shared_conditioner,
                             symmetry=args.symmetry,
+                            order=args.theta_order,
                         )
                         for m in range(args.members)
                     ]
@@ -368,6 +386,8 @@ def sample_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                         label += f", {args.members}-member ensemble"
                     if args.symmetry in ("augment", "both"):
                         label += ", symmetry augment"
+                    if args.theta_order:
+                        label += f", theta order {''.join(map(str, args.theta_order))}"
                     posteriors = [member[0] for member in members]
                     runs.append((label, posteriors, setting, seconds, steps))
             if args.sbi:
@@ -512,6 +532,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         help="use the task's known symmetries: train on every simulation under each "
         "(augment), draw under a random one (average), or both",
     )
+    parser.add_argument(
+        "--theta-order",
+        type=int,
+        nargs="+",
+        help="the order the flow sees θ's columns in (a permutation; the first half "
+        "conditions the rest in a coupled flow)",
+    )
     parser.add_argument("--components", type=int, default=10, help="mixture components")
     parser.add_argument(
         "--posterior-samples", type=int, default=10_000, help="draws per side for C2ST"
@@ -567,6 +594,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             f"symmetry={args.symmetry!r}, tasks={args.tasks}, but {no_symmetry} have none. "
             "Drop those tasks or pass --symmetry none."
         )
+    if args.theta_order is not None:
+        dims = {get_task(name).dim_theta for name in args.tasks}
+        if len(dims) != 1 or sorted(args.theta_order) != list(range(dims.pop())):
+            parser.error(
+                "--theta-order must be a permutation of one task's parameter indices. "
+                f"Received: theta_order={args.theta_order}, tasks={args.tasks}. Pass e.g. "
+                "--tasks slcp --theta-order 2 3 0 1 4."
+            )
     if (args.sample_only or args.score_only) and not args.out:
         parser.error("--sample-only and --score-only need --out DIR")
     with tempfile.TemporaryDirectory() as scratch:
