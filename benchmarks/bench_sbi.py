@@ -51,8 +51,8 @@ images stay on one side; the same simulations, four times the training pairs on 
 `average` maps each posterior draw by a symmetry chosen at random (the identity
 included), which makes the posterior exactly symmetric; `both` does both. Averaging maps
 the draws when they are scored, so `--score-only --symmetry average` scores saved draws
-under it. An experiment of the benchmark: it reads
-task knowledge a user may not have, so its rows are not comparable with sbibm's.
+under it. An experiment of the benchmark: it reads task knowledge a user may not have, so
+its rows are not comparable with sbibm's.
 
 `--theta-order P`: the flow sees θ's columns in the order `P` (a permutation; in a
 coupled flow the first half of that order conditions the rest), and its draws are put
