@@ -93,6 +93,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 
+import sbi_nle  # noqa: E402
 from _shared import row, write_rows  # noqa: E402
 from sbi_tasks import Task, get_task  # noqa: E402
 
@@ -259,6 +260,56 @@ def train(
     return posterior, setting, seconds, artifact.steps
 
 
+def _likelihood_run(
+    args: argparse.Namespace, task: Task, theta: np.ndarray, x: np.ndarray, backend: str
+) -> tuple[str, list[Any], str, float, int]:
+    """One `--estimator nle` case: the likelihood network of `sbi_nle`, trained."""
+    iid = args.nle_points and task.point_size is not None
+    print(f"{task.name}, {len(theta)} simulations, {backend}, NLE", flush=True)
+    likelihood, artifact, seconds = sbi_nle.train_likelihood(
+        task,
+        theta,
+        x,
+        backend=backend,
+        steps=args.steps,
+        flow_layers=args.flow_layers,
+        flow_bins=args.flow_bins,
+        seed=args.seed,
+        patience=args.patience,
+        iid=iid,
+        validate_every=VALIDATE_EVERY,
+    )
+    label = f"{backend}, NLE{' per point' if iid else ''} (flow), SMC"
+    likelihood.artifact = artifact  # registered when the draws run in processes (--jobs)
+    return label, [likelihood], "smc", seconds, artifact.steps
+
+
+def _parallel_smc(
+    args: argparse.Namespace, task: Task, likelihood: Any, case: str, out: Path
+) -> tuple[dict[str, np.ndarray], list[float]]:
+    """SMC draws at every observation in `--jobs` processes; the network goes to them
+    through a `LocalModelRegistry` under `out` (slcp's exact likelihood needs none)."""
+    root, name = str(out / "registry"), ""
+    if hasattr(likelihood, "artifact"):
+        name = _slug(case)
+        sbi_nle.register(likelihood.artifact, root, name)
+    jobs = [
+        (root, name, task.name, k, args.posterior_samples, likelihood_points(likelihood))
+        for k in args.observations
+    ]
+    got = sbi_nle.parallel_draws(jobs, args.jobs)
+    saved = {
+        f"obs{k}": np.asarray(g, dtype=np.float32)
+        for k, g in zip(args.observations, got, strict=True)
+    }
+    return saved, [0.0] * len(got)
+
+
+def likelihood_points(likelihood: Any) -> int | None:
+    """The i.i.d. point size a likelihood was trained on (None: all of x)."""
+    return getattr(likelihood, "point_size", None)
+
+
 def _reordered(g: np.ndarray, order: list[int] | None) -> np.ndarray:
     """The symmetry `g` acting on θ[:, order]."""
     return g if order is None else g[np.ix_(order, order)]
@@ -351,7 +402,11 @@ def sample_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
         for budget in args.budgets:
             theta, x = task.simulate(budget, seed=args.seed + 1)
             runs: list[tuple[str, Any, Setting | None, float, int]] = []
-            for backend in args.backends:
+            for backend in args.backends if args.estimator == "nle" else []:
+                runs.append(_likelihood_run(args, task, theta, x, backend))
+            if args.estimator == "exact":
+                runs = [("exact likelihood, SMC", [sbi_nle.ExactPosterior(task)], "smc", 0.0, 0)]
+            for backend in args.backends if args.estimator == "npe" else []:
                 for head in args.heads:
                     print(f"{name}, {budget} simulations, {backend}, {head} head", flush=True)
                     members = [
@@ -398,12 +453,22 @@ def sample_all(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
                 else:
                     runs.append(("sbi NPE", [npe], None, time.perf_counter() - started, 0))
             for label, posteriors, setting, seconds, steps_done in runs:
-                embedding = f", {args.embedding}" if task.point_size and setting else ""
+                embedding = (
+                    f", {args.embedding}"
+                    if task.point_size and isinstance(setting, Setting)
+                    else ""
+                )
                 case = f"{name}, {budget} sims, {label}{embedding}"
                 saved, outside = {}, []
-                for k in args.observations:
+                if setting == "smc" and args.jobs > 1:  # SMC per observation, in processes
+                    saved, outside = _parallel_smc(args, task, posteriors[0], case, out)
+                for k in args.observations if not saved else []:
                     x_o = task.observation(k)
-                    if setting is None:  # sbi's posterior
+                    if setting == "smc":  # a likelihood (NLE, or slcp's exact one): SMC draws
+                        started = time.perf_counter()
+                        got, leak = posteriors[0].sample(x_o, args.posterior_samples, seed=k), 0.0
+                        print(f"    SMC at observation {k}: {time.perf_counter() - started:.0f} s")
+                    elif setting is None:  # sbi's posterior
                         import torch
 
                         got = (
@@ -538,6 +603,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         nargs="+",
         help="the order the flow sees θ's columns in (a permutation; the first half "
         "conditions the rest in a coupled flow)",
+    )
+    parser.add_argument(
+        "--estimator",
+        default="npe",
+        choices=["npe", "nle", "exact"],
+        help="npe: the flow head on θ given x (default); nle: the flow head on x given θ, "
+        "drawn by SMC (sbi_nle.py); exact: slcp's exact likelihood, drawn by SMC",
+    )
+    parser.add_argument(
+        "--nle-points",
+        action="store_true",
+        help="with --estimator nle: learn one i.i.d. point's likelihood (slcp)",
     )
     parser.add_argument("--components", type=int, default=10, help="mixture components")
     parser.add_argument(

@@ -45,8 +45,10 @@ from .losses import Loss
 from .model._ensemble import Ensemble, PosteriorEnsemble
 from .model._flow import Flow, RejectionError
 from .model._heads import Gaussian
+from .model._likelihood import BoxPrior, LikelihoodPosterior
 from .model._mixture import Mixture
 from .model._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
+from .model._smc import smc_sample
 from .model._trust import UntrustedFactoryError, is_model_factory, model_factory
 from .registry import (
     FsspecModelRegistry,
@@ -107,10 +109,12 @@ __all__ = [
     "Cycle",
     "Dataset",
     "EarlyStopping",
+    "BoxPrior",
     "Ensemble",
     "Flow",
     "FsspecModelRegistry",
     "Gaussian",
+    "LikelihoodPosterior",
     "History",
     "IntegrityError",
     "IterableDataset",
@@ -182,6 +186,7 @@ __all__ = [
     "registry",
     "rollout_validation",
     "split",
+    "smc_sample",
     "split_trajectories",
     "writers",
 ]
