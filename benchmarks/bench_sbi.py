@@ -6,6 +6,8 @@ uv run python benchmarks/bench_sbi.py                              # two_moons, 
 uv run python benchmarks/bench_sbi.py --tasks slcp --heads flow mixture --budgets 10000 100000
 uv run python benchmarks/bench_sbi.py --backends equinox lightning torch keras --observations 1 2 3
 uv run python benchmarks/bench_sbi.py --quick --json /tmp/sbi.json    # run_all convention
+uv run python benchmarks/bench_sbi.py --tasks slcp --estimator nle --nle-points --steps 30000 \
+    --patience 0 --jobs 10                                         # NLE, SMC draws
 ```
 
 Tasks (`benchmarks/sbi_tasks`): sbibm's `two_moons`, `slcp` and `gaussian_mixture`,
@@ -69,6 +71,14 @@ loss. The default, 4, is about 30 epochs of 9000 training simulations (10⁴); a
 rule (20 epochs without improvement) is `--patience 28`, used for the 10⁵ table of
 `docs/guides/sbi.md`.
 
+`--estimator nle`: the flow head learns the likelihood instead (`sbi_nle.py`: an MLP on θ,
+the flow over x; with `--nle-points`, over one of slcp's i.i.d. points, the observation's
+log-likelihood the sum over its points), read as `LikelihoodPosterior` and drawn by
+`smc_sample` per observation (`--jobs N`: in N processes, each loading the network from
+a `LocalModelRegistry`). `--estimator exact`: the same sampler on slcp's exact
+likelihood (the sampler's own error). `--heads`, `--embedding`, `--symmetry`,
+`--members` and the flow's coupling options are NPE's and not read by these.
+
 `--sbi`: when the `sbi` package is installed, its NPE (default neural spline flow,
 default training) runs on the same simulations and is scored the same way (optional;
 never a dependency). `--quick`: two_moons and slcp on Equinox, the flow head, 2 000
@@ -95,6 +105,7 @@ sys.path.insert(0, str(HERE.parent / "examples"))
 
 import sbi_nle  # noqa: E402
 from _shared import row, write_rows  # noqa: E402
+from sbi_fit import fit  # noqa: E402
 from sbi_tasks import Task, get_task  # noqa: E402
 
 #: sbibm's published mean C2ST of NPE over observations 1-10 (Lueckmann et al. 2021; the
@@ -180,7 +191,7 @@ def train(
     """Train one posterior network; returns `(posterior, setting, seconds, updates)`."""
     import toymodels
 
-    from pipekit_train.core import EarlyStopping, Normalizer, TrainingLoop, losses
+    from pipekit_train.core import Normalizer, losses
     from pipekit_train.core.data import ArrayDataset, split
 
     setting = Setting(task, embedding, order)
@@ -224,37 +235,17 @@ def train(
             seed=seed,
             **options,
         )
-    adapter = None  # the model operator's own adapter
-    if backend == "torch":
-        from pipekit_train.lightning import Torch
-
-        adapter = Torch()
-    started = time.perf_counter()
-    artifact = TrainingLoop(
-        model=model,
-        data=train_set,
-        validation=val_set,
-        normalizer=norm,
-        loss=loss,
-        optimizer_config={
-            "name": "adam",
-            "lr": {"schedule": "cosine", "init_value": 1e-3, "decay_steps": steps, "alpha": 0.02},
-            "clip_norm": 1.0,
-        },
-        batch_size=256,
-        max_steps=steps,
-        validate_every_n_steps=VALIDATE_EVERY,
-        callbacks=[EarlyStopping(patience=patience)] if patience > 0 else [],
+    artifact, seconds = fit(
+        model,
+        backend,
+        train_set,
+        val_set,
+        norm,
+        loss,
+        steps=steps,
         seed=seed,
-        adapter=adapter,
-        progress=False,
-    ).run()
-    seconds = time.perf_counter() - started
-    val = artifact.history["val_loss"]
-    print(
-        f"    trained {artifact.steps} updates ({artifact.stop_reason}) in {seconds:.0f} s; loss "
-        f"{artifact.history['loss'][-1]:.3f}, val_loss {[round(v, 3) for v in val]}",
-        flush=True,
+        patience=patience,
+        validate_every=VALIDATE_EVERY,
     )
     posterior = artifact.posterior(state_ndim=2 if setting.as_set else 1)
     return posterior, setting, seconds, artifact.steps

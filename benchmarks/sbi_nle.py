@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from sbi_fit import fit
 from sbi_tasks import Task
 
 __all__ = ["ExactPosterior", "box", "slcp_log_likelihood", "train_likelihood"]
@@ -59,13 +60,7 @@ def train_likelihood(
     """Train `q(x | θ)`; returns `(LikelihoodPosterior, artifact, seconds)`."""
     import toymodels
 
-    from pipekit_train.core import (
-        EarlyStopping,
-        LikelihoodPosterior,
-        Normalizer,
-        TrainingLoop,
-        losses,
-    )
+    from pipekit_train.core import LikelihoodPosterior, Normalizer, losses
     from pipekit_train.core.data import ArrayDataset, split
 
     points = _points(task, x, iid)
@@ -88,38 +83,19 @@ def train_likelihood(
         width=128,
         seed=seed,
     )
-    adapter = None
-    if backend == "torch":
-        from pipekit_train.lightning import Torch
-
-        adapter = Torch()
-    started = time.perf_counter()
-    artifact = TrainingLoop(
-        model=model,
-        data=train_set,
-        validation=val_set,
-        normalizer=norm,
-        loss=losses.flow_nll(flow_layers=flow_layers, flow_bins=flow_bins, flow_bound=3.0),
-        optimizer_config={
-            "name": "adam",
-            "lr": {"schedule": "cosine", "init_value": 1e-3, "decay_steps": steps, "alpha": 0.02},
-            "clip_norm": 1.0,
-        },
-        batch_size=256,
-        max_steps=steps,
-        validate_every_n_steps=validate_every,
-        callbacks=[EarlyStopping(patience=patience)] if patience > 0 else [],
+    loss = losses.flow_nll(flow_layers=flow_layers, flow_bins=flow_bins, flow_bound=3.0)
+    artifact, seconds = fit(
+        model,
+        backend,
+        train_set,
+        val_set,
+        norm,
+        loss,
+        steps=steps,
         seed=seed,
-        adapter=adapter,
-        progress=False,
-    ).run()
-    seconds = time.perf_counter() - started
-    val = artifact.history["val_loss"]
-    print(
-        f"    trained the likelihood: {artifact.steps} updates ({artifact.stop_reason}) in "
-        f"{seconds:.0f} s; loss {artifact.history['loss'][-1]:.3f}, val_loss "
-        f"{[round(v, 3) for v in val]}",
-        flush=True,
+        patience=patience,
+        validate_every=validate_every,
+        what="the likelihood: ",
     )
     point_size = size if iid else None
     likelihood = LikelihoodPosterior(artifact.posterior(), box(task), point_size=point_size)
