@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from pipekit_train.core._checks import positive_int
 from pipekit_train.core._errors import ConfigError
 
-from ._smc import smc_sample
+from ._smc import check_prior, smc_sample
 
 __all__ = ["BoxPrior", "LikelihoodPosterior"]
 
@@ -107,22 +108,9 @@ class LikelihoodPosterior:
                 "`likelihood` must have `distribution(theta)` (e.g. artifact.posterior() of a "
                 f"run trained on x given theta). Received: likelihood={likelihood!r}."
             )
-        if not (
-            callable(getattr(prior, "sample", None)) and callable(getattr(prior, "log_prob", None))
-        ):
-            raise ConfigError(
-                "`prior` must have `sample(rng, m)` and `log_prob(theta)`. Received: "
-                f"prior={prior!r}. Use BoxPrior(low, high) for a uniform box."
-            )
-        if point_size is not None and (
-            isinstance(point_size, bool) or not isinstance(point_size, int) or point_size < 1
-        ):
-            raise ConfigError(
-                "`point_size` must be a positive int (the values of one i.i.d. point) or None. "
-                f"Received: point_size={point_size!r}."
-            )
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"`batch_size` must be a positive int. Received: {batch_size=}.")
+        check_prior(prior)
+        point_size = positive_int("point_size", point_size, allow_none=True)
+        batch_size = positive_int("batch_size", batch_size)
         self.likelihood, self.prior = likelihood, prior
         self.point_size, self.batch_size = point_size, batch_size
 

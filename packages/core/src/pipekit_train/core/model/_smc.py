@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from pipekit_train.core._checks import check_seed, is_int, positive_int
 from pipekit_train.core._errors import ConfigError
 
-__all__ = ["smc_sample"]
+__all__ = ["check_prior", "smc_sample"]
 
 #: The random-walk rate the proposal scale is steered towards.
 TARGET_ACCEPTANCE = 0.25
@@ -166,10 +167,15 @@ def _move(
     return (theta, lp, ll), scale, rates
 
 
-def _positive_int(value: Any, field: str, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
-        raise ConfigError(f"`{field}` must be an int >= {least}. Received: {field}={value!r}.")
-    return int(value)
+def check_prior(prior: Any) -> None:
+    """Raise `ConfigError` unless `prior` has `sample(rng, m)` and `log_prob(theta)`."""
+    if not (
+        callable(getattr(prior, "sample", None)) and callable(getattr(prior, "log_prob", None))
+    ):
+        raise ConfigError(
+            "`prior` must have `sample(rng, m)` and `log_prob(theta)`. Received: "
+            f"prior={prior!r}. Use BoxPrior(low, high) for a uniform box."
+        )
 
 
 def smc_sample(
@@ -219,20 +225,16 @@ def smc_sample(
             "`log_likelihood` must be a function θ (m, d) -> (m,). Received: "
             f"log_likelihood={log_likelihood!r}."
         )
-    if not (
-        callable(getattr(prior, "sample", None)) and callable(getattr(prior, "log_prob", None))
-    ):
-        raise ConfigError(
-            "`prior` must have `sample(rng, m)` and `log_prob(theta)`. Received: "
-            f"prior={prior!r}. Use BoxPrior(low, high) for a uniform box."
-        )
+    check_prior(prior)
     if isinstance(ess, bool) or not isinstance(ess, float | int) or not 0.0 < ess < 1.0:
         raise ConfigError(f"`ess` must be a number in (0, 1). Received: ess={ess!r}.")
-    moves = _positive_int(moves, "moves", 1)
-    final_moves = _positive_int(final_moves, "final_moves", 0)
-    clusters = _positive_int(clusters, "clusters", 1)
-    rng = np.random.default_rng([seed, 0x534D43])
-    n = _positive_int(n, "n", 2)
+    moves, clusters = positive_int("moves", moves), positive_int("clusters", clusters)
+    if not is_int(final_moves) or final_moves < 0:
+        raise ConfigError(
+            f"`final_moves` must be an int >= 0. Received: final_moves={final_moves!r}."
+        )
+    n = positive_int("n", n)
+    rng = np.random.default_rng([check_seed(seed), 0x534D43])
     theta = np.atleast_2d(np.asarray(prior.sample(rng, n), dtype=np.float64))
     d = theta.shape[1]
     if theta.shape != (n, d) or n < 2 * d + 2:
