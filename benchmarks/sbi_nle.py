@@ -31,7 +31,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from sbi_fit import fit
 from sbi_tasks import Task
 
 __all__ = ["ExactPosterior", "box", "slcp_log_likelihood", "train_likelihood"]
@@ -59,6 +58,7 @@ def train_likelihood(
 ) -> tuple[Any, Any, float]:
     """Train `q(x | θ)`; returns `(LikelihoodPosterior, artifact, seconds)`."""
     import toymodels
+    from sbi_fit import fit
 
     from pipekit_train.core import LikelihoodPosterior, Normalizer, losses
     from pipekit_train.core.data import ArrayDataset, split
