@@ -107,6 +107,13 @@ def _flat(theta: np.ndarray) -> np.ndarray:
     return np.zeros(len(theta))
 
 
+class _ShortPrior(BoxPrior):
+    """A prior whose `sample` returns half the rows asked for."""
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return super().sample(rng, n // 2)
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
@@ -114,6 +121,7 @@ def _flat(theta: np.ndarray) -> np.ndarray:
         (lambda: smc_sample(_flat, BoxPrior([0], [1]), 100, ess=1.0), "Received: ess=1.0"),
         (lambda: smc_sample(_flat, BoxPrior([0], [1]), 100, moves=0), "Received: moves=0"),
         (lambda: smc_sample(_flat, object(), 100), "`prior` must have"),
+        (lambda: smc_sample(_flat, _ShortPrior([0], [1]), 100), "must return (100, d)"),
         (lambda: smc_sample("f", BoxPrior([0], [1]), 100), "`log_likelihood` must be"),
         (
             lambda: smc_sample(lambda t: np.zeros((len(t), 2)), BoxPrior([0], [1]), 100),

@@ -237,7 +237,12 @@ def smc_sample(
     rng = np.random.default_rng([check_seed(seed), 0x534D43])
     theta = np.atleast_2d(np.asarray(prior.sample(rng, n), dtype=np.float64))
     d = theta.shape[1]
-    if theta.shape != (n, d) or n < 2 * d + 2:
+    if theta.shape != (n, d):
+        raise ConfigError(
+            f"`prior.sample(rng, {n})` must return ({n}, d) parameters. Received: shape "
+            f"{theta.shape}."
+        )
+    if n < 2 * d + 2:
         raise ConfigError(
             f"`n` must be at least 2·d + 2 = {2 * d + 2} for {d} parameters (each group's "
             f"covariance needs more particles than values). Received: n={n}."
