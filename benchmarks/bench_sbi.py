@@ -105,7 +105,7 @@ sys.path.insert(0, str(HERE.parent / "examples"))
 
 import sbi_nle  # noqa: E402
 from _shared import row, write_rows  # noqa: E402
-from sbi_fit import fit  # noqa: E402
+from sbi_fit import fit, mlp  # noqa: E402
 from sbi_tasks import Task, get_task  # noqa: E402
 
 #: sbibm's published mean C2ST of NPE over observations 1-10 (Lueckmann et al. 2021; the
@@ -189,7 +189,6 @@ def train(
     order: list[int] | None = None,
 ) -> tuple[Any, Setting, float, int]:
     """Train one posterior network; returns `(posterior, setting, seconds, updates)`."""
-    import toymodels
 
     from pipekit_train.core import Normalizer, losses
     from pipekit_train.core.data import ArrayDataset, split
@@ -227,14 +226,7 @@ def train(
         flow["flow_hidden"] = flow_hidden
         model = _set_model(backend, width, seed, flow if shared_conditioner else None)
     else:
-        model = toymodels.model_op(
-            "lightning" if backend == "torch" else backend,
-            in_size=task.dim_x,
-            out_size=width,
-            width=128,
-            seed=seed,
-            **options,
-        )
+        model = mlp(backend, task.dim_x, width, seed, **options)
     artifact, seconds = fit(
         model,
         backend,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["fit"]
+__all__ = ["fit", "mlp"]
 
 
 def fit(
@@ -64,3 +64,18 @@ def fit(
         flush=True,
     )
     return artifact, seconds
+
+
+def mlp(backend: str, in_size: int, out_size: int, seed: int, **options: Any) -> Any:
+    """The benchmark's MLP (`toymodels`, width 128, depth 2) for `backend` (`torch`: the
+    Lightning network, trained by `Torch()`)."""
+    import toymodels
+
+    return toymodels.model_op(
+        "lightning" if backend == "torch" else backend,
+        in_size=in_size,
+        out_size=out_size,
+        width=128,
+        seed=seed,
+        **options,
+    )

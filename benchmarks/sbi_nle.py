@@ -57,8 +57,7 @@ def train_likelihood(
     validate_every: int,
 ) -> tuple[Any, Any, float]:
     """Train `q(x | θ)`; returns `(LikelihoodPosterior, artifact, seconds)`."""
-    import toymodels
-    from sbi_fit import fit
+    from sbi_fit import fit, mlp
 
     from pipekit_train.core import LikelihoodPosterior, Normalizer, losses
     from pipekit_train.core.data import ArrayDataset, split
@@ -76,13 +75,7 @@ def train_likelihood(
     )
     norm = Normalizer.fit(train_set, keys=("x", "y"))
     width = losses.flow_width(size, flow_layers, flow_bins)
-    model = toymodels.model_op(
-        "lightning" if backend == "torch" else backend,
-        in_size=task.dim_theta,
-        out_size=width,
-        width=128,
-        seed=seed,
-    )
+    model = mlp(backend, task.dim_theta, width, seed)
     loss = losses.flow_nll(flow_layers=flow_layers, flow_bins=flow_bins, flow_bound=3.0)
     artifact, seconds = fit(
         model,
