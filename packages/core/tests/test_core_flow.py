@@ -196,6 +196,42 @@ def test_flow_mean_sample_and_batch_indexing() -> None:
         flow.sample(np.random.default_rng(0), n=0)
 
 
+@pytest.mark.parametrize("hidden", [0, 4])
+def test_one_flow_scores_many_values_without_copies(
+    hidden: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`broadcast=True`: a flow's parameters `(n, 1, w)` against `(n, k, d)` values give
+    the very numbers of a copy per value; `Flow` takes that path for draws and i.i.d.
+    points (several values per flow), in chunks along both axes."""
+    opts = {**OPTS, "flow_hidden": hidden}
+    width = losses.flow_width(3, OPTS["flow_layers"], OPTS["flow_bins"], hidden)
+    pred = 0.4 * np.random.default_rng(1).normal(size=(5, 1, width))
+    values = np.random.default_rng(2).normal(size=(5, 7, 3))
+    copies = np.repeat(pred, 7, axis=1)
+    np.testing.assert_array_equal(
+        losses.flow_log_prob(pred, values, **opts, broadcast=True),
+        losses.flow_log_prob(copies, values, **opts),
+    )
+    np.testing.assert_array_equal(
+        losses.flow_inverse(pred, values, **opts, broadcast=True),
+        losses.flow_inverse(copies, values, **opts),
+    )
+    with pytest.raises(ConfigError, match=r"Received: pred.shape=\(5, 1, \d+\), target.shape"):
+        losses.flow_log_prob(pred, values, **opts)  # the loss's strict shapes by default
+    with pytest.raises(ConfigError, match=r"or 1 on a leading axis, with broadcast=True"):
+        losses.flow_log_prob(copies, values[:, :1], **opts, broadcast=True)
+
+    flow = Flow(pred[:, 0], **opts, loc=[1.0, -1.0, 0.0], scale=[2.0, 0.5, 1.0])
+    points = values.transpose(1, 0, 2)  # (7, 5, 3): seven values per flow
+    one_by_one = np.stack([flow.log_prob(p) for p in points])  # one value per flow
+    monkeypatch.setattr("pipekit_train.core.model._flow._CHUNK", 3 * width)
+    np.testing.assert_array_equal(flow.log_prob(points), one_by_one)
+    z = np.random.default_rng(3).standard_normal((7, 5, 3))
+    draws = flow.sample(np.random.default_rng(3), n=7)
+    expected = [flow.loc + flow.scale * losses.flow_inverse(flow.params, zi, **opts) for zi in z]
+    np.testing.assert_array_equal(draws, np.stack(expected))
+
+
 def test_within_a_box_rejects_and_renormalises() -> None:
     flow = Flow(params(2, seed=10), **OPTS, loc=[0.0, 5.0], scale=[1.0, 2.0])
     low, high = np.array([-0.5, 4.0]), np.array([1.0, 6.0])

@@ -429,8 +429,11 @@ def check_layout(
     flow_bins: int,
     field: str = "target",
     flow_hidden: int = 0,
+    *,
+    broadcast: bool = False,
 ) -> int:
-    """Check `pred`'s width against `target`'s `d` values and return `d`."""
+    """Check `pred`'s width against `target`'s `d` values and return `d` (`broadcast`:
+    `pred`'s leading axes may be 1 where `target`'s are longer)."""
     if pred.ndim < 1 or target.ndim != pred.ndim or int(target.shape[-1]) < 1:
         raise ConfigError(
             f"`pred` and `{field}` need the same number of axes for `flow_nll`, the last "
@@ -441,11 +444,15 @@ def check_layout(
     d = int(target.shape[-1])
     check_coupling(d, flow_hidden, field)
     width = flow_width(d, flow_layers, flow_bins, flow_hidden)
-    if _shape(pred)[:-1] != _shape(target)[:-1] or int(pred.shape[-1]) != width:
+    lead, want = _shape(pred)[:-1], _shape(target)[:-1]
+    if broadcast:
+        lead = tuple(b if a == 1 else a for a, b in zip(lead, want, strict=True))
+    if lead != want or int(pred.shape[-1]) != width:
         hidden = f", flow_hidden={flow_hidden}" if flow_hidden else ""
         call = f"{d}, {flow_layers}, {flow_bins}" + (f", {flow_hidden}" if flow_hidden else "")
+        axes = " (or 1 on a leading axis, with broadcast=True)" if broadcast else ""
         raise ConfigError(
-            f"`pred` must have shape {field}.shape[:-1] + ({width},) for `flow_nll` with "
+            f"`pred` must have shape {field}.shape[:-1] + ({width},){axes} for `flow_nll` with "
             f"flow_layers={flow_layers}, flow_bins={flow_bins}{hidden} and {d} {field} values. "
             f"Received: pred.shape={_shape(pred)}, {field}.shape={_shape(target)}. Give the "
             f"model {width} outputs (flow_width({call}))."
@@ -487,12 +494,17 @@ def flow_transform(
     flow_bins: int = 8,
     flow_bound: float = 3.0,
     flow_hidden: int = 0,
+    broadcast: bool = False,
 ) -> tuple[Any, Any]:
     """The normalizing direction: `(z, log|det dz/dtarget|)` of shapes `target.shape` and
     `target.shape[:-1]`, for `pred` in the layout of the module docstring (`flow_hidden >
-    0`: the coupled layers)."""
+    0`: the coupled layers). `broadcast=True` lets `pred` have length 1 on a leading axis
+    where `target` is longer: one flow scores several values without copies of its
+    parameters (the spline knots are computed once per flow)."""
     xp, target = _namespace(pred, target, "target")
-    d = check_layout(pred, target, flow_layers, flow_bins, flow_hidden=flow_hidden)
+    d = check_layout(
+        pred, target, flow_layers, flow_bins, flow_hidden=flow_hidden, broadcast=broadcast
+    )
     h, log_det = target, None
     for layer in _layers(xp, pred, d, flow_layers, flow_bins, float(flow_bound), flow_hidden):
         h, term = _forward_layer(xp, layer, h)
@@ -508,13 +520,17 @@ def flow_inverse(
     flow_bins: int = 8,
     flow_bound: float = 3.0,
     flow_hidden: int = 0,
+    broadcast: bool = False,
 ) -> Any:
     """The sampling direction: the target whose `flow_transform` is `z` (same shape as `z`).
 
     With `z` standard normal this draws from the flow (what `Flow.sample` does).
+    `broadcast` as in `flow_transform`.
     """
     xp, z = _namespace(pred, z, "z")
-    d = check_layout(pred, z, flow_layers, flow_bins, field="z", flow_hidden=flow_hidden)
+    d = check_layout(
+        pred, z, flow_layers, flow_bins, field="z", flow_hidden=flow_hidden, broadcast=broadcast
+    )
     h = z
     layers = _layers(xp, pred, d, flow_layers, flow_bins, float(flow_bound), flow_hidden)
     for layer in reversed(layers):
@@ -530,11 +546,12 @@ def flow_log_prob(
     flow_bins: int = 8,
     flow_bound: float = 3.0,
     flow_hidden: int = 0,
+    broadcast: bool = False,
 ) -> Any:
     """The flow's log-density of `target`, per sample: shape `target.shape[:-1]`.
 
     `pred` has the layout of the module docstring; any array-API library (numpy, jax,
-    torch), differentiable where the library is.
+    torch), differentiable where the library is. `broadcast` as in `flow_transform`.
     """
     z, log_det = flow_transform(
         pred,
@@ -543,6 +560,7 @@ def flow_log_prob(
         flow_bins=flow_bins,
         flow_bound=flow_bound,
         flow_hidden=flow_hidden,
+        broadcast=broadcast,
     )
     xp = array_api_compat.array_namespace(z)
     d = int(z.shape[-1])
