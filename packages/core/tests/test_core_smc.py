@@ -54,6 +54,26 @@ def test_smc_keeps_the_modes_shares() -> None:
     assert abs(right[:, 0].std() - 0.05) < 0.01  # the within-mode spread, not the mixture's
 
 
+def test_the_likelihood_sees_n_rows_inside_the_support_every_call() -> None:
+    """A posterior pressed against the box's edge, so many proposals fall outside: the
+    likelihood is still called with all `n` rows each time (one compile for a jax or Keras
+    network), never at a θ outside the box, and the draws stay inside."""
+    a, sigma, x_o = np.eye(2), 0.3, np.array([0.95, 0.0])
+    inner = _linear_gaussian(x_o, a, sigma)
+    seen: list[tuple[int, ...]] = []
+    outside = []
+
+    def log_lik(theta: np.ndarray) -> np.ndarray:
+        seen.append(theta.shape)
+        outside.append(bool(np.any(np.abs(theta) > 1.0)))
+        return inner(theta)
+
+    draws = smc_sample(log_lik, BoxPrior([-1, -1], [1, 1]), 500, seed=0)
+    assert set(seen) == {(500, 2)} and len(seen) > 20
+    assert not any(outside)
+    assert np.all(np.abs(draws) <= 1.0) and np.mean(draws[:, 0] > 0.5) > 0.5
+
+
 def test_smc_flags_too_narrow_draws() -> None:
     """The check of the conjugate test can fail: draws shrunk about their mean do not pass."""
     a, sigma, x_o = np.eye(2), 0.3, np.array([0.5, -0.5])
