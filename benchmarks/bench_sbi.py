@@ -508,9 +508,12 @@ def score_all(
         for k in c["observations"]
     ]
     if jobs > 1:
+        import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(jobs) as pool:
+        # spawned, not forked: this process may have started JAX's threads
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(jobs, mp_context=spawn) as pool:
             scores = list(pool.map(c2st_score, work))
     else:
         scores = [c2st_score(job) for job in work]
