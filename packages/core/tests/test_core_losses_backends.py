@@ -246,6 +246,35 @@ def test_coupled_flow_same_on_numpy_jax_and_torch():
         np.testing.assert_allclose(np.asarray(inv), inv_ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # the numpy path is `Flow`'s (test_core_flow.py); this is the promise
+def test_broadcast_flow_same_on_numpy_jax_and_torch():
+    """`broadcast=True` (one flow's parameters `(n, 1, w)` against `(n, k, d)` values) on
+    jax under jit, with its gradient, and torch: numpy's float64 numbers."""
+    jax = pytest.importorskip("jax")
+    torch = pytest.importorskip("torch")
+    pred = COUPLED[:4, None].astype(np.float64)  # (4, 1, w)
+    values = np.random.default_rng(7).normal(size=(4, 5, 3))
+    opts = {**COUPLED_OPTS, "broadcast": True}
+    lp_ref = losses.flow_log_prob(pred, values, **opts)
+    inv_ref = losses.flow_inverse(pred, values, **opts)
+    assert lp_ref.shape == (4, 5) and inv_ref.shape == (4, 5, 3)
+
+    def both(p, t):
+        return losses.flow_log_prob(p, t, **opts), losses.flow_inverse(p, t, **opts)
+
+    jnp = jax.numpy
+    for lp, inv in (
+        jax.jit(both)(jnp.asarray(pred, jnp.float32), jnp.asarray(values, jnp.float32)),
+        both(torch.as_tensor(pred), torch.as_tensor(values)),
+    ):
+        np.testing.assert_allclose(np.asarray(lp), lp_ref, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(np.asarray(inv), inv_ref, rtol=1e-5, atol=1e-4)
+    grad = jax.grad(lambda p: jnp.sum(losses.flow_log_prob(p, jnp.asarray(values), **opts)))(
+        jnp.asarray(pred, jnp.float32)
+    )
+    assert grad.shape == pred.shape and bool(jnp.all(jnp.isfinite(grad)))
+
+
 def test_flow_nll_and_its_gradient_stay_finite_for_extreme_outputs():
     """Outputs of +-30 (saturated softmaxes and softplus) and targets far beyond the
     splines' bound: the loss and its gradients are finite on jax and torch."""
