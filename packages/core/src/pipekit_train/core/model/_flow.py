@@ -184,7 +184,8 @@ class Flow:
 
     def _chunked(self, fn: Any, values: np.ndarray) -> np.ndarray:
         """`fn(params, values)` over `values` `(*shape, d)` (`shape` broadcast against the
-        batch), in chunks: the parameters are gathered per chunk, never broadcast whole."""
+        batch), in chunks: the parameters are gathered per chunk, never broadcast whole.
+        Values with axes before the batch's (several per flow) go to `_per_flow`."""
         shape = values.shape[:-1]
         lead = len(shape) - len(self.batch_shape)
         if lead > 0 and shape[lead:] == self.batch_shape:
