@@ -269,8 +269,9 @@ def test_broadcast_flow_same_on_numpy_jax_and_torch():
     ):
         np.testing.assert_allclose(np.asarray(lp), lp_ref, rtol=1e-5, atol=1e-4)
         np.testing.assert_allclose(np.asarray(inv), inv_ref, rtol=1e-5, atol=1e-4)
-    grad = jax.grad(lambda p: jnp.sum(losses.flow_log_prob(p, jnp.asarray(values), **opts)))(
-        jnp.asarray(pred, jnp.float32)
+    # under jit: eager jax compiles each of the flow's many small operations on first use
+    grad = jax.jit(jax.grad(lambda p, t: jnp.sum(losses.flow_log_prob(p, t, **opts))))(
+        jnp.asarray(pred, jnp.float32), jnp.asarray(values, jnp.float32)
     )
     assert grad.shape == pred.shape and bool(jnp.all(jnp.isfinite(grad)))
 
