@@ -33,6 +33,7 @@ def test_conv_net_keeps_any_grid() -> None:
 
 def test_channels_first_data_is_refused_before_work(tmp_path: Path) -> None:
     x = np.zeros((4, 2, 6, 6), np.float32)  # (N, C, H, W)
+    # the canonical weights' channels (2, 8, 2): their init programs are compiled already
     op = KerasModelOp(CONV, in_channels=2, out_channels=2, width=8, depth=1)
     with pytest.raises(ConfigError, match=r"channels-first \(C, H, W\)") as info:
         TrainingLoop(
