@@ -254,21 +254,27 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 # --------------------------------------------------------------------------- process exit
-# When a worker process has run its share of the suite, its heap holds millions of objects
+# When an xdist worker has run its share of the suite, its heap holds millions of objects
 # (jax, torch, Keras and Lightning modules, compiled programs, traced functions), and the
-# interpreter's last garbage collections walk them all at exit, in the three workers at once.
-# In the fast tier the controller waited 12 s from the last test to the end of the run; with
-# the heap frozen, 4 s (timestamps at each process's session end, unconfigure and atexit).
-# Nothing runs after the last pytest hook but `atexit` handlers, which still run; objects
-# outside reference cycles are still released, and the operating system reclaims the rest.
+# interpreter's finalization walks and frees them all, in the three workers at once: the
+# controller waited 12 s from the last test to the end of a fast-tier run (timestamps at
+# each process's session end, unconfigure and atexit). A worker has sent its results by its
+# last pytest hook (xdist reads them from that message, not from the exit status), so it
+# runs the `atexit` handlers and leaves with `os._exit`, as `core.testing`'s fork server's
+# children do. Other pytest processes exit normally.
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Remove the run's jax compilation cache (in the process that made it), then freeze
-    the heap before the interpreter exits (see above)."""
-    import gc
-
+    """Remove the run's jax compilation cache (in the process that made it); end an xdist
+    worker without the interpreter's finalization (see above)."""
     if os.environ.get(_JAX_CACHE_OWNER) == str(os.getpid()):
         import shutil
 
         shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
-    gc.freeze()
+    if hasattr(config, "workerinput"):
+        import atexit
+        import sys
+
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

@@ -31,9 +31,22 @@ def test_conv_net_keeps_any_grid() -> None:
     assert op(x).shape == (2, 5, 7, 1)
 
 
+def test_conv_net_holds_equinox_initial_values() -> None:
+    """`conv_net` draws its kernels flat and reshapes them: the values Equinox draws itself."""
+    import equinox as eqx
+    import jax
+
+    net = EquinoxModelOp(CONV, in_channels=2, out_channels=3, depth=0, seed=5).model
+    (key,) = jax.random.split(jax.random.PRNGKey(5), 1)
+    ref = eqx.nn.Conv2d(2, 3, 3, padding=1, padding_mode="CIRCULAR", key=key)
+    (layer,) = net.layers
+    assert layer.weight.shape == ref.weight.shape and layer.bias.shape == ref.bias.shape
+    np.testing.assert_array_equal(layer.weight, ref.weight)
+    np.testing.assert_array_equal(layer.bias, ref.bias)
+
+
 def test_channels_first_data_is_refused_before_work(tmp_path: Path) -> None:
     x = np.zeros((4, 2, 6, 6), np.float32)  # (N, C, H, W)
-    # the canonical weights' channels (2, 8, 2): their init programs are compiled already
     op = EquinoxModelOp(CONV, in_channels=2, out_channels=2, width=8, depth=1)
     with pytest.raises(ConfigError, match=r"channels-first \(C, H, W\)") as info:
         TrainingLoop(

@@ -31,6 +31,31 @@ def test_conv_net_keeps_any_grid() -> None:
     assert op(x).shape == (2, 5, 7, 1)
 
 
+def test_conv2d_holds_random_uniform_values() -> None:
+    """`conv2d` draws its kernels flat and reshapes them: `RandomUniform`'s own values."""
+    import keras
+
+    from pipekit_train.keras.testing import conv2d
+
+    bound = 1.0 / np.sqrt(2 * 3 * 3)
+    keras.utils.set_random_seed(7)
+    layer = conv2d(3, in_channels=2, kernel_size=3)
+    layer.build((None, 5, 5, 2))
+    keras.utils.set_random_seed(7)
+    ref = keras.layers.Conv2D(
+        3,
+        3,
+        kernel_initializer=keras.initializers.RandomUniform(-bound, bound),
+        bias_initializer=keras.initializers.RandomUniform(-bound, bound),
+    )
+    ref.build((None, 5, 5, 2))
+    for got, want in zip(layer.weights, ref.weights, strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(got.value), keras.ops.convert_to_numpy(want.value)
+        )
+
+
 def test_channels_first_data_is_refused_before_work(tmp_path: Path) -> None:
     x = np.zeros((4, 2, 6, 6), np.float32)  # (N, C, H, W)
     # the canonical weights' channels (2, 8, 2): their init programs are compiled already
