@@ -96,11 +96,16 @@ def equinox_mlp(
     *,
     key: Any,
 ) -> Any:
-    """An Equinox MLP on one sample (`(in,) -> (out,)`; the adapter vmaps it over the batch)."""
-    import equinox as eqx
-    import jax
+    """An Equinox MLP on one sample (`(in,) -> (out,)`; the adapter vmaps it over the batch).
 
-    mlp = eqx.nn.MLP(in_size, out_size, width, depth, activation=jax.nn.tanh, key=key)
+    `eqx.nn.MLP` with tanh activations, as `pipekit_train.equinox.testing.mlp` builds it
+    (Equinox's own initial values, with fewer compiled draws).
+    """
+    import equinox as eqx
+
+    from pipekit_train.equinox.testing import mlp as testing_mlp
+
+    mlp = testing_mlp(in_size, out_size, width, depth, "tanh", key=key)
     if n_logits == 0:
         return mlp
     scale = _output_scale(out_size, n_logits, logit_scale)

@@ -27,6 +27,37 @@ def test_string_and_callable_factories_agree() -> None:
     )
 
 
+def _same_arrays(a: object, b: object) -> None:
+    leaves_a = jax.tree_util.tree_leaves(eqx.filter(a, eqx.is_array))
+    leaves_b = jax.tree_util.tree_leaves(eqx.filter(b, eqx.is_array))
+    assert len(leaves_a) == len(leaves_b)
+    for x, y in zip(leaves_a, leaves_b, strict=True):
+        assert x.shape == y.shape and x.dtype == y.dtype
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("partitionable", [True, False])
+def test_factories_hold_equinox_initial_values(partitionable: bool) -> None:
+    """The testing factories draw each array at a power-of-two length and cut it (one
+    compiled draw per length, not per shape): the values are those Equinox draws itself,
+    and with jax's older, non-partitionable threefry they draw at the shape instead."""
+    from pipekit_train.equinox.testing import BatchNormMLP, DropoutMLP
+
+    key = jax.random.PRNGKey(11)
+    with jax.threefry_partitionable(partitionable):
+        _same_arrays(linear(5, 3, key=key), eqx.nn.Linear(5, 3, key=key))
+        for depth in (0, 2):
+            ours = mlp(5, 3, width=40, depth=depth, key=key)
+            ref = eqx.nn.MLP(5, 3, 40, depth, activation=jax.nn.tanh, key=key)
+            _same_arrays(ours, ref)
+        k1, k2 = jax.random.split(key)
+        drop = DropoutMLP(5, 3, 40, 0.1, key=key)
+        _same_arrays(drop.hidden, eqx.nn.Linear(5, 40, key=k1))
+        _same_arrays(drop.out, eqx.nn.Linear(40, 3, key=k2))
+        norm = BatchNormMLP(5, 3, 40, key=key)
+        _same_arrays((norm.hidden, norm.out), (drop.hidden, drop.out))
+
+
 def test_float64_inputs_are_accepted() -> None:
     op = EquinoxModelOp(mlp, in_size=4, out_size=1)
     np.testing.assert_allclose(op(X.astype(np.float64)), op(X), rtol=1e-6)

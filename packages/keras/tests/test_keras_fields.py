@@ -56,6 +56,32 @@ def test_conv2d_holds_random_uniform_values() -> None:
         )
 
 
+def test_dense_holds_random_uniform_values() -> None:
+    """`dense` (the testing MLPs' layer) holds `RandomUniform`'s own values, drawn at a
+    power-of-two length and cut on jax: checked at sizes below, at and above a power of two."""
+    import keras
+
+    from pipekit_train.keras.testing import dense
+
+    for units, fan_in in ((3, 5), (16, 16), (40, 33)):
+        bound = 1.0 / np.sqrt(fan_in)
+        keras.utils.set_random_seed(3)
+        layer = dense(units, fan_in)
+        layer.build((None, fan_in))
+        keras.utils.set_random_seed(3)
+        ref = keras.layers.Dense(
+            units,
+            kernel_initializer=keras.initializers.RandomUniform(-bound, bound),
+            bias_initializer=keras.initializers.RandomUniform(-bound, bound),
+        )
+        ref.build((None, fan_in))
+        for got, want in zip(layer.weights, ref.weights, strict=True):
+            assert got.shape == want.shape
+            np.testing.assert_array_equal(
+                keras.ops.convert_to_numpy(got.value), keras.ops.convert_to_numpy(want.value)
+            )
+
+
 def test_channels_first_data_is_refused_before_work(tmp_path: Path) -> None:
     x = np.zeros((4, 2, 6, 6), np.float32)  # (N, C, H, W)
     # the canonical weights' channels (2, 8, 2): their init programs are compiled already

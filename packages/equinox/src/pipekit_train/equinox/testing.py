@@ -7,7 +7,7 @@ them; the modules act on one sample (the adapter vmaps them over the batch).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -63,11 +63,49 @@ def _shapes_only() -> Iterator[None]:
         _SHAPES_ONLY.reset(token)
 
 
-def _build(cls: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`cls(*args, **kwargs)`, or its shapes alone inside `_shapes_only()`."""
+def _uniform(key: PRNGKeyArray, shape: tuple[int, ...], dtype: Any, lim: float) -> Array:
+    """`jax.random.uniform(key, shape, dtype, -lim, lim)`, compiled once per power of two.
+
+    Equinox draws each initial array at its own shape, and on a CPU each new shape costs a
+    compiled threefry program (0.2-0.3 s; 0.8-1.5 s for a rank-4 kernel). With jax's
+    partitionable threefry (the default) a draw's element `i` depends on the key and `i`
+    alone, numbered in row-major order, so a longer flat draw begins with the same numbers:
+    this draws the next power of two and keeps the first `prod(shape)` (host-side, so the cut
+    compiles nothing). `test_factories_hold_equinox_initial_values` checks the values.
+    """
+    n = math.prod(shape)
+    if not jax.config.jax_threefry_partitionable:  # type: ignore[attr-defined]  # set at run time
+        return jax.random.uniform(key, shape, dtype, -lim, lim)
+    size = max(256, 1 << (n - 1).bit_length())
+    flat = np.asarray(jax.random.uniform(key, (size,), dtype, -lim, lim))
+    return jnp.asarray(flat[:n].reshape(shape))
+
+
+def _linear(in_size: int, out_size: int, key: PRNGKeyArray) -> eqx.nn.Linear:
+    """`eqx.nn.Linear(in_size, out_size, key=key)`, its values drawn by `_uniform`."""
+    layer = eqx.filter_eval_shape(eqx.nn.Linear, in_size, out_size, key=key)
     if _SHAPES_ONLY.get():
-        return eqx.filter_eval_shape(cls, *args, **kwargs)
-    return cls(*args, **kwargs)
+        return layer
+    weight_key, bias_key = jax.random.split(key, 2)
+    lim = 1 / math.sqrt(layer.weight.shape[1])
+    values = tuple(
+        _uniform(k, leaf.shape, leaf.dtype, lim)
+        for k, leaf in ((weight_key, layer.weight), (bias_key, layer.bias))
+    )
+    return eqx.tree_at(lambda lin: (lin.weight, lin.bias), layer, values)
+
+
+def _mlp(
+    in_size: int, out_size: int, width: int, depth: int, activation: str, key: PRNGKeyArray
+) -> eqx.nn.MLP:
+    """`eqx.nn.MLP(...)` with Equinox's own initial values, drawn by `_uniform`."""
+    model = eqx.filter_eval_shape(
+        eqx.nn.MLP, in_size, out_size, width, depth, activation=_ACTIVATIONS[activation], key=key
+    )
+    sizes = [in_size] + [width] * depth + [out_size]
+    keys = jax.random.split(key, depth + 1)
+    layers = tuple(_linear(sizes[i], sizes[i + 1], keys[i]) for i in range(depth + 1))
+    return eqx.tree_at(lambda m: m.layers, model, layers)
 
 
 def _filled(op: EquinoxModelOp, model: Any) -> EquinoxModelOp:
@@ -83,7 +121,7 @@ def _filled(op: EquinoxModelOp, model: Any) -> EquinoxModelOp:
 @model_factory
 def linear(in_size: int, out_size: int, *, key: PRNGKeyArray) -> eqx.nn.Linear:
     """`eqx.nn.Linear(in_size, out_size)`: one sample `(in,)` → `(out,)`."""
-    return eqx.nn.Linear(in_size, out_size, key=key)
+    return _linear(in_size, out_size, key)
 
 
 @model_factory
@@ -101,9 +139,7 @@ def mlp(
     The same architecture and initialisation family (uniform `±1/sqrt(fan_in)`) as
     `mlp` in `pipekit_train.lightning.testing` and `pipekit_train.keras.testing`.
     """
-    return _build(
-        eqx.nn.MLP, in_size, out_size, width, depth, activation=_ACTIVATIONS[activation], key=key
-    )
+    return _mlp(in_size, out_size, width, depth, activation, key)
 
 
 def mlp_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") -> EquinoxModelOp:
@@ -140,10 +176,8 @@ def _conv2d(c_in: int, c_out: int, kernel_size: int, key: PRNGKeyArray) -> eqx.n
     """A periodic `eqx.nn.Conv2d` holding the initial values Equinox draws for it.
 
     Equinox draws its uniform `±1/sqrt(fan_in)` kernel `(c_out, c_in, k, k)` and bias
-    `(c_out, 1, 1)` with `jax.random.uniform` at their shapes; the same values come from a
-    draw of as many numbers in a row, reshaped (jax numbers the elements in row-major order),
-    and the flat draw compiles in a quarter of the time on a CPU (0.2 s against 0.8 s for a
-    rank-4 kernel, per shape). `test_conv_net_holds_equinox_initial_values` checks the values.
+    `(c_out, 1, 1)` with `jax.random.uniform` at their shapes; `_uniform` gives the same
+    values. `test_conv_net_holds_equinox_initial_values` checks them.
     """
     layer = eqx.filter_eval_shape(
         eqx.nn.Conv2d,
@@ -159,7 +193,7 @@ def _conv2d(c_in: int, c_out: int, kernel_size: int, key: PRNGKeyArray) -> eqx.n
     lim = 1 / math.sqrt(c_in * kernel_size * kernel_size)
     weight_key, bias_key = jax.random.split(key, 2)
     values = tuple(
-        jax.random.uniform(k, (math.prod(leaf.shape),), leaf.dtype, -lim, lim).reshape(leaf.shape)
+        _uniform(k, leaf.shape, leaf.dtype, lim)
         for k, leaf in ((weight_key, layer.weight), (bias_key, layer.bias))
     )
     return eqx.tree_at(lambda conv: (conv.weight, conv.bias), layer, values)
@@ -276,9 +310,9 @@ class DropoutMLP(eqx.Module):
 
     def __init__(self, in_size: int, out_size: int, width: int, p: float, *, key: PRNGKeyArray):
         k1, k2 = jax.random.split(key)
-        self.hidden = eqx.nn.Linear(in_size, width, key=k1)
+        self.hidden = _linear(in_size, width, k1)
         self.dropout = eqx.nn.Dropout(p)
-        self.out = eqx.nn.Linear(width, out_size, key=k2)
+        self.out = _linear(width, out_size, k2)
 
     def __call__(self, x: Features, *, key: PRNGKeyArray | None = None) -> Outputs:
         h = jax.nn.relu(self.hidden(x))
@@ -302,9 +336,9 @@ class BatchNormMLP(eqx.Module):
 
     def __init__(self, in_size: int, out_size: int, width: int, *, key: PRNGKeyArray):
         k1, k2 = jax.random.split(key)
-        self.hidden = eqx.nn.Linear(in_size, width, key=k1)
+        self.hidden = _linear(in_size, width, k1)
         self.norm = eqx.nn.BatchNorm(width, axis_name="batch", mode="ema")
-        self.out = eqx.nn.Linear(width, out_size, key=k2)
+        self.out = _linear(width, out_size, k2)
 
     def __call__(self, x: Features, state: eqx.nn.State) -> tuple[Outputs, eqx.nn.State]:
         h, state = self.norm(self.hidden(x), state)

@@ -19,7 +19,6 @@ import numpy as np
 from pipekit_train.core import model_factory
 
 from ._keras_backend import configure
-from ._layers import dense
 
 __all__ = [
     "conv2d",
@@ -33,6 +32,26 @@ __all__ = [
     "mlp_weights",
     "periodic_pad",
 ]
+
+
+def dense(units: int, fan_in: int, activation: str | None = None) -> Any:
+    """A `Dense` layer initialised like torch and Equinox: uniform `±1/sqrt(fan_in)`.
+
+    Keras's default (Glorot-uniform kernel, zero bias) is another family; this one keeps a
+    model's starting point comparable across backends. The values are those of
+    `RandomUniform(-bound, bound)`, drawn with fewer compiled programs on jax (see
+    `conv2d`); `test_dense_holds_random_uniform_values` checks them.
+    """
+    import keras
+
+    bound = 1.0 / math.sqrt(fan_in)
+    uniform = _flat_random_uniform_class()
+    return keras.layers.Dense(
+        units,
+        activation=activation,
+        kernel_initializer=uniform(-bound, bound),
+        bias_initializer=uniform(-bound, bound),
+    )
 
 
 @model_factory
@@ -138,18 +157,28 @@ def conv2d(filters: int, in_channels: int, kernel_size: int, activation: str | N
 def _flat_random_uniform_class() -> Any:
     """`keras.initializers.RandomUniform`, drawing a tensor's numbers in a row, then reshaping.
 
-    The values are `RandomUniform`'s own (jax numbers a draw's elements in row-major order,
-    torch fills them in that order), and on jax the flat draw compiles in a quarter of the
-    time on a CPU: 0.2 s against 0.8-1.5 s for a rank-4 kernel, per shape.
-    `test_conv2d_holds_random_uniform_values` checks the values.
+    The values are `RandomUniform`'s own: jax and torch number a draw's elements in
+    row-major order. On jax each new shape costs a compiled threefry program on a CPU
+    (0.2-0.3 s; 0.8-1.5 s for a rank-4 kernel), and with jax's partitionable threefry (the
+    default) element `i` of a draw depends on the key and `i` alone, so this draws the next
+    power of two and keeps the first numbers (cut on the host): one compiled draw per
+    power of two. `test_conv2d_holds_random_uniform_values` and
+    `test_dense_holds_random_uniform_values` check the values.
     """
     import keras
 
     @keras.saving.register_keras_serializable(package="pipekit_train.keras.testing")
     class FlatRandomUniform(keras.initializers.RandomUniform):
         def __call__(self, shape: Any, dtype: Any = None) -> Any:
-            flat = super().__call__((math.prod(shape),), dtype)
-            return keras.ops.reshape(flat, shape)
+            n = math.prod(shape)
+            if keras.backend.backend() == "jax":
+                import jax
+
+                if jax.config.jax_threefry_partitionable:  # type: ignore[attr-defined]  # set at run time
+                    size = max(256, 1 << (n - 1).bit_length())
+                    flat = keras.ops.convert_to_numpy(super().__call__((size,), dtype))
+                    return keras.ops.convert_to_tensor(flat[:n].reshape(shape))
+            return keras.ops.reshape(super().__call__((n,), dtype), shape)
 
     return FlatRandomUniform
 
