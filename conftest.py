@@ -183,6 +183,7 @@ def pytest_configure(config: pytest.Config) -> None:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env={"KERAS_BACKEND": "jax", **os.environ},  # else keras looks for tensorflow
         )
         for group in WARM_IMPORTS
     ]

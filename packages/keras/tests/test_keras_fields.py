@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -58,28 +59,45 @@ def test_conv2d_holds_random_uniform_values() -> None:
 
 def test_dense_holds_random_uniform_values() -> None:
     """`dense` (the testing MLPs' layer) holds `RandomUniform`'s own values, drawn at a
-    power-of-two length and cut on jax: checked at sizes below, at and above a power of two."""
+    power-of-two length and cut on jax: checked at sizes below, at and above a power of two,
+    and (on jax) with the older, non-partitionable threefry, where it draws at the shape."""
+    import contextlib
+
+    import keras
+
+    settings: list[Any] = [contextlib.nullcontext()] * 3
+    if keras.backend.backend() == "jax":
+        import jax
+
+        settings.append(jax.threefry_partitionable(False))
+    # the torch pass has no fourth setting: zip stops after the three sizes
+    sizes = ((3, 5), (16, 16), (40, 33), (3, 5))
+    for (units, fan_in), setting in zip(sizes, settings, strict=False):
+        with setting:
+            _check_dense(units, fan_in)
+
+
+def _check_dense(units: int, fan_in: int) -> None:
     import keras
 
     from pipekit_train.keras.testing import dense
 
-    for units, fan_in in ((3, 5), (16, 16), (40, 33)):
-        bound = 1.0 / np.sqrt(fan_in)
-        keras.utils.set_random_seed(3)
-        layer = dense(units, fan_in)
-        layer.build((None, fan_in))
-        keras.utils.set_random_seed(3)
-        ref = keras.layers.Dense(
-            units,
-            kernel_initializer=keras.initializers.RandomUniform(-bound, bound),
-            bias_initializer=keras.initializers.RandomUniform(-bound, bound),
+    bound = 1.0 / np.sqrt(fan_in)
+    keras.utils.set_random_seed(3)
+    layer = dense(units, fan_in)
+    layer.build((None, fan_in))
+    keras.utils.set_random_seed(3)
+    ref = keras.layers.Dense(
+        units,
+        kernel_initializer=keras.initializers.RandomUniform(-bound, bound),
+        bias_initializer=keras.initializers.RandomUniform(-bound, bound),
+    )
+    ref.build((None, fan_in))
+    for got, want in zip(layer.weights, ref.weights, strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(got.value), keras.ops.convert_to_numpy(want.value)
         )
-        ref.build((None, fan_in))
-        for got, want in zip(layer.weights, ref.weights, strict=True):
-            assert got.shape == want.shape
-            np.testing.assert_array_equal(
-                keras.ops.convert_to_numpy(got.value), keras.ops.convert_to_numpy(want.value)
-            )
 
 
 def test_channels_first_data_is_refused_before_work(tmp_path: Path) -> None:
