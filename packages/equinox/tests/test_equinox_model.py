@@ -51,6 +51,8 @@ def test_factories_hold_equinox_initial_values() -> None:
             ours = mlp(5, 3, width=40, depth=depth, key=key)
             ref = eqx.nn.MLP(5, 3, 40, depth, activation=jax.nn.tanh, key=key)
             _same_arrays(ours, ref)
+        built_in_jit = eqx.filter_jit(lambda k: mlp(5, 3, width=40, depth=2, key=k))(key)
+        _same_arrays(built_in_jit, ref)  # the cut happens inside the traced program
         k1, k2 = jax.random.split(key)
         drop = DropoutMLP(5, 3, 40, 0.1, key=key)
         _same_arrays(drop.hidden, eqx.nn.Linear(5, 40, key=k1))

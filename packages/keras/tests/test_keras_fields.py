@@ -75,6 +75,13 @@ def test_dense_holds_random_uniform_values() -> None:
     for (units, fan_in), setting in zip(sizes, settings, strict=False):
         with setting:
             _check_dense(units, fan_in)
+    if keras.backend.backend() == "jax":  # drawn inside a traced function: cut in the program
+        from pipekit_train.keras.testing import dense
+
+        flat_uniform = type(dense(3, 5).kernel_initializer)
+        traced = jax.jit(lambda: flat_uniform(-0.5, 0.5, seed=3)((5, 3)))()
+        eager = keras.initializers.RandomUniform(-0.5, 0.5, seed=3)((5, 3))
+        np.testing.assert_array_equal(np.asarray(traced), np.asarray(eager))
 
 
 def _check_dense(units: int, fan_in: int) -> None:

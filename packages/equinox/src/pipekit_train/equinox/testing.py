@@ -77,8 +77,10 @@ def _uniform(key: PRNGKeyArray, shape: tuple[int, ...], dtype: Any, lim: float) 
     if not jax.config.jax_threefry_partitionable:  # type: ignore[attr-defined]  # set at run time
         return jax.random.uniform(key, shape, dtype, -lim, lim)
     size = max(256, 1 << (n - 1).bit_length())
-    flat = np.asarray(jax.random.uniform(key, (size,), dtype, -lim, lim))
-    return jnp.asarray(flat[:n].reshape(shape))
+    flat = jax.random.uniform(key, (size,), dtype, -lim, lim)
+    if isinstance(flat, jax.core.Tracer):  # built under `jit` or `vmap`: cut in the program
+        return flat[:n].reshape(shape)
+    return jnp.asarray(np.asarray(flat)[:n].reshape(shape))
 
 
 def _linear(in_size: int, out_size: int, key: PRNGKeyArray) -> eqx.nn.Linear:

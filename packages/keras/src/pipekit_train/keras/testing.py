@@ -176,8 +176,11 @@ def _flat_random_uniform_class() -> Any:
 
                 if jax.config.jax_threefry_partitionable:  # type: ignore[attr-defined]  # set at run time
                     size = max(256, 1 << (n - 1).bit_length())
-                    flat = keras.ops.convert_to_numpy(super().__call__((size,), dtype))
-                    return keras.ops.convert_to_tensor(flat[:n].reshape(shape))
+                    flat = super().__call__((size,), dtype)
+                    if isinstance(flat, jax.core.Tracer):  # drawn inside a traced function
+                        return keras.ops.reshape(flat[:n], shape)
+                    cut = keras.ops.convert_to_numpy(flat)[:n].reshape(shape)
+                    return keras.ops.convert_to_tensor(cut)
             return keras.ops.reshape(super().__call__((n,), dtype), shape)
 
     return FlatRandomUniform
