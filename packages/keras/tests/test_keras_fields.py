@@ -65,14 +65,14 @@ def test_dense_holds_random_uniform_values() -> None:
 
     import keras
 
-    settings: list[Any] = [contextlib.nullcontext()] * 3
+    cases: list[tuple[int, int, Any]] = [
+        (units, fan_in, contextlib.nullcontext()) for units, fan_in in ((3, 5), (16, 16), (40, 33))
+    ]
     if keras.backend.backend() == "jax":
         import jax
 
-        settings.append(jax.threefry_partitionable(False))
-    # the torch pass has no fourth setting: zip stops after the three sizes
-    sizes = ((3, 5), (16, 16), (40, 33), (3, 5))
-    for (units, fan_in), setting in zip(sizes, settings, strict=False):
+        cases.append((3, 5, jax.threefry_partitionable(False)))
+    for units, fan_in, setting in cases:
         with setting:
             _check_dense(units, fan_in)
     if keras.backend.backend() == "jax":  # drawn inside a traced function: cut in the program

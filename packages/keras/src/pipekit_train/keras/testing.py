@@ -39,8 +39,9 @@ def dense(units: int, fan_in: int, activation: str | None = None) -> Any:
 
     Keras's default (Glorot-uniform kernel, zero bias) is another family; this one keeps a
     model's starting point comparable across backends. The values are those of
-    `RandomUniform(-bound, bound)`, drawn with fewer compiled programs on jax (see
-    `conv2d`); `test_dense_holds_random_uniform_values` checks them.
+    `RandomUniform(-bound, bound)`; on jax they are drawn at a power-of-two length and cut,
+    one compiled draw per length rather than per shape, as `conv2d`'s are.
+    `test_dense_holds_random_uniform_values` checks them.
     """
     import keras
 
