@@ -1,8 +1,20 @@
 """Run every side-by-side benchmark and write `docs/performance.md`.
 
     uv run python benchmarks/run_all.py            # full runs (minutes to tens of minutes)
-    uv run python benchmarks/run_all.py --quick    # short runs; what the page usually shows
+    uv run python benchmarks/run_all.py --quick    # short runs
     uv run python benchmarks/run_all.py --only bench_import bench_checkpoint --output /tmp/perf.md
+    uv run python benchmarks/run_all.py --from-stored   # rebuild the page, measuring nothing
+
+The page is made of the CPU run's results and the sections measured elsewhere, each kept
+in a file of its own that says where its numbers come from (commit, date, machine,
+command) and shown on the page as it is: `benchmarks/rollout.md` (`bench_rollout.py
+--markdown`), `benchmarks/rollout-training.md` (`bench_rollout_training.py --markdown`),
+`benchmarks/gpu-check.md` (`scripts/gpu_check.py --output`) and `benchmarks/tpu-check.md`
+(written by hand on a TPU). A run that writes the page also stores its results, machine
+and command in `benchmarks/cpu-results.json`; `--from-stored` renders the page from that
+file and the section files, so a changed section reaches the page without measuring
+again. `tests-integration/test_docs_reference.py` fails while the page differs from what
+`--from-stored` writes: never edit the page by hand, edit its inputs.
 
 Convention for `benchmarks/bench_*.py` (every script follows it; run_all relies on it):
 
@@ -61,6 +73,13 @@ GPU_RESULTS = HERE / "gpu-check.md"
 ROLLOUT_RESULTS = HERE / "rollout.md"
 #: The rollout-training reference `bench_rollout_training.py --markdown ...` wrote.
 ROLLOUT_TRAINING_RESULTS = HERE / "rollout-training.md"
+#: The tables measured by hand on a TPU (no script writes them).
+TPU_RESULTS = HERE / "tpu-check.md"
+#: The page, and the stored results of the run that wrote it (`--from-stored` reads them).
+PAGE = ROOT / "docs" / "performance.md"
+STORED = HERE / "cpu-results.json"
+#: The machine table's last load average, taken when the scripts have run.
+LOAD_AT_END = "Load average (1, 5, 15 min) at the end"
 FIELDS = ("benchmark", "case", "metric", "value", "unit", "ratio", "target", "ok")
 LIBRARIES = (
     "pipekit-train-core",
@@ -304,11 +323,22 @@ def render(
         "Side-by-side benchmarks from `benchmarks/`: each pipekit-train code path is timed next",
         "to the hand-written code it replaces (a plain `eqx.filter_jit` + optax loop, plain",
         "`Trainer.fit`, plain `model.fit`, a numpy batching loop), in the same process and on",
-        "the same data. The page is generated; do not edit it by hand. Regenerate it with:",
+        "the same data. The page is generated; do not edit it by hand. Measure again and",
+        "regenerate it with:",
         "",
         "<!-- docs: skip (the full benchmark run, minutes long) -->",
         "```bash",
         command,
+        "```",
+        "",
+        "The sections after Machine were measured elsewhere; each comes from a file of its own",
+        "in `benchmarks/` that says where its numbers come from, shown as it is. After editing",
+        "one, rebuild the page from them and the CPU run's stored results",
+        "(`benchmarks/cpu-results.json`), measuring nothing:",
+        "",
+        "<!-- docs: skip (rewrites this page) -->",
+        "```bash",
+        "uv run python benchmarks/run_all.py --from-stored",
         "```",
         "",
         "Absolute times depend on the machine and on whatever else it was running. The ratios",
@@ -358,12 +388,12 @@ def render(
     lines += ["## Machine", "", "| | |", "| --- | --- |"]
     for key, value in machine.items():
         lines.append(f"| {key} | {_cell(value)} |")
-    lines.append(f"| Load average (1, 5, 15 min) at the end | {_load()} |")
     lines.append(f"| Run time | {timing} |")
     lines.append("")
     lines += rollout_section()
     lines += rollout_training_section()
     lines += gpu_section()
+    lines += tpu_section()
     if raw:
         lines += ["## Output of scripts without `--json`", ""]
         for res in raw:
@@ -398,8 +428,8 @@ def rollout_training_section() -> list[str]:
     return [
         "## Rollout training",
         "",
-        "The library's Equinox rollout training (k = 4) against a hand-written Equinox + optax",
-        "one on the Lorenz-96 example, from `benchmarks/bench_rollout_training.py` (see its",
+        "The library's rollout training (k = 4) on each backend against a hand-written one on",
+        "the Lorenz-96 example, from `benchmarks/bench_rollout_training.py` (see its",
         "docstring):",
         "",
         body.strip(),
@@ -414,7 +444,9 @@ def gpu_section() -> list[str]:
         "",
         "The results above come from the CPU machine described under Machine.",
         "`scripts/gpu_check.py` trains on every backend on a CUDA GPU (where the parameters",
-        "live, `bfloat16-mixed`, exact resume) and runs the GPU cases of `bench_equinox.py`,",
+        'live, `bfloat16-mixed`, exact resume), checks `Torch(compile="cuda-graphs")` (captured',
+        "without falling back to eager, exact resume, final loss within 1% of eager's; the",
+        "CUDA tests' verdict) and runs the GPU cases of `bench_equinox.py`,",
         "`bench_lightning.py`, `bench_torch.py` (with `Torch()`'s compile modes: eager,",
         '`compile=True` and `"cuda-graphs"` at K=1 and K=10) and `bench_keras.py`, then',
         "`bench_compute.py`: the compute-bound MLP (64 → 4096 ×3 → 64, batch 4096, 0.84 TFLOP",
@@ -445,6 +477,43 @@ def gpu_section() -> list[str]:
     return lines
 
 
+def tpu_section() -> list[str]:
+    """The page's "On a TPU" section: `benchmarks/tpu-check.md` when it exists."""
+    if not TPU_RESULTS.exists():
+        return []
+    return [
+        "## On a TPU",
+        "",
+        "Measured by hand on a Google TPU v5e chip, with the project's wheels installed as on",
+        "an offline GPU node (`scripts/gpu_bundle.sh`); from `benchmarks/tpu-check.md`:",
+        "",
+        TPU_RESULTS.read_text().strip(),
+        "",
+    ]
+
+
+# -- the stored results ------------------------------------------------------------------------
+def store(
+    results: list[dict[str, Any]],
+    machine: dict[str, str],
+    *,
+    quick: bool,
+    command: str,
+    path: Path = STORED,
+) -> None:
+    """Keep what `render` needs of a run, so that `--from-stored` writes the same page."""
+    stored = {"command": command, "quick": quick, "machine": machine, "results": results}
+    path.write_text(json.dumps(stored, indent=1, ensure_ascii=False) + "\n")
+
+
+def render_stored(path: Path = STORED) -> str:
+    """The page from the stored results and the section files, measuring nothing."""
+    stored = json.loads(path.read_text())
+    return render(
+        stored["results"], stored["machine"], quick=stored["quick"], command=stored["command"]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -460,20 +529,37 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="seconds per script (default: 900 with --quick, 7200 without)",
     )
-    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "performance.md")
+    parser.add_argument("--output", type=Path, default=PAGE)
     parser.add_argument("--json-out", type=Path, default=None, help="also write every row here")
+    parser.add_argument(
+        "--from-stored",
+        action="store_true",
+        help=f"run nothing: write the page from {STORED.relative_to(ROOT)} and the section files",
+    )
     args = parser.parse_args(argv)
     timeout = args.timeout or (900.0 if args.quick else 7200.0)
+    if args.from_stored:
+        if args.quick or args.only or args.skip or args.json_out:
+            parser.error(
+                "--from-stored measures nothing, so it takes only --output. Received: "
+                + " ".join(argv if argv is not None else sys.argv[1:])
+            )
+        args.output.write_text(render_stored())
+        print(f"wrote {args.output} from {STORED.relative_to(ROOT)} and the section files")
+        return 0
 
     scripts = discover(args.only, args.skip)
     if not scripts:
         raise SystemExit("no benchmarks to run")
     machine = machine_info()
     results = [run_script(s, quick=args.quick, timeout=timeout) for s in scripts]
+    machine[LOAD_AT_END] = _load()
     command = "uv run python benchmarks/run_all.py" + (" --quick" if args.quick else "")
     if args.only:
         command += " --only " + " ".join(s.stem for s in scripts)
     args.output.write_text(render(results, machine, quick=args.quick, command=command))
+    if args.output.resolve() == PAGE:  # the page and its stored inputs change together
+        store(results, machine, quick=args.quick, command=command)
     if args.json_out:
         args.json_out.write_text(json.dumps({"machine": machine, "results": results}, indent=2))
     rows = [r for res in results for r in res["rows"]]

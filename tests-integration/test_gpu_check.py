@@ -2,9 +2,11 @@
 
 On a machine without a CUDA GPU (every test machine), `--device cpu --quick` runs the
 same placement, bf16 and resume checks the GPU run makes, with small sizes, on one
-backend (Equinox: the fastest to start). Also: `benchmarks/bench_compute.py` (the
-compute-bound rows) at its CPU sizes, and the offline-node scripts `scripts/gpu_bundle.sh`
-and `scripts/gpu_run.sh` in their `--help` and `--dry-run` modes (no network, no GPU).
+backend (Equinox: the fastest to start). The `Torch(compile="cuda-graphs")` checks need
+CUDA; their verdict is checked here on recorded rows (a fallback to eager or a loss gap
+fails the run). Also: `benchmarks/bench_compute.py` (the compute-bound rows) at its CPU
+sizes, and the offline-node scripts `scripts/gpu_bundle.sh` and `scripts/gpu_run.sh` in
+their `--help` and `--dry-run` modes (no network, no GPU).
 """
 
 from __future__ import annotations
@@ -80,9 +82,82 @@ def test_cpu_quick_run_checks_placement_bf16_and_resume(tmp_path: Path) -> None:
     assert eqx["bf16_ok"] and 0 < eqx["bf16_rel_diff"] < 0.25
     assert "compute=bfloat16" in eqx["bf16_evidence"]
     assert report["benchmarks"] is None  # --skip-bench
+    assert report["graphs"] is None and report["failed"] == []  # the verdict: exit 0
     text = md.read_text()
     assert text in proc.stdout
     assert "| equinox | jax " in text and "bit-exact ✅" in text
+
+
+# -- the cuda-graphs verdict, on recorded rows ------------------------------------------------
+def _graph_row(case: str, **changes: Any) -> dict[str, Any]:
+    """A `graphs_check` row as `run_graphs` records it, with the K=1 numbers of one H200."""
+    report = {"cuda_graphs": True, "captured_at_update": 5, "fell_back": None}
+    row = {
+        "case": case,
+        "stop_at": 30,
+        "resume_bit_exact": True,
+        "resumed_from_step": 30,
+        "graphed_loss": 0.726,
+        "eager_loss": 0.726,
+        "loss_rel_diff": 9.44e-06,
+        "report": report,
+    }
+    report.update(changes.pop("report", {}))
+    return {**row, **changes}
+
+
+def test_a_graphed_run_that_fell_back_or_departs_from_eager_fails_the_check() -> None:
+    """The verdict the CUDA tests use (`graphs_failures`) decides the exit status: a run
+    that fell back to eager (or never captured), failed, resumed to other weights, or whose
+    loss departs from eager's fails, each check named."""
+    gpu_check = _gpu_check_module()
+    ok_backend = {
+        "backend": "lightning", "placement_ok": True, "bf16_ok": True, "resume_ok": True,
+    }  # fmt: skip
+    good = [_graph_row("K=1"), _graph_row("K=10")]
+    assert gpu_check.failures([ok_backend], [], good) == []
+
+    fell_back = _graph_row("K=1", report={"fell_back": "RuntimeError: capture failed"})
+    gap = _graph_row("K=10", graphed_loss=0.9, loss_rel_diff=0.24)  # resume still bit-exact
+    never = _graph_row("bf16-mixed", report={"captured_at_update": None})
+    crashed = {"case": "K=10, accumulate 2", "error": "RuntimeError: CUDA error"}
+    differs = _graph_row("K=1", resume_bit_exact=False)
+    rows = [fell_back, gap, never, crashed, differs]
+    failed = gpu_check.failures([ok_backend], [], rows)
+    assert failed == [
+        "cuda-graphs K=1: capture: fell back to eager: RuntimeError: capture failed",
+        "cuda-graphs K=10: loss: graphed vs eager final loss: relative difference 0.24, "
+        "not below 0.01",
+        "cuda-graphs bf16-mixed: capture: never captured as a CUDA graph (compile_report: "
+        "{'cuda_graphs': True, 'captured_at_update': None, 'fell_back': None})",
+        "cuda-graphs K=10, accumulate 2: error: RuntimeError: CUDA error",
+        "cuda-graphs K=1: resume: resumed from step 30 (expected 30), weights differ from the "
+        "uninterrupted graphed run",
+    ]
+    # a tolerance just at the pytest GPU test's bound still fails (strictly below 1e-2)
+    assert gpu_check.failures([], None, [_graph_row("K=1", loss_rel_diff=0.01)]) != []
+
+    # the table marks the failed check of each row, and the row
+    def table(rows: list[dict[str, Any]]) -> list[list[str]]:
+        lines = gpu_check.graphs_table(rows)
+        return [[c.strip() for c in x.strip("|").split("|")] for x in lines[2 : 2 + len(rows)]]
+
+    [k1, k10, bf16, error, resume] = table(rows)
+    assert k1[1] == "fell back to eager: RuntimeError: capture failed ❌"
+    assert k1[2] == "bit-exact ✅" and k1[3].endswith("✅") and k1[4] == "❌"
+    assert k10[1] == "captured at update 5 ✅" and k10[2] == "bit-exact ✅"
+    assert k10[3] == "0.9 / 0.726 (0.24) ❌" and k10[4] == "❌"
+    assert bf16[1] == "never captured ❌" and bf16[4] == "❌"
+    assert error[0] == "K=10, accumulate 2" and error[1] == "❌ RuntimeError: CUDA error"
+    assert error[4] == "❌"
+    assert resume[1:] == [
+        "captured at update 5 ✅", "differs (resumed from 30) ❌", "0.726 / 0.726 (9.44e-06) ✅", "❌"
+    ]  # fmt: skip
+    for row in table(good):
+        assert row[1:] == [
+            "captured at update 5 ✅", "bit-exact ✅", "0.726 / 0.726 (9.44e-06) ✅", "✅"
+        ]  # fmt: skip
+    assert "within 0.01 (relative) of eager's" in gpu_check.graphs_table(good)[-1]
 
 
 # -- benchmarks/bench_compute.py and the offline bundle ---------------------------------------

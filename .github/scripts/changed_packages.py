@@ -11,12 +11,12 @@ and at HEAD are parsed (tomllib) and compared package by package; a package entr
 was added, removed or changed in any field (version, source, hashes, dependencies)
 affects exactly the members whose resolved dependency closure includes it, in the old
 or the new lock. A member's closure is what its CI job installs (`uv sync --exact
---package <member> --all-extras --group dev`): the member with all its extras, every
-package reachable through `dependencies` (following the extras each edge requests),
-and the workspace root's dependency groups. Environment markers are ignored, so the
-closure errs on the side of testing more. A change outside the `[[package]]` entries
-(lock `version`, `requires-python`, `resolution-markers`, `[manifest]`, `[options]`),
-or a lock that cannot be read or parsed, tests every member.
+--package <member> --all-extras --group dev --group test`): the member with all its
+extras, every package reachable through `dependencies` (following the extras each edge
+requests), its own dependency groups and the workspace root's. Environment markers are
+ignored, so the closure errs on the side of testing more. A change outside the
+`[[package]]` entries (lock `version`, `requires-python`, `resolution-markers`,
+`[manifest]`, `[options]`), or a lock that cannot be read or parsed, tests every member.
 
 Without `--base` (a push to main, a manual run), or if git cannot diff, every member is
 tested. Docs, examples, benchmarks and tests-integration run in their own jobs. Under

@@ -6,7 +6,7 @@ model the conformance suite trains.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,10 +15,12 @@ import torch
 from pipekit_train.core import model_factory
 
 __all__ = [
+    "GRAPHS_LOSS_RTOL",
     "conv_from_weights",
     "conv_net",
     "golden_backend",
     "graphs_check",
+    "graphs_failures",
     "linear",
     "mlp",
     "mlp_from_weights",
@@ -206,8 +208,9 @@ def graphs_check(
     The GPU check and the CUDA tests read the result.
 
     Returns:
-        `{"resume_bit_exact", "resumed_from_step", "graphed_loss", "eager_loss",
+        `{"stop_at", "resume_bit_exact", "resumed_from_step", "graphed_loss", "eager_loss",
         "loss_rel_diff", "report"}` (`report`: the graphed run's `compile_report`).
+        `graphs_failures` judges it.
     """
     import tempfile
     from pathlib import Path
@@ -251,6 +254,7 @@ def graphs_check(
     graphed_loss = float(whole.final_metrics["loss"])
     eager_loss = float(eager.final_metrics["loss"])
     return {
+        "stop_at": stop_at,
         "resume_bit_exact": resumed.weights_sha256 == whole.weights_sha256,
         "resumed_from_step": resumed.resumed_from_step,
         "graphed_loss": graphed_loss,
@@ -258,3 +262,59 @@ def graphs_check(
         "loss_rel_diff": abs(graphed_loss - eager_loss) / max(abs(eager_loss), 1e-12),
         "report": adapter.compile_report,
     }
+
+
+#: How far a graphed run's final loss may be from eager `Torch()`'s, relative to eager's:
+#: the captured update is the eager one replayed, so the two differ by float rounding only.
+GRAPHS_LOSS_RTOL = 1e-2
+
+
+def graphs_failures(result: Mapping[str, Any]) -> dict[str, str]:
+    """Which checks a `graphs_check` result fails: `{check: why}`, empty when it passes.
+
+    The verdict of the CUDA tests and of `scripts/gpu_check.py`, one for both:
+
+    - `"capture"`: the graphed run really ran as a CUDA graph: its `compile_report` says
+      `cuda_graphs`, records the update it was captured at, and did not fall back to
+      eager (a fallback only warns, and an eager run would pass the other two checks);
+    - `"resume"`: the run stopped at `stop_at` resumed there, bit for bit equal to the
+      uninterrupted graphed run;
+    - `"loss"`: the graphed run's final loss is within `GRAPHS_LOSS_RTOL` (relative) of
+      eager `Torch()`'s.
+
+    Args:
+        result: what `graphs_check` returned (a JSON round trip of it too).
+
+    Returns:
+        The failed checks, each with the values that failed it.
+
+    Examples:
+        >>> from pipekit_train.lightning.testing import graphs_failures
+        >>> graphs_failures({
+        ...     "stop_at": 30, "resumed_from_step": 30, "resume_bit_exact": True,
+        ...     "loss_rel_diff": 0.2,
+        ...     "report": {"cuda_graphs": True, "captured_at_update": None,
+        ...                "fell_back": "RuntimeError: capture failed"},
+        ... })  # doctest: +NORMALIZE_WHITESPACE
+        {'capture': 'fell back to eager: RuntimeError: capture failed',
+         'loss': 'graphed vs eager final loss: relative difference 0.2, not below 0.01'}
+    """
+    failed: dict[str, str] = {}
+    report = result.get("report") or {}
+    if report.get("fell_back") is not None:
+        failed["capture"] = f"fell back to eager: {report['fell_back']}"
+    elif not report.get("cuda_graphs") or report.get("captured_at_update") is None:
+        failed["capture"] = f"never captured as a CUDA graph (compile_report: {report or None})"
+    stop_at = result.get("stop_at", 30)
+    if result.get("resumed_from_step") != stop_at or not result.get("resume_bit_exact"):
+        failed["resume"] = (
+            f"resumed from step {result.get('resumed_from_step')} (expected {stop_at}), "
+            f"{'bit-exact' if result.get('resume_bit_exact') else 'weights differ'} from the "
+            "uninterrupted graphed run"
+        )
+    rel = result.get("loss_rel_diff")
+    if not (isinstance(rel, int | float) and rel < GRAPHS_LOSS_RTOL):  # NaN fails too
+        failed["loss"] = (
+            f"graphed vs eager final loss: relative difference {rel}, not below {GRAPHS_LOSS_RTOL}"
+        )
+    return failed
