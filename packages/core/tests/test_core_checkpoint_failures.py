@@ -21,7 +21,7 @@ import pytest
 
 from pipekit_train.core import Checkpoint, CheckpointError, LambdaCallback, TrainingLoop
 from pipekit_train.core.checkpoint import step_dirs
-from pipekit_train.core.checkpoint._lease import LEASE_FILE
+from pipekit_train.core.checkpoint._lease import LEASE_DIR
 from pipekit_train.core.testing import NumpyAdapter, NumpyLinearOp, regression_task
 
 NOBODY = 65534
@@ -82,8 +82,8 @@ def test_permission_denied_mid_run() -> None:
         assert f"step 12 to {ck / '12'}" in message, message
         assert "PermissionError" in message and "Make the location writable" in message
         assert f"latest complete checkpoint is {ck / '8'}" in message
-        # nothing partial (the run could not remove its lease file: the rerun takes it over)
-        assert sorted(p.name for p in ck.iterdir() if p.name != LEASE_FILE) == ["4", "8"]
+        # nothing partial (the run could not release its lease: the rerun takes it over)
+        assert sorted(p.name for p in ck.iterdir() if p.name != LEASE_DIR) == ["4", "8"]
         resumed = _loop(16, policy).run()
         assert resumed.resumed_from_step == 8
         assert resumed.model.serialize_weights() == _loop(16).run().model.serialize_weights()

@@ -21,6 +21,7 @@ ADAPTERS = ("equinox", "lightning", "keras")
 # from above: leaves → spec → contract/model → run → drivers → public modules.
 RANKS: dict[str, int] = {
     "_errors": 0,
+    "_atomic": 0,
     "_imports": 0,
     "_checks": 0,
     "_json": 0,
@@ -99,6 +100,7 @@ def test_core_root_holds_only_public_modules_and_leaves() -> None:
     files = sorted(p.name for p in root.glob("*.py"))
     assert files == [
         "__init__.py",
+        "_atomic.py",
         "_checks.py",
         "_errors.py",
         "_imports.py",

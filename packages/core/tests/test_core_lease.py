@@ -21,16 +21,25 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipekit_train.core import Checkpoint, ConfigError, LambdaCallback, OnlineTrainer, TrainingLoop
+from pipekit_train.core import (
+    Checkpoint,
+    CheckpointError,
+    ConfigError,
+    LambdaCallback,
+    OnlineTrainer,
+    TrainingLoop,
+)
 from pipekit_train.core.checkpoint import step_dirs
 from pipekit_train.core.checkpoint._lease import (
-    LEASE_FILE,
+    LEASE_DIR,
     LeaseError,
     LeaseHolder,
     RunLease,
     read_lease,
 )
+from pipekit_train.core.checkpoint._lease_rules import pid_space, process_started
 from pipekit_train.core.testing import NumpyLinearOp, regression_task
+from pipekit_train.core.testing._lease import plant_lease
 
 
 def _loop(**kw: Any) -> TrainingLoop:
@@ -53,22 +62,27 @@ def _loop(**kw: Any) -> TrainingLoop:
 
 def _holder(**kw: Any) -> LeaseHolder:
     now = time.time()
+    pid = kw.get("pid", os.getppid())  # alive: the process that runs the tests' runner
+    here = kw.get("host", socket.gethostname()) == socket.gethostname()
     base: dict[str, Any] = dict(
         host=socket.gethostname(),
-        pid=os.getppid(),  # alive: the process that runs the tests' runner
+        pid=pid,
         token=uuid.uuid4().hex,
         fingerprint="0123456789ab",
         started=now - 60,
         heartbeat=now - 1,
         job=None,
+        generation=1,
+        pid_space=pid_space() if here else None,
+        pid_started=process_started(pid) if here else None,
     )
     base.update(kw)
     return LeaseHolder(**base)
 
 
 def _plant(directory: Path, holder: LeaseHolder) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / LEASE_FILE).write_bytes(holder.to_bytes())
+    fields = {k: v for k, v in holder.__dict__.items() if k not in ("pid", "host")}
+    plant_lease(directory, holder.pid, host=holder.host, **fields)
 
 
 @pytest.fixture(autouse=True)
@@ -102,7 +116,7 @@ def test_a_live_holder_refuses_the_run_before_any_work(tmp_path: Path) -> None:
     assert "last heartbeat 1 s ago" in message
     assert "Stop that run, or pass a different checkpoint location" in message
     assert started == []  # refused before the run began
-    assert sorted(p.name for p in directory.iterdir()) == [LEASE_FILE]
+    assert sorted(p.name for p in directory.iterdir()) == [LEASE_DIR]
     assert read_lease(Checkpoint(directory)) == holder  # the holder's lease is untouched
 
 
@@ -118,8 +132,8 @@ def test_the_lease_is_held_while_training_and_released_at_the_end(tmp_path: Path
     held = seen[0]
     assert held is not None and held.pid == os.getpid() and held.host == socket.gethostname()
     assert held.fingerprint and held.started <= held.heartbeat <= time.time()
-    assert read_lease(policy) is None
-    assert not (tmp_path / "ck" / LEASE_FILE).exists()
+    assert read_lease(policy) is None  # released: its record says so
+    assert sorted(p.name for p in (tmp_path / "ck" / LEASE_DIR).iterdir()) == ["000000000001.json"]
     assert step_dirs(policy) == [10, 15, 20] and art.steps == 20
 
 
@@ -184,18 +198,27 @@ def test_a_holder_on_another_host_is_taken_over_after_the_lease_time(
             loop.run()
 
 
-def test_the_same_scheduler_job_takes_over_at_once(
+def test_a_restart_of_the_same_scheduler_job_takes_over_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A requeued SLURM job (elsewhere, the old heartbeat fresh) continues at once; another
-    job on the same location is refused."""
-    _plant(tmp_path / "ck", _holder(host="n12.cluster", pid=4711, job="slurm:81/3"))
+    """A requeued SLURM job (elsewhere, the old heartbeat fresh, a higher restart count)
+    continues at once; another job, another step of the same job, or the same step
+    without a restart is refused."""
+    holder = _holder(host="n12.cluster", pid=4711, job="slurm:81/3.batch", restart=0)
+    _plant(tmp_path / "ck", holder)
     policy = Checkpoint(tmp_path / "ck", every_n_steps=10)
     monkeypatch.setenv("SLURM_JOB_ID", "99")
-    with pytest.raises(LeaseError, match="job slurm:81/3"):
+    with pytest.raises(LeaseError, match=r"job slurm:81/3\.batch"):
         _loop(checkpoint=policy).run()
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "81")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    monkeypatch.setenv("SLURM_STEP_ID", "1")  # another step of the same job
+    with pytest.raises(LeaseError, match="another run holds it"):
+        _loop(checkpoint=policy).run()
+    monkeypatch.delenv("SLURM_STEP_ID")  # the same step, no restart
+    with pytest.raises(LeaseError, match="another run holds it"):
+        _loop(checkpoint=policy).run()
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     assert _loop(checkpoint=policy).run().steps == 20
 
 
@@ -203,11 +226,11 @@ def test_a_run_that_lost_its_lease_stops_saving(tmp_path: Path) -> None:
     """Taken over after a stall: the next save fails with a clear error, and nothing of
     this run is written after the loss."""
     policy = Checkpoint(tmp_path / "ck", every_n_steps=5, max_to_keep=None, async_save=False)
-    other = _holder(host="n12.cluster", pid=4711)
+    other = _holder(host="n12.cluster", pid=4711, generation=2)
 
     def on_step_end(state: Any) -> None:
         if state.step == 7:
-            (tmp_path / "ck" / LEASE_FILE).write_bytes(other.to_bytes())
+            _plant(tmp_path / "ck", other)
 
     with pytest.raises(LeaseError) as info:
         _loop(checkpoint=policy, callbacks=[LambdaCallback(on_step_end=on_step_end)]).run()
@@ -263,7 +286,7 @@ def test_two_processes_on_one_location(tmp_path: Path) -> None:
         text=True,
     )
     deadline = time.monotonic() + 60
-    while not (directory / LEASE_FILE).exists() and time.monotonic() < deadline:
+    while not (directory / LEASE_DIR).exists() and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.2)
     t0 = time.monotonic()
@@ -284,7 +307,7 @@ def test_two_processes_on_one_location(tmp_path: Path) -> None:
     assert not (tmp_path / "b.bin").exists()
     alone = _loop().run()
     assert (tmp_path / "a.bin").read_bytes() == alone.model.serialize_weights()
-    assert sorted(p.name for p in directory.iterdir()) == ["10", "15", "20"]
+    assert sorted(p.name for p in directory.iterdir()) == [LEASE_DIR, "10", "15", "20"]
 
 
 def test_an_online_trainer_holds_its_location_until_closed(tmp_path: Path) -> None:
@@ -327,13 +350,22 @@ def test_the_cli_shows_who_holds_a_location(
     assert "no run holds it" in capsys.readouterr().out
     holder = _holder(host="n12.cluster", pid=4711, heartbeat=time.time() - 600)
     _plant(directory, holder)
-    assert main(["checkpoint", "lease", str(directory)]) == 1
+    assert main(["checkpoint", "lease", str(directory)]) == 0  # the next run takes it over
     out = capsys.readouterr().out
     assert "held by host n12.cluster, pid 4711" in out and "last heartbeat 600 s ago" in out
     assert "stale (its last heartbeat is 600 s old" in out
-    assert main(["checkpoint", "lease", str(directory), "--json"]) == 1
+    assert main(["checkpoint", "lease", str(directory), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["holder"]["pid"] == 4711 and report["stale"].startswith("its last heartbeat")
+    assert report["state"] == "stale" and report["generation"] == 1
+    # the run's own lease time: with lease_timeout=1000 that holder is alive
+    assert main(["checkpoint", "lease", str(directory), "--lease-timeout", "1000"]) == 1
+    assert "stale" not in capsys.readouterr().out
+    assert main(["checkpoint", "lease", str(directory), "--lease-timeout", "0"]) == 2
+    assert "Received: lease_timeout=0.0" in capsys.readouterr().err
+    _plant(directory, _holder(host="n12.cluster", pid=4711, generation=2))  # a live one
+    assert main(["checkpoint", "lease", str(directory)]) == 1
+    assert "held by host n12.cluster, pid 4711" in capsys.readouterr().out
     main(["checkpoint", "inspect", str(directory)])
     assert "held by a run: host n12.cluster, pid 4711" in capsys.readouterr().out
 
@@ -374,7 +406,8 @@ def test_on_s3_the_lease_is_a_conditional_create(s3: Any, tmp_path: Path) -> Non
         check=True,
     )
     fs, root = policy.filesystem()
-    fs.pipe_file(f"{root}/{LEASE_FILE}", _holder(pid=int(proc.stdout)).to_bytes())
+    dead = _holder(pid=int(proc.stdout), generation=2)
+    fs.pipe_file(f"{root}/{LEASE_DIR}/000000000002.json", dead.to_bytes())
     art = _loop(checkpoint=policy).run()  # the dead holder's lease is taken over
     assert art.steps == 20 and step_dirs(policy) == [10, 20]
     assert read_lease(policy) is None
@@ -385,7 +418,7 @@ def test_a_restarted_job_on_the_same_host_waits_for_the_old_process(
 ) -> None:
     """A restarted worker group (same scheduler job, same host): the old process is still
     being stopped; the new run waits for it to end, then takes over. One that does not end
-    within the lease time keeps the location."""
+    within half the lease time (and still beats) keeps the location."""
     monkeypatch.setenv("PIPEKIT_TRAIN_JOB_ID", "ray-run-7")
     ending = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
     _plant(tmp_path / "a", _holder(pid=ending.pid, job="job:ray-run-7"))
@@ -395,9 +428,48 @@ def test_a_restarted_job_on_the_same_host_waits_for_the_old_process(
     ending.wait()
     staying = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        _plant(tmp_path / "b", _holder(pid=staying.pid, job="job:ray-run-7"))
+        fresh = _holder(pid=staying.pid, job="job:ray-run-7", heartbeat=time.time())
+        _plant(tmp_path / "b", fresh)
+        policy = Checkpoint(tmp_path / "b", every_n_steps=10, lease_timeout=3.0)
         with pytest.raises(LeaseError, match=f"pid {staying.pid}"):
-            _loop(checkpoint=Checkpoint(tmp_path / "b", every_n_steps=10, lease_timeout=1.0)).run()
+            _loop(checkpoint=policy).run()
     finally:
         staying.kill()
         staying.wait()
+
+
+def test_a_store_without_conditional_creates_is_refused_before_any_work(tmp_path: Path) -> None:
+    """fsspec's FTP filesystem cannot create a file only if it is absent: refused when the
+    policy is built (no connection is made), fine without a lease."""
+    with pytest.raises(ConfigError) as info:
+        Checkpoint("ftp://127.0.0.1:1/run", lease_timeout=120)
+    message = str(info.value)
+    assert "`Checkpoint.lease_timeout` needs a store that creates a file only if" in message
+    assert "FTPFileSystem cannot" in message
+    assert "Received: directory='ftp://127.0.0.1:1/run', lease_timeout=120" in message
+    assert "lease_timeout=None" in message
+    assert Checkpoint("ftp://127.0.0.1:1/run", lease_timeout=None).lease_timeout is None
+
+
+def test_a_store_that_ignores_conditional_creates_is_refused_at_the_probe() -> None:
+    """A store that claims conditional writes but lets a second create of one name succeed
+    (an S3-compatible server ignoring `If-None-Match`) is refused before the run does
+    anything: the lease could not keep two runs apart there."""
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class Careless(MemoryFileSystem):
+        protocol = "careless"
+
+        def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kw: Any) -> None:
+            super().pipe_file(path, value, **kw)  # overwrites whatever `mode` says
+
+    fsspec.register_implementation("careless", Careless, clobber=True)
+    started: list[int] = []
+    loop = _loop(
+        checkpoint=Checkpoint(f"careless://{uuid.uuid4().hex}/ck", every_n_steps=5),
+        callbacks=[LambdaCallback(on_train_start=lambda state: started.append(1))],
+    )
+    with pytest.raises(CheckpointError, match=r"accepted two conditional creates of one object"):
+        loop.run()
+    assert started == []

@@ -24,6 +24,7 @@ for _module in ("moto.server", "boto3", "s3fs"):
 from pipekit_train.core import Checkpoint, TornCheckpointWarning, TrainingLoop  # noqa: E402
 from pipekit_train.core.checkpoint import step_dirs  # noqa: E402
 from pipekit_train.core.checkpoint._digest import FOLDER_DIGEST  # noqa: E402
+from pipekit_train.core.checkpoint._lease import LEASE_DIR  # noqa: E402
 from pipekit_train.core.checkpoint._remote import RemoteSteps  # noqa: E402
 from pipekit_train.core.testing import LoopbackS3, loopback_s3  # noqa: E402
 from pipekit_train.equinox import EquinoxModelOp  # noqa: E402
@@ -152,5 +153,5 @@ def test_retention_on_s3_keeps_latest_and_best(
     remote = RemoteSteps(policy)
     assert remote.steps() == sorted({worst, 8})
     kept = {p[len(remote.root) + 1 :].split("/", 1)[0] for p in remote.fs.find(remote.root)}
-    assert kept == {str(s) for s in sorted({worst, 8})}
+    assert kept == {str(s) for s in sorted({worst, 8})} | {LEASE_DIR}  # and the lease's record
     remote.fs.rm(remote.root, recursive=True)

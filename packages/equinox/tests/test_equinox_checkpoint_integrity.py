@@ -122,9 +122,9 @@ def test_every_step_is_sealed_off_the_training_thread(
     threads: list[str] = []
     seal = seal_folder
 
-    def spy(folder: Path, step: int) -> None:
+    def spy(folder: Path, step: int, **kw: Any) -> None:
         threads.append(threading.current_thread().name)
-        seal(folder, step)
+        seal(folder, step, **kw)
 
     from pipekit_train.core.checkpoint import _store  # the store seals the step the engine wrote
 

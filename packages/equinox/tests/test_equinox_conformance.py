@@ -26,6 +26,7 @@ class TestEquinoxFusedConformance(AdapterConformance):
 
     cloud_resume = False  # the S3 kill-and-resume runs once, in TestEquinoxConformance
     flow_resume = False  # so does the flow head's
+    fencing_trial = False  # and the stall-and-takeover trial
 
     def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
         return EquinoxModelOp(

@@ -24,7 +24,7 @@ import pytest
 
 from pipekit_train.core import PREEMPTED_EXIT_STATUS, Checkpoint
 from pipekit_train.core.checkpoint._engine import step_dirs
-from pipekit_train.core.checkpoint._lease import LEASE_FILE, read_lease
+from pipekit_train.core.checkpoint._lease import LEASE_DIR, read_lease
 from pipekit_train.core.testing import plant_lease
 
 HERE = Path(__file__).parent
@@ -122,7 +122,7 @@ def test_a_signal_on_one_process_preempts_both_at_the_same_step(tmp_path: Path) 
     runs = [json.loads((tmp_path / f"resumed-{i}.json").read_text()) for i in range(2)]
     for run in runs:  # a second job on a held location: refused on every process
         assert run["refused"] and f"pid {os.getpid()}" in run["refused"], run["refused"]
-    assert sorted(p.name for p in (tmp_path / "held" / "ckpt").iterdir()) == [LEASE_FILE]
+    assert sorted(p.name for p in (tmp_path / "held" / "ckpt").iterdir()) == [LEASE_DIR]
     for run in runs:
         resumed, reference = run["resumed"], run["reference"]
         assert resumed["resumed_from_step"] == step

@@ -98,7 +98,7 @@ def test_a_sigtermed_slurm_job_requeued_with_its_job_id_continues_exactly(tmp_pa
             time.sleep(0.01)
         assert all(p.poll() is None for p in procs), [p.communicate()[0][-3000:] for p in procs]
         holder = read_lease(Checkpoint(str(tmp_path / "ckpt")))
-        assert holder is not None and holder.job == f"slurm:{job_id}", holder
+        assert holder is not None and holder.job == f"slurm:{job_id}.batch", holder
         for p in procs:  # SLURM signals every task of the step
             os.kill(p.pid, signal.SIGTERM)
         outputs = _wait(procs, 120)

@@ -39,6 +39,7 @@ class TestKerasFusedStepsConformance(TestKerasConformance):
 
     cloud_resume = False  # runs once, in TestKerasConformance
     flow_resume = False  # so does the flow head's kill-and-resume
+    fencing_trial = False  # and the stall-and-takeover trial
     rollout_resume = (
         False  # and rollout training's (fused rollout updates: test_keras_rollout_training)
     )

@@ -81,7 +81,7 @@ def test_ddp_two_processes_train_checkpoint_and_resume_exactly(ddp_run: Path) ->
     # one lease per job: a location another run holds refuses the job on every rank
     refused = [rank0[-1]["refused"], rank1[-1]["refused"]]
     assert all(r and f"pid {os.getpid()}" in r and "another run holds it" in r for r in refused)
-    assert sorted(p.name for p in (ddp_run / "held").iterdir()) == [".pipekit-lease.json"]
+    assert sorted(p.name for p in (ddp_run / "held").iterdir()) == [".pipekit-lease"]
 
 
 def _global(*ranks: list[list[int]]) -> list[list[int]]:

@@ -150,7 +150,7 @@ def test_a_live_owner_blocks_a_second_writer_and_a_dead_one_is_taken_over(
         )
         assert outcome["status"] == "failed"
         assert outcome["error"].startswith("TrialDirectoryInUseError:")
-        assert sorted(p.name for p in trial_dir.iterdir()) == [LOCK_NAME]
+        assert sorted(p.name for p in trial_dir.iterdir()) == [LOCK_NAME, f"{LOCK_NAME}.owner.json"]
     finally:
         holder.kill()
         holder.wait(timeout=10)
@@ -170,4 +170,4 @@ def test_a_live_owner_blocks_a_second_writer_and_a_dead_one_is_taken_over(
         }
     )
     assert outcome["status"] == "ok", outcome["error"]
-    assert json.loads((trial_dir / LOCK_NAME).read_text())["pid"] == os.getpid()
+    assert json.loads((trial_dir / f"{LOCK_NAME}.owner.json").read_text())["pid"] == os.getpid()

@@ -91,7 +91,7 @@ def test_sigkilled_sweep_resumes_and_ends_like_an_uninterrupted_one(
     # the killed process, which the resumed sweep (same host, dead pid) takes over
     trial_checkpoints = killed / "trials" / keys[KILL_AFTER] / "checkpoints"
     assert sorted(p.name for p in trial_checkpoints.iterdir()) == [
-        ".pipekit-lease.json",
+        ".pipekit-lease",
         "10",
         "20",
     ]

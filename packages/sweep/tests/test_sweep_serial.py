@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -219,11 +220,65 @@ def test_a_directory_holding_another_sweep_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_directory_in_use_is_refused(tmp_path: Path) -> None:
-    from pipekit_train.sweep._journal import DirectoryLock
+    from pipekit_train.sweep._lock import sweep_dir_lock
 
-    with DirectoryLock(tmp_path).held():
-        with pytest.raises(ConfigError, match="Another sweep is running in this directory"):
+    with sweep_dir_lock(tmp_path):
+        with pytest.raises(
+            ConfigError, match=rf"Another sweep is running in this directory \(pid={os.getpid()}"
+        ):
             HyperSweep(numpy_trial, [{"lr": 0.1}], "val_loss", directory=tmp_path).run()
+    assert len(HyperSweep(numpy_trial, [{"lr": 0.1}], "val_loss", directory=tmp_path).run()) == 1
+
+
+NO_FCNTL = """
+import sys, time
+sys.modules["fcntl"] = None  # a platform without fcntl (and not Windows)
+from pathlib import Path
+from pipekit_train.core import ConfigError
+from pipekit_train.core.utils import ExclusiveLock
+from pipekit_train.sweep import HyperSweep
+from pipekit_train.sweep._lock import sweep_dir_lock
+from pipekit_train.sweep.testing import numpy_trial
+
+directory, role = Path(sys.argv[1]), sys.argv[2]
+assert ExclusiveLock(directory / "probe.lock").soft
+if role == "hold":
+    with sweep_dir_lock(directory):
+        print("held", flush=True)
+        sys.stdin.readline()
+else:
+    try:
+        HyperSweep(numpy_trial, [{"lr": 0.1}], "val_loss", directory=directory).run()
+    except ConfigError as err:
+        print("refused:", err, flush=True)
+"""
+
+
+def test_without_fcntl_a_second_sweep_is_still_refused(tmp_path: Path) -> None:
+    """Where `fcntl` cannot be imported (and it is not Windows) the directory lock falls
+    back to a lock file created exclusively: a second sweep is refused, and told which
+    file to remove after a crash (the old lock did nothing there)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    run = [sys.executable, "-W", "ignore", "-c", NO_FCNTL, str(tmp_path)]
+    holder = subprocess.Popen(
+        [*run, "hold"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        second = subprocess.run([*run, "run"], env=env, capture_output=True, text=True, timeout=120)
+        assert "refused: Another sweep is running in this directory" in second.stdout, second.stderr
+        assert f"pid={holder.pid}" in second.stdout
+        assert f"remove {str(tmp_path / '.lock')!r}" in second.stdout
+        assert not (tmp_path / "journal.jsonl").exists()  # refused before any trial
+    finally:
+        holder.communicate("\n", timeout=60)
+    assert holder.returncode == 0
+    after = subprocess.run([*run, "run"], env=env, capture_output=True, text=True, timeout=120)
+    assert after.returncode == 0 and "refused" not in after.stdout, after.stderr
+    assert (tmp_path / "journal.jsonl").exists()
 
 
 def test_duplicate_parameter_sets_run_once() -> None:

@@ -293,6 +293,9 @@ class OrbaxCheckpointer:
         """Retention after the commit of `step`; a failure there keeps `step`."""
         try:
             self._prune(manager)
+        except CheckpointError:  # a `LeaseError`: this run lost the location
+            self._abandon()
+            raise
         except Exception as exc:
             self._abandon()
             raise CheckpointError(

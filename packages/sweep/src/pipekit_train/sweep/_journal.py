@@ -6,7 +6,7 @@ Layout of a sweep directory:
 <directory>/
   sweep.json        sweep id, trial function, metric and mode (checked on resume)
   journal.jsonl     append-only, one line per finished trial (ok, failed or pruned)
-  .lock             held (flock) while a sweep runs in this directory
+  .lock             held while a sweep runs in this directory (`_lock.sweep_dir_lock`)
   trials/<key>/     each trial's own folder (its `trial_dir`)
   optuna.db         the default Optuna storage of an `OptunaSearch`
 ```
@@ -18,19 +18,16 @@ ignored and cut off before the next append. Later lines for the same trial win.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipekit_train.core import ConfigError
-
-__all__ = ["Journal", "DirectoryLock", "decode_floats", "encode_floats", "params_key"]
+__all__ = ["Journal", "decode_floats", "encode_floats", "params_key"]
 
 _VERSION = 1
 
@@ -144,48 +141,3 @@ class Journal:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-class DirectoryLock:
-    """An exclusive, non-blocking `flock` on `<directory>/.lock` while a sweep runs.
-
-    The kernel drops it when the process dies, so a killed sweep never leaves a stale lock.
-    On platforms without `fcntl` it does nothing.
-    """
-
-    def __init__(self, directory: Path):
-        self.path = directory / ".lock"
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        """Take the lock or raise `ConfigError` naming the directory."""
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows
-            return
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            raise ConfigError(
-                f"Another sweep is running in this directory. Received: directory={str(self.path.parent)!r}. "
-                "Wait for it to finish, or use another directory."
-            ) from exc
-        self._fd = fd
-
-    def release(self) -> None:
-        """Release the lock (idempotent)."""
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Hold the lock for the duration of a `with` block."""
-        self.acquire()
-        try:
-            yield
-        finally:
-            self.release()

@@ -1,12 +1,17 @@
-"""One writer per trial directory.
+"""One writer per sweep directory and per trial directory, on core's `ExclusiveLock`.
 
-`trial_dir_lock(trial_dir)` holds an exclusive lock on `<trial_dir>/.pipekit-owner.lock`
-while a trial runs, with the owner's pid, host and start time written into it. The lock
-is an OS file lock (`fcntl.flock`, or `msvcrt.locking` on Windows), so the kernel releases
-it when its owner dies, however it dies: a stale lock from a dead process is simply
-taken over, and there is no pid to guess about. A second live writer (a worker of an
-earlier sweep that is still running, a second sweep on the same directory) gets a
-`TrialDirectoryInUseError` naming the owner instead of racing it.
+- `sweep_dir_lock(directory)` holds `<directory>/.lock` while a sweep runs in it: a second
+  sweep on the directory gets a `ConfigError` naming the owner.
+- `trial_dir_lock(trial_dir)` holds `<trial_dir>/.pipekit-owner.lock` while a trial runs:
+  a second live writer (a worker of an earlier sweep that is still running, a second
+  sweep on the same directory) gets a `TrialDirectoryInUseError` naming the owner.
+
+The lock is an OS file lock (`flock` on POSIX, `msvcrt` on Windows, through `filelock`),
+so the operating system releases it when its owner dies, however it dies: a stale lock
+from a dead process is simply taken over. The owner (pid, host, start time) is recorded
+beside the lock file (`<lock>.owner.json`). On a platform with neither, `filelock` falls
+back to a lock file created exclusively: a second sweep is still refused, and the error
+says which file to remove after a crash.
 
 Caveat: on network filesystems OS locks are only as good as the filesystem's lock
 support (NFSv4 supports them; some FUSE mounts do not).
@@ -15,57 +20,34 @@ support (NFSv4 supports them; some FUSE mounts do not).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipekit_train.core import PipekitError
+from pipekit_train.core import ConfigError, PipekitError
+from pipekit_train.core.utils import ExclusiveLock
 
-__all__ = ["LOCK_NAME", "TrialDirectoryInUseError", "trial_dir_lock"]
+__all__ = [
+    "LOCK_NAME",
+    "SWEEP_LOCK_NAME",
+    "TrialDirectoryInUseError",
+    "read_owner",
+    "sweep_dir_lock",
+    "trial_dir_lock",
+]
 
 LOCK_NAME = ".pipekit-owner.lock"
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]  # no fcntl on Windows
-    import msvcrt
+SWEEP_LOCK_NAME = ".lock"
 
 
 class TrialDirectoryInUseError(PipekitError):
     """Another live process is writing the trial directory (it holds its owner lock)."""
 
 
-def _try_lock(fd: int) -> bool:
-    try:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        else:  # pragma: no cover - Windows
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-    except OSError:
-        return False
-    return True
-
-
-def _unlock(fd: int) -> None:
-    if fcntl is not None:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    else:  # pragma: no cover - Windows
-        os.lseek(fd, 0, os.SEEK_SET)
-        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
-
-
 def read_owner(trial_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The owner record of the last process that locked `trial_dir` (None if unreadable)."""
-    try:
-        data = json.loads((Path(trial_dir) / LOCK_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return ExclusiveLock(Path(trial_dir) / LOCK_NAME).owner()
 
 
 @contextlib.contextmanager
@@ -76,30 +58,31 @@ def trial_dir_lock(trial_dir: str | os.PathLike[str]) -> Iterator[Path]:
         TrialDirectoryInUseError: another live process holds the directory.
     """
     path = Path(trial_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if not _try_lock(fd):
-            owner = read_owner(path) or {}
-            raise TrialDirectoryInUseError(
-                f"The trial directory {str(path)!r} is being written by another live process "
-                f"(pid={owner.get('pid')!r} on host={owner.get('host')!r}, since "
-                f"{owner.get('since')!r}). Received: trial_dir={str(path)!r}. Wait for it to "
-                "finish or stop it (e.g. a worker of an earlier run of this sweep) and run again."
-            )
-        record = json.dumps(
-            {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            }
-        ).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, record, 0) if hasattr(os, "pwrite") else os.write(fd, record)
-        os.fsync(fd)
-        try:
-            yield path
-        finally:
-            _unlock(fd)
-    finally:
-        os.close(fd)
+    lock = ExclusiveLock(path / LOCK_NAME)
+    if not lock.acquire():
+        raise TrialDirectoryInUseError(
+            f"The trial directory {str(path)!r} is being written by another live process "
+            f"({lock.describe_owner()}). Received: trial_dir={str(path)!r}. Wait for it to "
+            "finish or stop it (e.g. a worker of an earlier run of this sweep) and run again."
+        )
+    with lock:
+        yield path
+
+
+@contextlib.contextmanager
+def sweep_dir_lock(directory: str | os.PathLike[str]) -> Iterator[Path]:
+    """Own the sweep `directory` for the duration of the `with` block.
+
+    Raises:
+        ConfigError: another sweep runs in the directory.
+    """
+    path = Path(directory)
+    lock = ExclusiveLock(path / SWEEP_LOCK_NAME)
+    if not lock.acquire():
+        raise ConfigError(
+            f"Another sweep is running in this directory ({lock.describe_owner()}). "
+            f"Received: directory={str(path)!r}. Wait for it to finish, or use another "
+            "directory."
+        )
+    with lock:
+        yield path

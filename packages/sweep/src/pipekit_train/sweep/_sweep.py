@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from pipekit_train.core import ConfigError
-from pipekit_train.core.utils import optional_import
+from pipekit_train.core.utils import optional_import, write_atomic
 
 from ._axes import describe_axes
 from ._executors import Executor, ProcessExecutor, make_executor, trial_name
 from ._grid import ParameterGrid, check_params
-from ._journal import DirectoryLock, Journal, params_key
+from ._journal import Journal, params_key
+from ._lock import sweep_dir_lock
 from ._optuna import OptunaSearch
 from ._result import SweepResult, TrialFailedError, TrialResult, metric_value
 
@@ -65,12 +66,7 @@ def _static_space(space: Any) -> list[dict[str, Any]]:
 
 
 def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True).encode())
 
 
 def load_result(directory: str | os.PathLike[str]) -> SweepResult:
@@ -276,7 +272,7 @@ class HyperSweep:
             self.directory = Path(tempfile.mkdtemp(prefix="pipekit-sweep-"))
         directory = self.directory
         directory.mkdir(parents=True, exist_ok=True)
-        with DirectoryLock(directory).held():
+        with sweep_dir_lock(directory):
             journal = Journal(directory / "journal.jsonl")
             journal.repair()
             records = journal.read()

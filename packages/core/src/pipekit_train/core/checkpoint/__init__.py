@@ -4,7 +4,7 @@
   (`_location`: a local directory or any fsspec URI).
 - `CheckpointStore` is one interface over local disks (`LocalStore`) and object stores
   (`FsspecStore`): atomic step commits, folder digests, retention, torn-step fallback
-  (`_store`, `_remote`, `_digest`, `_fsutil`).
+  (`_store`, `_remote`, `_digest`; the atomic writes are `core._atomic`).
 - `RunLease` holds one run's lease on its location (`_lease`: one run per location, a
   dead holder taken over); `read_lease` says who holds one.
 - `Checkpointer` is the engine interface a backend implements; `DirectoryCheckpointer`

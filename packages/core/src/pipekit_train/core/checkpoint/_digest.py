@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 
-from ._fsutil import fsync_dir
+from pipekit_train.core._atomic import write_atomic
 
 __all__ = ["FOLDER_DIGEST", "check_folder", "seal_folder", "sha256_file"]
 
 FOLDER_DIGEST = "pipekit-digest.json"
-_TMP = f".{FOLDER_DIGEST}.tmp-"
+# the digest's temporary files while it is written (`write_atomic`; an older version's)
+_TMP = (f".tmp-{FOLDER_DIGEST}.", f".{FOLDER_DIGEST}.tmp-")
 _FORMAT = 1
 _CHUNK = 1 << 20
 
@@ -44,23 +43,22 @@ def _files(folder: Path) -> dict[str, Path]:
     return out
 
 
-def seal_folder(folder: Path, step: int) -> None:
-    """Hash every file of the committed step `folder` and write its digest atomically."""
+def seal_folder(folder: Path, step: int, *, generation: int | None = None) -> None:
+    """Hash every file of the committed step `folder` and write its digest atomically.
+
+    Args:
+        folder: the step's folder.
+        step: its step.
+        generation: the run lease generation that wrote it (see `_fencing`), if any.
+    """
     files = {
         name: {"sha256": sha256_file(path), "size": path.stat().st_size}
         for name, path in sorted(_files(folder).items())
     }
     record: dict[str, Any] = {"format": _FORMAT, "step": int(step), "files": files}
-    tmp = folder / f"{_TMP}{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "w") as fh:
-            json.dump(record, fh, sort_keys=True, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, folder / FOLDER_DIGEST)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(folder)
+    if generation is not None:
+        record["generation"] = int(generation)
+    write_atomic(folder / FOLDER_DIGEST, json.dumps(record, sort_keys=True, indent=1).encode())
 
 
 def check_folder(folder: Path) -> str | None:

@@ -22,7 +22,6 @@ from typing import Any, Protocol
 
 from pipekit_train.core._errors import CheckpointError
 
-from ._fsutil import fsync_dir
 from ._policy import Checkpoint
 from ._store import MANIFEST, CheckpointStore, TornCheckpointWarning, TornStepError, open_store
 
@@ -31,7 +30,6 @@ __all__ = [
     "DirectoryCheckpointer",
     "Restored",
     "TornCheckpointWarning",
-    "fsync_dir",
     "has_checkpoints",
     "step_dirs",
 ]
@@ -89,7 +87,7 @@ def step_dirs(root: str | os.PathLike[str] | Checkpoint) -> list[int]:
     if not isinstance(root, Checkpoint):
         if "://" not in str(root) and not Path(root).is_dir():
             return []
-        root = Checkpoint(root)
+        root = Checkpoint(root, lease_timeout=None)
     return open_store(root).steps()
 
 
@@ -172,6 +170,8 @@ class DirectoryCheckpointer:
         self.store.commit_blobs(step, blobs, score)
         try:
             self.store.prune()
+        except CheckpointError:  # a `LeaseError`: this run lost the location
+            raise
         except Exception as exc:
             raise CheckpointError(
                 f"The checkpoint of step {step} was written to {self.store.step_location(step)}, "

@@ -16,7 +16,7 @@ from typing import Any
 
 from pipekit_train.core._errors import ConfigError
 
-__all__ = ["Location", "parse_location"]
+__all__ = ["Location", "check_lease_store", "parse_location"]
 
 # `scheme://...` (an RFC 3986 scheme of two or more characters), and `scheme:/...`, which
 # is what `Path("s3://bucket/run")` turns it into. A Windows drive (`C:/runs`) does not match.
@@ -135,3 +135,29 @@ def parse_location(
         )
     _check_storage_options(storage_options, remote=True, text=text)
     return Location(protocol=protocol, uri=f"{protocol}://{path}", local=None)
+
+
+# fsspec filesystems whose `pipe_file(mode="create")` is one conditional request (the
+# in-process memory filesystem: one check under the GIL), by class name
+_CONDITIONAL_CREATE = ("S3FileSystem", "GCSFileSystem", "MemoryFileSystem")
+
+
+def check_lease_store(location: Location, lease_timeout: float | None) -> None:
+    """Refuse a URI whose filesystem cannot create a file only if it does not exist, which
+    the run lease needs (`lease_timeout` not None); touch no storage.
+
+    Raises:
+        ConfigError: the filesystem has no conditional create.
+    """
+    if lease_timeout is None or location.uri is None or location.protocol is None:
+        return
+    cls = _implementation(location.protocol, location.uri)
+    if any(c.__name__ in _CONDITIONAL_CREATE for c in cls.__mro__):
+        return
+    raise ConfigError(
+        "`Checkpoint.lease_timeout` needs a store that creates a file only if it does not "
+        f"exist, in one conditional request, and fsspec's {cls.__name__} cannot. Received: "
+        f"directory={location.uri!r}, lease_timeout={lease_timeout!r}. Use a local or shared "
+        "folder, s3:// or gs://, or pass lease_timeout=None if you make sure that only one "
+        "run at a time writes there."
+    )

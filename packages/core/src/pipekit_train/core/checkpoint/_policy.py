@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pipekit_train.core._checks import positive_int
 from pipekit_train.core._errors import ConfigError
 
-from ._location import Location, parse_location
+from ._location import Location, check_lease_store, parse_location
 
 __all__ = ["Checkpoint"]
 
@@ -62,11 +62,14 @@ class Checkpoint:
             for s3fs. None uses the filesystem's defaults (environment credentials).
             Never written into a checkpoint, the plan or the artifact.
         lease_timeout: one run per location: the run holds a lease on the location
-            (`.pipekit-lease.json`, renewed every `lease_timeout / 8` s, at most 15 s)
-            and a second run on it is refused at once. A holder whose heartbeat is older
-            than `lease_timeout` seconds is taken over from another host; on the same host
-            a dead process, and a restart of the same scheduler job, are taken over at
-            once. None: no lease (the location's user guarantees a single writer).
+            (records under `.pipekit-lease/`, renewed every `lease_timeout / 8` s, at most
+            15 s) and a second run on it is refused at once. A holder whose heartbeat is
+            older than `lease_timeout` seconds is taken over from any host; a holder whose
+            process provably ended on this host (same boot and pid namespace), and an
+            earlier restart of the same scheduler job and step, are taken over at once
+            (the rules: the checkpoints guide). A URI whose store cannot create a file
+            conditionally (S3, GCS and memory can) is refused. None: no lease (the
+            location's user guarantees a single writer).
     """
 
     directory: str | os.PathLike[str]
@@ -118,6 +121,7 @@ class Checkpoint:
                 f"Received: lease_timeout={timeout!r}. Use e.g. lease_timeout=120, or None "
                 "to run without a lease."
             )
+        check_lease_store(location, timeout)
         positive_int("keep_best", self.keep_best, allow_none=True, field="Checkpoint.keep_best")
         if self.mode not in ("min", "max"):
             raise ConfigError(

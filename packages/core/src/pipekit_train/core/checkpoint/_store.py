@@ -19,6 +19,11 @@ is a local folder (`LocalStore`) or an fsspec URI (`FsspecStore`):
 - **Torn-step fallback** (`restore_latest`): the newest step whose load succeeds; each
   step the engine's loader finds torn (`TornStepError`) is skipped with a
   `TornCheckpointWarning`.
+- **Fencing** (`_fencing`): a commit records the run lease generation that wrote it; a
+  step that an older generation committed after a takeover is void: never restored, kept
+  out of retention, removed by the lease's holder (`FencedStepWarning`). A store never
+  deletes or replaces a step of a newer generation than its own: that raises `LeaseError`
+  (this run lost the location).
 """
 
 from __future__ import annotations
@@ -37,17 +42,19 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 
+from pipekit_train.core._atomic import fsync_dir, write_new
 from pipekit_train.core._errors import CheckpointError
 
 from ._digest import FOLDER_DIGEST, check_folder, seal_folder
-from ._fsutil import fsync_dir
-from ._lease import may_clean
+from ._fencing import Fencing
+from ._lease import LeaseError, fencing_of, held_fencing, lost_lease, may_clean
 from ._policy import Checkpoint
 from ._remote import RemoteSteps
 
 __all__ = [
     "MANIFEST",
     "CheckpointStore",
+    "FencedStepWarning",
     "FsspecStore",
     "LocalStore",
     "TornCheckpointWarning",
@@ -61,6 +68,10 @@ T = TypeVar("T")
 
 class TornCheckpointWarning(UserWarning):
     """A checkpoint step was incomplete or damaged and was skipped."""
+
+
+class FencedStepWarning(TornCheckpointWarning):
+    """A checkpoint step was written by a run that had lost the location; it was skipped."""
 
 
 class TornStepError(Exception):
@@ -113,6 +124,8 @@ class CheckpointStore(ABC):
         self._scores: dict[int, float | None] = {}
         self._latest: int | None = None
         self.last_folder_bytes: int | None = None
+        self._generations: dict[int, int | None] = {}  # step → the generation that wrote it
+        self._read_fencing: Fencing | None = None
 
     # -- the primitives of a location ---------------------------------------------------
     @abstractmethod
@@ -170,8 +183,12 @@ class CheckpointStore(ABC):
         """
         files = {n: {"sha256": _sha256(d), "size": len(d)} for n, d in blobs.items()}
         manifest = {"step": int(step), "files": files, "score": score}
+        generation = held_fencing(self.policy).generation
+        if generation is not None:
+            manifest["generation"] = generation
         marker = json.dumps(manifest, sort_keys=True).encode()
         try:
+            self.guard(step)
             self._put_blobs(int(step), blobs, marker)
         except CheckpointError:
             raise
@@ -187,7 +204,8 @@ class CheckpointStore(ABC):
             CheckpointError: the write failed (the partial step is removed).
         """
         try:
-            seal_folder(folder, int(step))
+            self.guard(step)
+            seal_folder(folder, int(step), generation=held_fencing(self.policy).generation)
             self.last_folder_bytes = _disk_bytes(folder)
             self._put_folder(int(step), folder)
         except CheckpointError:
@@ -219,8 +237,109 @@ class CheckpointStore(ABC):
             raise self.write_failed(step, exc)
 
     def _committed(self, step: int, score: float | None) -> None:
+        self._generations.pop(int(step), None)
         self._scores[int(step)] = score
         self._latest = int(step)
+
+    # -- fencing ------------------------------------------------------------------------
+    def fencing(self) -> Fencing:
+        """This process's generation and the location's fences (`fencing_of`)."""
+        held = held_fencing(self.policy)
+        if held.generation is not None:
+            return held
+        if self._read_fencing is None:
+            self._read_fencing = fencing_of(self.policy)
+        return self._read_fencing
+
+    def marker(self, step: int) -> dict[str, object] | None:
+        """A step's commit marker (`MANIFEST.json` or the folder digest), or None when the
+        step was never committed (or the marker is unreadable)."""
+        for name in (MANIFEST, FOLDER_DIGEST):
+            try:
+                record = json.loads(self.read(step, name))
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError):
+                return None
+            return record if isinstance(record, dict) else None
+        return None
+
+    def written_by(self, step: int) -> int | None:
+        """The lease generation that committed `step` (None: none recorded, or no commit)."""
+        step = int(step)
+        if step in self._generations:
+            return self._generations[step]
+        marker = self.marker(step)
+        value = None if marker is None else marker.get("generation")
+        generation = int(value) if isinstance(value, int) else None
+        if marker is not None:  # a committed step's generation does not change
+            self._generations[step] = generation
+        return generation
+
+    def latest_committed(self) -> int | None:
+        """The newest step with a commit marker (the fence of a new lease generation)."""
+        for step in reversed(self.steps()):
+            if self.marker(step) is not None:
+                return step
+        return None
+
+    def void_reason(self, step: int, fencing: Fencing | None = None) -> str | None:
+        """Why the fences void committed step `step` (`_fencing`), or None when it is valid
+        (or was never committed)."""
+        fencing = self.fencing() if fencing is None else fencing
+        if not fencing.fences or step <= min(s for _, s in fencing.fences):
+            return None  # no fence reaches it: nothing to read
+        if self.marker(step) is None:
+            return None
+        writer = self.written_by(step)
+        fence = fencing.void(step, writer)
+        if fence is None:
+            return None
+        return (
+            f"it was written by lease generation {writer or 0} after generation {fence[0]} "
+            f"took the location over at step {fence[1]} (by a run that had lost the "
+            "location); it is never resumed"
+        )
+
+    def void_steps(self, steps: list[int] | None = None) -> dict[int, str]:
+        """The committed steps the fences void, each with why."""
+        fencing = self.fencing()
+        out = {}
+        for step in self.steps() if steps is None else steps:
+            why = self.void_reason(step, fencing)
+            if why is not None:
+                out[step] = why
+        return out
+
+    def _drop_void(self, void: Mapping[int, str]) -> None:
+        """The lease's holder removes void steps; a reader leaves them."""
+        if held_fencing(self.policy).generation is None:
+            return
+        for step in void:
+            with contextlib.suppress(Exception):
+                self.delete(step)
+            self._scores.pop(step, None)
+            self._generations.pop(step, None)
+
+    def guard(self, step: int) -> None:
+        """Refuse to delete or replace `step` when a newer lease generation wrote it.
+
+        Raises:
+            LeaseError: the step is a newer holder's: this run lost the location.
+        """
+        fencing = held_fencing(self.policy)
+        if fencing.generation is None:
+            return
+        self._generations.pop(int(step), None)  # read it afresh: another run may write
+        writer = self.written_by(step)
+        if fencing.newer(writer):
+            raise LeaseError(
+                f"This run (lease generation {fencing.generation}) lost its lease on "
+                f"{self.location}: step {int(step)} there was written by generation {writer}. "
+                "It stops writing so that it never touches the other run's steps. Received: "
+                f"checkpoint={self.location!r}. Let the other run finish, or raise "
+                "Checkpoint(lease_timeout=...)."
+            )
 
     def latest_complete(self) -> str | None:
         """The location of the newest step this store committed (or found), if any.
@@ -234,7 +353,15 @@ class CheckpointStore(ABC):
         return None if self._latest is None else self.step_location(self._latest)
 
     def write_failed(self, step: int, exc: BaseException) -> CheckpointError:
-        """Remove the partial step `step` and describe the failed write as a `CheckpointError`."""
+        """Remove the partial step `step` and describe the failed write as a `CheckpointError`.
+
+        When this run lost the location's lease meanwhile (its stall outlived the lease,
+        and the new holder removed the write in progress), that is the error: a
+        `LeaseError`, and nothing is removed (the files there are the new holder's).
+        """
+        lost = lost_lease(self.policy)
+        if lost is not None:
+            return lost
         try:
             self._discard(int(step))
             removed = "The partial step was removed."
@@ -267,7 +394,10 @@ class CheckpointStore(ABC):
         """
         if self.policy.max_to_keep is None:  # every step is kept: no listing to do
             return []
-        steps = self.steps()
+        all_steps = self.steps()
+        void = self.void_steps(all_steps)
+        self._drop_void(void)
+        steps = [s for s in all_steps if s not in void]
         if self.policy.keep_best:
             for s in steps:
                 if s not in self._scores:
@@ -275,8 +405,10 @@ class CheckpointStore(ABC):
         keep = self.policy.retained(steps, self._scores)
         gone = [s for s in steps if s not in keep]
         for s in gone:
+            self.guard(s)
             self.delete(s)
             self._scores.pop(s, None)
+            self._generations.pop(s, None)
         return gone
 
     def _score(self, step: int, score_of: Callable[[int], float | None] | None) -> float | None:
@@ -290,8 +422,10 @@ class CheckpointStore(ABC):
     def drop_from(self, step: int) -> None:
         """Delete every step `>= step` (an abandoned timeline a restore fell back past)."""
         for stale in [s for s in self.steps() if s >= step]:
+            self.guard(stale)
             self.delete(stale)
             self._scores.pop(stale, None)
+            self._generations.pop(stale, None)
 
     # -- reading ------------------------------------------------------------------------
     def read_blobs(self, step: int) -> dict[str, bytes]:
@@ -351,9 +485,22 @@ class CheckpointStore(ABC):
 
         Every step `load` raises `TornStepError` for (or `OSError`, `ValueError`,
         `KeyError`) is skipped with a `TornCheckpointWarning`; other errors propagate.
+        A void step (`void_steps`) is skipped with a `FencedStepWarning`, and removed
+        when this process holds the location's lease.
         """
         self.cleanup()
+        self._read_fencing = None  # read the location's fences afresh
+        fencing = self.fencing()
         for step in reversed(self.steps()):
+            why = self.void_reason(step, fencing)
+            if why is not None:
+                warnings.warn(
+                    f"Skipping checkpoint {self.step_location(step)} (step {step}): {why}.",
+                    FencedStepWarning,
+                    stacklevel=stacklevel + 1,
+                )
+                self._drop_void({step: why})
+                continue
             try:
                 out = load(step)
             except (TornStepError, OSError, ValueError, KeyError) as exc:
@@ -405,10 +552,7 @@ class LocalStore(CheckpointStore):
         tmp = self.root / f".tmp-{step}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         for name, data in [*blobs.items(), (MANIFEST, manifest)]:
-            with open(tmp / name, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
+            write_new(tmp / name, data)
         fsync_dir(tmp)
         self._put_folder(step, tmp)
 
@@ -418,6 +562,7 @@ class LocalStore(CheckpointStore):
             fsync_dir(self.root)
             return
         if final.exists():  # a re-save of the same step after a resume
+            self.guard(step)
             trash = self.root / f".trash-{step}-{uuid.uuid4().hex[:8]}"
             os.replace(final, trash)
             shutil.rmtree(trash, ignore_errors=True)

@@ -10,7 +10,8 @@ Two layouts are read, without importing a backend:
   file it lists matches its SHA-256, and no other file was added (the rule the Equinox
   adapter applies before restoring).
 
-A step that is not complete is *torn*: a resumed run skips it. Folders of interrupted
+A step that is not complete is *torn*: a resumed run skips it. So is a *void* step: one
+that a run wrote after it had lost the location's lease (see the checkpoints guide). Folders of interrupted
 writes (`.tmp-*`, `<step>.orbax-checkpoint-tmp-*`) are listed too.
 """
 
@@ -27,6 +28,7 @@ from pipekit_train.core.checkpoint._digest import FOLDER_DIGEST, check_folder, s
 from pipekit_train.core.checkpoint._engine import MANIFEST, META
 from pipekit_train.core.checkpoint._lease import read_lease
 from pipekit_train.core.checkpoint._policy import Checkpoint
+from pipekit_train.core.checkpoint._store import LocalStore
 from pipekit_train.core.spec._plan import RESUME_KEY_FIELDS
 
 __all__ = ["checkpoint_inspect", "inspect_checkpoints"]
@@ -115,10 +117,14 @@ def inspect_checkpoints(directory: str | Path) -> dict[str, Any]:
             f"directory={str(directory)!r}. Pass the folder given as checkpoint.directory."
         )
     steps = []
+    store = LocalStore(Checkpoint(root, lease_timeout=None))
     for step in sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit()):
         folder = root / str(step)
         engine = _engine(folder)
         problem, meta, record = (_orbax_step if engine == "orbax" else _directory_step)(folder)
+        void = store.void_reason(step)
+        if problem is None and void is not None:
+            problem = f"void: {void}"
         files, size = _size(folder)
         entry: dict[str, Any] = {
             "step": step,
@@ -140,7 +146,7 @@ def inspect_checkpoints(directory: str | Path) -> dict[str, Any]:
         if p.name.startswith((".tmp-", ".trash-")) or ".orbax-checkpoint-tmp" in p.name
     )
     complete = [s["step"] for s in steps if s["complete"]]
-    holder = read_lease(Checkpoint(root))
+    holder = read_lease(Checkpoint(root, lease_timeout=None))
     return {
         "held_by": None if holder is None else holder.describe(),
         "directory": str(root.resolve()),

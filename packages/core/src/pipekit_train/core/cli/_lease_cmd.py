@@ -7,39 +7,53 @@ import sys
 from dataclasses import asdict
 from typing import IO
 
-from pipekit_train.core.checkpoint._lease import read_lease, takeover_reason
+from pipekit_train.core.checkpoint._lease import inspect_lease
+from pipekit_train.core.checkpoint._lease_records import LeaseRecords
 from pipekit_train.core.checkpoint._policy import Checkpoint
 
 __all__ = ["checkpoint_lease"]
+
+_TIMEOUT = 120.0  # the default `Checkpoint.lease_timeout`
 
 
 def checkpoint_lease(
     location: str,
     *,
     storage_options: dict[str, object] | None = None,
+    lease_timeout: float = _TIMEOUT,
     as_json: bool = False,
     out: IO[str] | None = None,
 ) -> int:
-    """Print the holder of `location`'s run lease; exit status 0 when free, 1 when held.
+    """Print the state of `location`'s run lease as a run started here would find it.
 
-    A holder that would be taken over by the next run (its process is gone on this host,
-    or its heartbeat is older than the default lease time) is reported as stale.
+    The verdict is the one `RunLease.acquire` reaches (`inspect_lease`, the same rules):
+    exit status 0 when a run started now would take the lease (free, released, or a dead
+    holder it would take over: "stale"), 1 when it would be refused (a live holder, or an
+    unreadable record younger than `lease_timeout`).
     """
     out = out or sys.stdout
-    policy = Checkpoint(location, storage_options=storage_options)
-    holder = read_lease(policy)
-    stale = None if holder is None else takeover_reason(holder, timeout=policy.lease_timeout or 0.0)
+    policy = Checkpoint(location, storage_options=storage_options, lease_timeout=None)
+    state = inspect_lease(LeaseRecords(policy), timeout=float(lease_timeout))
+    holder = state.holder
     if as_json:
         report = {
             "location": policy.location,
-            "holder": None if holder is None else asdict(holder),
-            "stale": stale,
+            "generation": state.generation,
+            "state": state.status,
+            "holder": None if holder is None or holder.released else asdict(holder),
+            "last_holder": None if holder is None else asdict(holder),
+            "stale": state.reason if state.status == "stale" else None,
+            "reason": state.reason,
+            "unreadable_age_s": state.unreadable_age,
         }
         print(json.dumps(report, indent=2), file=out)
-    elif holder is None:
-        print(f"{policy.location}: no run holds it", file=out)
+    elif state.status == "free":
+        last = f" (last held by {holder.describe()}; released)" if holder is not None else ""
+        print(f"{policy.location}: no run holds it{last}", file=out)
     else:
-        print(f"{policy.location}: held by {holder.describe()}", file=out)
-        if stale is not None:
-            print(f"  stale ({stale}): the next run takes it over", file=out)
-    return 0 if holder is None else 1
+        print(f"{policy.location}: held by {state.describe()}", file=out)
+        if state.status == "stale":
+            print(f"  stale ({state.reason}): the next run takes it over", file=out)
+        elif holder is None:
+            print(f"  {state.reason}", file=out)
+    return 0 if state.may_take else 1

@@ -113,6 +113,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     lease.add_argument("location", help="the checkpoint location (folder or fsspec URI)")
     lease.add_argument("--json", action="store_true", help="print JSON")
+    lease.add_argument(
+        "--lease-timeout",
+        type=float,
+        default=120.0,
+        help="the run's Checkpoint(lease_timeout=...) in seconds: when a silent holder is "
+        "taken over (default 120)",
+    )
     return parser
 
 
@@ -167,7 +174,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "checkpoint" and args.checkpoint_command == "lease":
             from ._lease_cmd import checkpoint_lease
 
-            return checkpoint_lease(args.location, as_json=args.json)
+            if not args.lease_timeout > 0:
+                raise ConfigError(
+                    "`--lease-timeout` must be a positive number of seconds. Received: "
+                    f"lease_timeout={args.lease_timeout!r}. Use the run's "
+                    "Checkpoint(lease_timeout=...), 120 by default."
+                )
+            return checkpoint_lease(
+                args.location, as_json=args.json, lease_timeout=args.lease_timeout
+            )
     except ConfigError as exc:
         print(f"pipekit-train: error: {exc}", file=sys.stderr)
         return 2

@@ -3,9 +3,10 @@
 The registry allocates version numbers with an *exclusive create* of a small claim
 marker (`<name>/<version>/.claim`): whoever creates it owns the version.
 
-- Local filesystem: `open(path, "xb")` (`O_CREAT | O_EXCL`), atomic on POSIX and
-  Windows; whole-file writes go through a temporary file and `os.replace`, so a
-  reader never sees half a file.
+- Local filesystem: core's `create_exclusive` (the marker written in full, then
+  hard-linked into place: atomic on POSIX and Windows, never half written) and
+  `write_atomic` (a temporary file renamed over the target), so a reader never sees
+  half a file.
 - S3 (s3fs): a conditional put (`If-None-Match: *`, s3fs `mode="create"`), atomic
   on AWS S3 and on S3-compatible servers that implement conditional writes. Single
   PUTs are atomic, so a reader never sees half an object.
@@ -21,9 +22,9 @@ other processes' writes.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Any
+
+from pipekit_train.core._atomic import create_exclusive, write_atomic
 
 __all__ = ["exclusive_create", "fresh_ls", "is_local", "put_atomic", "read_or_none"]
 
@@ -50,21 +51,7 @@ def exclusive_create(fs: Any, path: str, data: bytes) -> bool:
             "exclusive_create needs non-empty data (s3fs writes empty files unconditionally)"
         )
     if is_local(fs):
-        os.makedirs(_parent(path), exist_ok=True)
-        try:
-            fd = os.open(
-                path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o644
-            )
-        except FileExistsError:
-            return False
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-        finally:
-            os.close(fd)
-        return True
+        return create_exclusive(path, data)
     _invalidate(fs, path)
     try:
         fs.pipe_file(path, data, mode="create")
@@ -90,21 +77,7 @@ def exclusive_create(fs: Any, path: str, data: bytes) -> bool:
 def put_atomic(fs: Any, path: str, data: bytes) -> None:
     """Write the whole of `data` to `path` so that readers see all of it or nothing."""
     if is_local(fs):
-        parent = _parent(path)
-        os.makedirs(parent, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=".tmp-", suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        write_atomic(path, data)
         return
     fs.pipe_file(path, data)  # object stores: one PUT is atomic
     _invalidate(fs, path)

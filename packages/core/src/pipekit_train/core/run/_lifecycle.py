@@ -5,7 +5,8 @@ exception aborts the run), hands it callables with `bind`, and the lifecycle doe
 rest, in the same order everywhere:
 
 - **the lease** (on construction): one run per checkpoint location — the chief takes the
-  location's lease (`RunLease`) before any other work, so a second run on the location is
+  location's lease (`RunLease`, a new generation fenced at the newest committed step)
+  before any other work, so a second run on the location is
   refused at once (in a multi-process run every process agrees on the refusal at
   `begin`); it is released by `finish`, `abort` and a preemption;
 - **start** (`start`): the resume policy (restore-or-start, the resume-key check, the
@@ -45,9 +46,11 @@ from pipekit_train.core.checkpoint._engine import Checkpointer, Restored
 from pipekit_train.core.checkpoint._lease import (
     LeaseError,
     RunLease,
+    _failpoint,
     plan_fingerprint,
     read_lease,
 )
+from pipekit_train.core.checkpoint._store import open_store
 from pipekit_train.core.data import is_core_dataset
 from pipekit_train.core.spec._plan import Plan
 
@@ -124,7 +127,11 @@ class RunLifecycle:
         policy = plan.checkpoint
         if checkpointer is not None and policy is not None and policy.lease_timeout is not None:
             if is_chief:  # before any other work: a refused run does nothing
-                lease = RunLease(policy, plan_fingerprint(plan.resume_key()))
+                lease = RunLease(
+                    policy,
+                    plan_fingerprint(plan.resume_key()),
+                    committed=lambda: open_store(policy).latest_committed(),
+                )
                 try:
                     lease.acquire()
                 except LeaseError as err:
@@ -547,6 +554,7 @@ class RunLifecycle:
         step = ctx.progress.step
         if self._lease is not None:
             self._lease.check()  # a run that lost its location never writes into it
+            _failpoint("save:checked")
         if ctx.is_chief or getattr(ckpt, "collective", False):
             schedule = ctx.checkpoints
             path = ckpt.save(step, state, schedule.meta(self._data_position()), schedule.metrics())

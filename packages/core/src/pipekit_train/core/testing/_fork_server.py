@@ -116,6 +116,7 @@ class _Server:
         self.usable = bool(hello.get("ready"))
         self._pending: list[int] = []
         self._answer = threading.Condition(self._lock)
+        self._spawning = threading.Lock()
         if self.usable:
             threading.Thread(target=self._read, daemon=True).start()
 
@@ -138,7 +139,9 @@ class _Server:
     ) -> int | None:
         assert self.proc.stdin is not None
         request = {"argv": argv, "env": env, "cwd": cwd, "stdout": str(out), "stderr": str(err)}
-        with self._answer:
+        # one request at a time: the server answers pids in order, so two threads spawning
+        # at once must not take each other's pid
+        with self._spawning, self._answer:
             if not self.usable:
                 return None
             self.proc.stdin.write(json.dumps(request) + "\n")

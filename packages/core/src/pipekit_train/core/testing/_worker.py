@@ -15,6 +15,11 @@ to `progress`, then waits until the run's preemption handler has recorded a sign
 only then commits (`committed <step>` once the step is complete): the signal provably
 arrives while that write is in flight. `preempted` is the last line once `Preempted` is
 caught, so its order against `committed <step>` shows the run waited for the write.
+
+With `mode="stall"` it stalls (stops itself with `SIGSTOP`, writing `marker` first) at
+its `stall_save`-th save, after the lease check and before the write, with
+`lease_timeout` on its `Checkpoint`: the test takes the location over and resumes it with
+`SIGCONT`. A run that then finds it lost the location exits with `LEASE_LOST_EXIT`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import time
 from typing import Any
 
 HOLD_TIMEOUT_S = 120.0  # a held write that never sees a signal fails (no silent pass)
+LEASE_LOST_EXIT = 5  # `mode="stall"`: the run stopped with `LeaseError` (it lost the location)
 
 
 def build_adapter(config: dict[str, Any] | None) -> Any:
@@ -86,7 +92,13 @@ def main(path: str) -> None:
     for entry in spec.get("sys_path", []):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    from pipekit_train.core import PREEMPTED_EXIT_STATUS, Checkpoint, Preempted, TrainingLoop
+    from pipekit_train.core import (
+        PREEMPTED_EXIT_STATUS,
+        Checkpoint,
+        LeaseError,
+        Preempted,
+        TrainingLoop,
+    )
     from pipekit_train.core.callbacks import LambdaCallback
     from pipekit_train.core.model._operators import model_op_from_config
 
@@ -111,8 +123,16 @@ def main(path: str) -> None:
 
         hold_first_write(progress, list(DEFAULT_PREEMPTION_SIGNALS))
 
+    stall = spec.get("mode") == "stall"
+    if stall:
+        from ._lease import lease_failpoint, stop_self
+
+        lease_failpoint("save:checked", stop_self(spec["marker"], on_call=int(spec["stall_save"])))
+
     def on_step_end(state: Any) -> None:
-        if progress is not None:
+        if stall:
+            time.sleep(sleep)
+        elif progress is not None:
             progress.write(f"step {state.step}\n")
             time.sleep(sleep)
         elif state.step >= kill_at:
@@ -137,6 +157,8 @@ def main(path: str) -> None:
             max_to_keep=None,
             storage_options=spec.get("storage_options"),
             every_n_minutes=spec.get("every_n_minutes"),
+            lease_timeout=spec.get("lease_timeout", 120.0),
+            async_save=spec.get("async_save", True),
         ),
         validate_every_n_steps=spec.get("validate_every_n_steps"),
         seed=spec["seed"],
@@ -148,6 +170,11 @@ def main(path: str) -> None:
     )
     try:
         artifact = loop.run()
+    except LeaseError as exc:
+        if not stall:
+            raise
+        print(f"LeaseError: {exc}", file=sys.stderr, flush=True)
+        sys.exit(LEASE_LOST_EXIT)
     except Preempted as exc:
         if progress is not None:
             progress.write("preempted\n")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipekit_train.core import ConfigError, TrainingLoop
+from pipekit_train.core.utils import write_atomic
 
 from ._trials import numpy_trial
 
@@ -99,9 +100,7 @@ def placement_trial(params: dict[str, Any], *, trial_dir: Path | None = None) ->
         "max_running": max_running,
         "params": rest,
     }
-    tmp = record_dir / f".{name}.tmp"
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, record_dir / f"{name}.json")
+    write_atomic(record_dir / f"{name}.json", json.dumps(record).encode())
     return numpy_trial(rest, trial_dir=trial_dir)
 
 
