@@ -146,11 +146,26 @@ def create_exclusive(path: str | os.PathLike[str], data: bytes) -> bool:
 
 
 def _create_in_place(target: Path, data: bytes) -> bool:
-    """`O_CREAT | O_EXCL` and a write: for file systems without hard links."""
+    """`O_CREAT | O_EXCL` and a write: for file systems without hard links. A write that
+    fails removes the file it created; only a kill between the two can leave it short."""
     try:
-        _write_fsynced(target, data, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        fd = os.open(
+            target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o644
+        )
     except FileExistsError:
         return False
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            target.unlink()
+        raise
     return True
 
 

@@ -385,7 +385,14 @@ class RunLease:
             generations = self._records.generations()
             top = generations[-1] if generations else 0
             if top == mine:
-                return True
+                # the record is this run's (a store that did not honour the exclusive
+                # create could have let another run write this generation too)
+                data = self._records.read(mine)
+                current = None if data is None else LeaseHolder.from_bytes(data)
+                if current is None or current.token == self.holder.token:
+                    return True
+                self._lost = inspect_lease(self._records, timeout=self.timeout)
+                return False
             if top > mine:
                 self._lost = inspect_lease(self._records, timeout=self.timeout)
                 return False
