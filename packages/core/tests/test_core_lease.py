@@ -85,16 +85,7 @@ def _plant(directory: Path, holder: LeaseHolder) -> None:
     plant_lease(directory, holder.pid, host=holder.host, **fields)
 
 
-@pytest.fixture(autouse=True)
-def _no_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (
-        "SLURM_JOB_ID",
-        "SLURM_ARRAY_JOB_ID",
-        "SLURM_ARRAY_TASK_ID",
-        "TORCHELASTIC_RUN_ID",
-        "PIPEKIT_TRAIN_JOB_ID",
-    ):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("no_scheduler")
 
 
 def test_a_live_holder_refuses_the_run_before_any_work(tmp_path: Path) -> None:

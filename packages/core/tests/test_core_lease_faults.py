@@ -98,18 +98,7 @@ sys.exit(3 if lost else 0)
 """
 
 
-@pytest.fixture(autouse=True)
-def _no_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (
-        "SLURM_JOB_ID",
-        "SLURM_ARRAY_JOB_ID",
-        "SLURM_ARRAY_TASK_ID",
-        "SLURM_STEP_ID",
-        "SLURM_RESTART_COUNT",
-        "TORCHELASTIC_RUN_ID",
-        "PIPEKIT_TRAIN_JOB_ID",
-    ):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("no_scheduler")
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from pipekit_train.core.checkpoint._lease import LEASE_DIR
 from pipekit_train.core.testing import SmallFilesystemUnavailable, small_filesystem
 
 CHILD = """
@@ -48,7 +49,9 @@ def test_full_disk_ends_with_one_checkpoint_error_and_a_quiet_shutdown(tmp_path:
             timeout=600,
             env={**os.environ, "JAX_PLATFORMS": "cpu"},
         )
-        leftovers = [p.name for p in (small / "ck").iterdir() if not p.name.isdigit()]
+        leftovers = [
+            p.name for p in (small / "ck").iterdir() if not p.name.isdigit() and p.name != LEASE_DIR
+        ]
     finally:
         mounted.__exit__(None, None, None)
     err = proc.stderr

@@ -149,19 +149,9 @@ def _create_in_place(target: Path, data: bytes) -> bool:
     """`O_CREAT | O_EXCL` and a write: for file systems without hard links. A write that
     fails removes the file it created; only a kill between the two can leave it short."""
     try:
-        fd = os.open(
-            target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o644
-        )
+        _write_fsynced(target, data, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     except FileExistsError:
         return False
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
     except BaseException:
         with contextlib.suppress(OSError):
             target.unlink()

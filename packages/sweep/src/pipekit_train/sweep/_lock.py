@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,15 @@ def read_owner(trial_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
+def _owning(lock_file: Path, refused: Callable[[ExclusiveLock], Exception]) -> Iterator[None]:
+    lock = ExclusiveLock(lock_file)
+    if not lock.acquire():
+        raise refused(lock)
+    with lock:
+        yield
+
+
+@contextlib.contextmanager
 def trial_dir_lock(trial_dir: str | os.PathLike[str]) -> Iterator[Path]:
     """Own `trial_dir` (created if missing) for the duration of the `with` block.
 
@@ -58,14 +67,15 @@ def trial_dir_lock(trial_dir: str | os.PathLike[str]) -> Iterator[Path]:
         TrialDirectoryInUseError: another live process holds the directory.
     """
     path = Path(trial_dir)
-    lock = ExclusiveLock(path / LOCK_NAME)
-    if not lock.acquire():
-        raise TrialDirectoryInUseError(
+
+    def refused(lock: ExclusiveLock) -> Exception:
+        return TrialDirectoryInUseError(
             f"The trial directory {str(path)!r} is being written by another live process "
             f"({lock.describe_owner()}). Received: trial_dir={str(path)!r}. Wait for it to "
             "finish or stop it (e.g. a worker of an earlier run of this sweep) and run again."
         )
-    with lock:
+
+    with _owning(path / LOCK_NAME, refused):
         yield path
 
 
@@ -77,12 +87,13 @@ def sweep_dir_lock(directory: str | os.PathLike[str]) -> Iterator[Path]:
         ConfigError: another sweep runs in the directory.
     """
     path = Path(directory)
-    lock = ExclusiveLock(path / SWEEP_LOCK_NAME)
-    if not lock.acquire():
-        raise ConfigError(
+
+    def refused(lock: ExclusiveLock) -> Exception:
+        return ConfigError(
             f"Another sweep is running in this directory ({lock.describe_owner()}). "
             f"Received: directory={str(path)!r}. Wait for it to finish, or use another "
             "directory."
         )
-    with lock:
+
+    with _owning(path / SWEEP_LOCK_NAME, refused):
         yield path

@@ -793,7 +793,7 @@ class AdapterConformance:
         takes the location over, resumes from step 6 and trains to step 7; the worker
         wakes and writes step 8, the newest step on disk. The next run must skip it (void:
         an older generation wrote it after the takeover) and end with the new holder's
-        weights, which are an uninterrupted run's (SHA-256)."""
+        weights (SHA-256)."""
         from ._lease import stall_and_take_over
         from ._worker import LEASE_LOST_EXIT
 
@@ -819,12 +819,15 @@ class AdapterConformance:
                 storage_options=storage_options,
                 stall_save=4,
                 holder_steps=7,
+                timeout=0.5,
+                reference=False,  # the new holder resumed: the kill-and-resume tests show
+                # that a resumed run is an uninterrupted one, bit for bit
             )
         assert result.stalled_exit == LEASE_LOST_EXIT, result.stalled_stderr[-3000:]
         assert "lost its lease" in result.stalled_stderr
         assert result.resumed_from == 6 and result.late_steps == (8,), result
         assert result.final_resumed_from == 7, result
-        assert result.final_sha256 == result.holder_sha256 == result.reference_sha256
+        assert result.final_sha256 == result.holder_sha256
         fenced = [str(w.message) for w in caught if issubclass(w.category, FencedStepWarning)]
         assert len(fenced) == 1 and "(step 8)" in fenced[0] and "never resumed" in fenced[0]
         assert step_dirs(Checkpoint(directory, storage_options=storage_options)) == [2, 4, 6, 7]

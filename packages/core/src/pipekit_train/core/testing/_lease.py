@@ -129,7 +129,8 @@ class StallTrial:
         late_steps: steps the stalled holder wrote after it woke (void: never resumed).
         final_sha256: the weights of the run that resumed after everything.
         holder_sha256: the new holder's final weights.
-        reference_sha256: an uninterrupted run of `holder_steps` steps.
+        reference_sha256: an uninterrupted run of `holder_steps` steps from scratch
+            (None with `reference=False`).
         stalled_exit: the stalled holder's exit status (`_worker.LEASE_LOST_EXIT`: it
             found it had lost the location).
         stalled_stderr: its standard error.
@@ -142,7 +143,7 @@ class StallTrial:
     late_steps: tuple[int, ...]
     final_sha256: str
     holder_sha256: str
-    reference_sha256: str
+    reference_sha256: str | None
     stalled_exit: int
     stalled_stderr: str
 
@@ -159,6 +160,7 @@ def stall_and_take_over(
     holder_steps: int,
     every: int = 2,
     timeout: float = 1.0,
+    reference: bool = True,
 ) -> StallTrial:
     """Stall a run at a save, take its location over, wake it, let it write; resume.
 
@@ -178,6 +180,7 @@ def stall_and_take_over(
         spawn: `spec_path -> process` (`pid`, `wait`, `communicate`).
         spec: the worker spec's backend fields (`model`, `adapter`, `task`,
             `optimizer_config`, `batch_size`, `seed`, `sys_path`).
+        reference: also train an uninterrupted run from scratch to compare with.
     """
     import hashlib
     import json
@@ -238,7 +241,7 @@ def stall_and_take_over(
         _, err = proc.communicate()
         late = tuple(sorted(set(step_dirs(policy)) - written))
         final = loop(max_steps=holder_steps, checkpoint=policy).run()
-        reference = loop(max_steps=holder_steps).run()
+        uninterrupted = loop(max_steps=holder_steps).run() if reference else None
     finally:
         with contextlib.suppress(Exception):
             os.kill(proc.pid, signal.SIGCONT)
@@ -255,7 +258,7 @@ def stall_and_take_over(
         late_steps=late,
         final_sha256=sha(final),
         holder_sha256=sha(holder),
-        reference_sha256=sha(reference),
+        reference_sha256=None if uninterrupted is None else sha(uninterrupted),
         stalled_exit=int(status),
         stalled_stderr=err,
     )
