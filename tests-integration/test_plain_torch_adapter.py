@@ -85,6 +85,8 @@ class TestPlainTorchConformance(AdapterConformance):
     worker_preload = ("torch", "pipekit_train.lightning", "grain")
 
     flow_resume = False  # the flow head's kill-and-resume on torch runs with Torch()
+    fencing_trial = False  # the stall-and-takeover trial: core's lifecycle and store, run
+    # with the numpy reference's step loop and every shipped backend
 
     def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
         return LightningModelOp(

@@ -33,6 +33,7 @@ LEASE_DIR = ".pipekit-lease"
 """The folder of the lease's records at the root of a checkpoint location."""
 
 _SUFFIX = ".json"
+_PROBED: set[str] = set()  # object-store locations this process saw refuse a second create
 _DIGITS = 12
 
 
@@ -162,13 +163,13 @@ class LeaseRecords:
                     tmp.unlink()
 
     def probe(self) -> None:
-        """Check that the store refuses a second create of one name (an S3-compatible
-        server may ignore `If-None-Match`).
+        """Check, once per process and location, that the store refuses a second create of
+        one name (an S3-compatible server may ignore `If-None-Match`).
 
         Raises:
             CheckpointError: the store let two creates of one name succeed.
         """
-        if self.local is not None:
+        if self.local is not None or self.location in _PROBED:
             return
         path = f"{self.root}/probe-{uuid.uuid4().hex}"
         try:
@@ -177,15 +178,17 @@ class LeaseRecords:
         finally:
             with contextlib.suppress(Exception):
                 self.fs.rm_file(path)
-        if first and second:
-            raise CheckpointError(
-                f"The store at {self.location} accepted two conditional creates of one object "
-                "(it ignores `If-None-Match: *`), so the run lease cannot keep two runs apart. "
-                f"Received: checkpoint={self.location!r}. Use a store that supports conditional "
-                "writes (AWS S3, GCS, MinIO, recent Ceph), or pass "
-                "Checkpoint(lease_timeout=None) if you make sure that only one run at a time "
-                "writes there."
-            )
+        if not (first and second):
+            _PROBED.add(self.location)
+            return
+        raise CheckpointError(
+            f"The store at {self.location} accepted two conditional creates of one object "
+            "(it ignores `If-None-Match: *`), so the run lease cannot keep two runs apart. "
+            f"Received: checkpoint={self.location!r}. Use a store that supports conditional "
+            "writes (AWS S3, GCS, MinIO, recent Ceph), or pass "
+            "Checkpoint(lease_timeout=None) if you make sure that only one run at a time "
+            "writes there."
+        )
 
     def _create_at(self, path: str, data: bytes) -> bool:
         try:
