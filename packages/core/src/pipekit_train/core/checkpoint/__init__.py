@@ -6,7 +6,9 @@
   (`FsspecStore`): atomic step commits, folder digests, retention, torn-step fallback
   (`_store`, `_remote`, `_digest`; the atomic writes are `core._atomic`).
 - `RunLease` holds one run's lease on its location (`_lease`: one run per location, a
-  dead holder taken over); `read_lease` says who holds one.
+  generation per taking; `_lease_records`: one record per generation, created
+  exclusively; `_lease_rules`: who is dead); `read_lease` says who holds one. `_fencing`
+  decides which steps a run may resume by the generation that wrote them.
 - `Checkpointer` is the engine interface a backend implements; `DirectoryCheckpointer`
   is core's SHA-256-verified blob engine for backends without one (`_engine`);
   `HostBuffers` reuses host arrays for non-blocking snapshots (`_snapshot`).
