@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -222,3 +223,28 @@ def interleaved_round(
     if errors:
         raise errors[0]
     return [clock.rate() for clock in clocks]
+
+
+def git_commit() -> str:
+    """The checkout's short commit, with " (with uncommitted changes)" when tracked files
+    changed since, or "unknown" (no git): what a stored table says it measured."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        return sha + (" (with uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"

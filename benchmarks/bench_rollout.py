@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _shared import apply_quick, row, write_rows
+from _shared import apply_quick, git_commit, row, write_rows
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -338,22 +338,13 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
         [f"--steps {args.steps}", f"--rounds {args.rounds}"] + (["--quick"] if args.quick else [])
     )
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).resolve().parents[1],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
+    commit = git_commit()
     load = ", ".join(f"{v:.1f}" for v in LOAD_AT_START)
     where = "CPU only" if args.device == "cpu" else "torch on CUDA, jax on its default device"
     return "\n".join(
         [
             f"Measured with `uv run python benchmarks/bench_rollout.py {flags} --markdown "
-            f"benchmarks/rollout.md` on {when} at commit {commit or 'unknown'}, on {cpu} ({os.cpu_count()} cores, shared with "
+            f"benchmarks/rollout.md` on {when} at commit {commit}, on {cpu} ({os.cpu_count()} cores, shared with "
             f"other jobs: load average {load} at the start), {where}. Ensemble steps per second (best of the rounds); "
             "library ÷ hand is paired per round (median); the target is ≥ 0.9× at ensembles "
             "of 64 and 1024. The host loop at 1024 members (and on Keras) ran a tenth of the "

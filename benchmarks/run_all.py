@@ -65,6 +65,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `_shared`, also when loaded by path
+from _shared import git_commit  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 #: The tables `scripts/gpu_check.py --output benchmarks/gpu-check.md` wrote on a GPU machine.
@@ -124,28 +127,6 @@ def _ram_gb() -> float | None:
     return None
 
 
-def _git_commit() -> str:
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        return sha + (" (with uncommitted changes)" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def _load() -> str:
     try:
         return ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -171,7 +152,7 @@ def machine_info() -> dict[str, str]:
         "Libraries": ", ".join(versions),
         "Date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "Load average (1, 5, 15 min) at the start": _load(),
-        "Commit": _git_commit(),
+        "Commit": git_commit(),
     }
 
 

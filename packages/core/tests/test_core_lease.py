@@ -213,6 +213,22 @@ def test_a_restart_of_the_same_scheduler_job_takes_over_at_once(
     assert _loop(checkpoint=policy).run().steps == 20
 
 
+def test_a_restarted_elastic_group_takes_over_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchelastic: the same run id with a higher `TORCHELASTIC_RESTART_COUNT` continues at
+    once; the same restart count is another live process of the group (refused)."""
+    holder = _holder(host="n12.cluster", pid=4711, job="torchelastic:r7", restart=2)
+    _plant(tmp_path / "ck", holder)
+    policy = Checkpoint(tmp_path / "ck", every_n_steps=10)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "r7")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    with pytest.raises(LeaseError, match="job torchelastic:r7"):
+        _loop(checkpoint=policy).run()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
+    assert _loop(checkpoint=policy).run().steps == 20
+
+
 def test_a_run_that_lost_its_lease_stops_saving(tmp_path: Path) -> None:
     """Taken over after a stall: the next save fails with a clear error, and nothing of
     this run is written after the loss."""

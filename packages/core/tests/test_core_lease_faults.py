@@ -41,7 +41,7 @@ from pipekit_train.core.checkpoint._lease import (
     inspect_lease,
     read_lease,
 )
-from pipekit_train.core.checkpoint._lease_records import LeaseRecords
+from pipekit_train.core.checkpoint._lease_records import lease_records
 from pipekit_train.core.checkpoint._lease_rules import LeaseHolder, pid_space, process_started
 from pipekit_train.core.checkpoint._store import FencedStepWarning
 from pipekit_train.core.testing import NumpyLinearOp, regression_task
@@ -163,7 +163,7 @@ def _cli(location: str, options: dict[str, Any] | None, timeout: float = TIMEOUT
 
 
 def _write_record(where: tuple[str, dict[str, Any] | None], holder: LeaseHolder) -> None:
-    records = LeaseRecords(_policy(where))
+    records = lease_records(_policy(where))
     records.write(holder.generation, holder.to_bytes())
 
 
@@ -207,7 +207,7 @@ def test_a_kill_between_writing_and_linking_the_record_leaves_the_location_free(
     _wait_for(marker, child)
     child.kill()
     child.wait()
-    state = inspect_lease(LeaseRecords(_policy(where)), timeout=TIMEOUT)
+    state = inspect_lease(lease_records(_policy(where)), timeout=TIMEOUT)
     assert state.status == "free" and state.generation == 0, state
     assert _cli(where[0], None) == 0
     leftovers = sorted((tmp_path / "ck" / LEASE_DIR).iterdir())
@@ -289,7 +289,7 @@ def test_the_lease_command_and_acquire_agree(
     where: tuple[str, dict[str, Any] | None], index: int
 ) -> None:
     name, plant, takes = _states(where)[index]
-    records = LeaseRecords(_policy(where))
+    records = lease_records(_policy(where))
     if isinstance(plant, LeaseHolder):
         _write_record(where, plant)
     elif isinstance(plant, bytes):
@@ -355,7 +355,7 @@ def test_two_takeovers_of_one_dead_holder_let_exactly_one_in(
     assert len(winners) == 1 and len(losers) == 1, results
     assert winners[0][0]["generation"] == 2 and winners[0][-1] == {"lost": None}
     assert "generation 2" in losers[0][0]["refused"], losers
-    records = LeaseRecords(_policy(where))
+    records = lease_records(_policy(where))
     assert records.generations()[-1] == 2
     holder = LeaseHolder.from_bytes(records.read(2) or b"")
     assert holder is not None and holder.token == winners[0][0]["token"] and holder.released
@@ -403,7 +403,7 @@ def test_a_heartbeat_stalled_between_read_and_write_cannot_undo_a_takeover(
         new.check()  # still the new holder's
         holder = read_lease(_policy(where))
         assert holder is not None and holder.token == new.holder.token and holder.generation == 2
-        records = LeaseRecords(_policy(where))
+        records = lease_records(_policy(where))
         late = LeaseHolder.from_bytes(records.read(1) or b"")
         # the woken heartbeat wrote, into its own record, which no longer counts
         assert late is not None and late.token == first["token"] and late.heartbeat > taken
@@ -438,7 +438,7 @@ def test_a_reused_pid_and_a_stopped_heartbeat_are_taken_over(tmp_path: Path) -> 
         for name, holder, takes, reason in cases:
             where = (str(tmp_path / name), None)
             _write_record(where, holder)
-            state = inspect_lease(LeaseRecords(_policy(where)), timeout=TIMEOUT)
+            state = inspect_lease(lease_records(_policy(where)), timeout=TIMEOUT)
             assert state.may_take == takes, (name, state)
             if reason is not None:
                 assert state.reason is not None and reason in state.reason, (name, state)

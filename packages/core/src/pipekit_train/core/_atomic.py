@@ -37,6 +37,7 @@ from typing import Any
 __all__ = [
     "ExclusiveLock",
     "create_exclusive",
+    "create_exclusive_at",
     "fsync_dir",
     "stale_tmp_files",
     "tmp_name",
@@ -155,6 +156,31 @@ def _create_in_place(target: Path, data: bytes) -> bool:
     except BaseException:
         with contextlib.suppress(OSError):
             target.unlink()
+        raise
+    return True
+
+
+def create_exclusive_at(fs: Any, path: str, data: bytes) -> bool:
+    """Create `path` on the fsspec filesystem `fs` only if it does not exist, in one
+    conditional request (`pipe_file(mode="create")`: S3 `If-None-Match: *`, GCS
+    `ifGenerationMatch=0`).
+
+    Returns:
+        True when this call created it, False when it existed already.
+
+    Raises:
+        TypeError: the filesystem's `pipe_file` takes no `mode`.
+    """
+    try:
+        fs.pipe_file(path, data, mode="create")
+    except FileExistsError:
+        return False
+    except TypeError:
+        raise
+    except Exception as err:  # a failed precondition surfaced as the store's own error
+        text = f"{err!r} {err}"
+        if "precondition" in text.lower() or "412" in text:
+            return False
         raise
     return True
 

@@ -44,7 +44,7 @@ from typing import Any
 from pipekit_train.core._errors import CheckpointError
 
 from ._fencing import Fencing, add_fence
-from ._lease_records import LEASE_DIR, LeaseRecords
+from ._lease_records import LEASE_DIR, LeaseRecords, lease_records
 from ._lease_rules import LeaseHolder, scheduler_job, takeover_reason
 from ._policy import Checkpoint
 
@@ -179,7 +179,7 @@ def read_lease(policy: Checkpoint | str | os.PathLike[str]) -> LeaseHolder | Non
     """
     if not isinstance(policy, Checkpoint):
         policy = Checkpoint(os.fspath(policy), lease_timeout=None)
-    state = inspect_lease(LeaseRecords(policy), timeout=float(policy.lease_timeout or _TIMEOUT))
+    state = inspect_lease(lease_records(policy), timeout=float(policy.lease_timeout or _TIMEOUT))
     return None if state.holder is None or state.holder.released else state.holder
 
 
@@ -214,7 +214,7 @@ def fencing_of(policy: Checkpoint) -> Fencing:
     held = held_fencing(policy)
     if held.generation is not None:
         return held
-    records = LeaseRecords(policy)
+    records = lease_records(policy)
     generations = records.generations()
     if not generations:
         return Fencing()
@@ -227,7 +227,7 @@ def may_clean(root: Path) -> bool:
     """Whether this process may remove interrupted writes under the local folder `root`:
     no run holds its lease, or this process does (never another run's writes)."""
     policy = Checkpoint(root, lease_timeout=None)
-    records = LeaseRecords(policy)
+    records = lease_records(policy)
     try:
         generations = records.generations()
         if not generations:
@@ -265,7 +265,7 @@ class RunLease:
         self.interval = min(15.0, max(0.05, self.timeout / 8))
         self.fingerprint = fingerprint
         self._committed = committed
-        self._records = LeaseRecords(policy)
+        self._records = lease_records(policy)
         self.holder: LeaseHolder | None = None
         self._lost: LeaseState | None = None
         self._stop = threading.Event()

@@ -20,14 +20,20 @@ import datetime as _dt
 import os
 import time
 import uuid
-from pathlib import Path
+from abc import ABC, abstractmethod
+from typing import Any
 
-from pipekit_train.core._atomic import create_exclusive, stale_tmp_files, write_atomic
+from pipekit_train.core._atomic import (
+    create_exclusive,
+    create_exclusive_at,
+    stale_tmp_files,
+    write_atomic,
+)
 from pipekit_train.core._errors import CheckpointError
 
 from ._policy import Checkpoint
 
-__all__ = ["LEASE_DIR", "LeaseRecords"]
+__all__ = ["LEASE_DIR", "LeaseRecords", "LocalLeaseRecords", "RemoteLeaseRecords", "lease_records"]
 
 LEASE_DIR = ".pipekit-lease"
 """The folder of the lease's records at the root of a checkpoint location."""
@@ -46,59 +52,145 @@ def _generation(name: str) -> int | None:
     return int(stem) if stem.isdigit() and len(stem) == _DIGITS else None
 
 
-class LeaseRecords:
-    """The lease records of one checkpoint location (a local folder or an fsspec URI).
+class LeaseRecords(ABC):
+    """The lease records of one checkpoint location: `LocalLeaseRecords` in a local or
+    shared folder, `RemoteLeaseRecords` at an fsspec URI (`lease_records` picks one).
+
+    Attributes:
+        location: the checkpoint location.
+        root: the records' folder (a local path or a path on the filesystem).
+    """
+
+    location: str
+    root: str
+
+    def path(self, generation: int) -> str:
+        """The record of `generation`."""
+        return f"{self.root}/{_name(generation)}"
+
+    def generations(self) -> list[int]:
+        """The generations that have a record, ascending."""
+        return sorted(g for g in map(_generation, self._names()) if g is not None)
+
+    # -- the primitives of a store ------------------------------------------------------
+    @abstractmethod
+    def _names(self) -> list[str]:
+        """The names of the entries in the records' folder (empty if it does not exist)."""
+
+    @abstractmethod
+    def read(self, generation: int) -> bytes | None:
+        """The record's bytes, or None when it does not exist (any more)."""
+
+    @abstractmethod
+    def modified(self, generation: int) -> float | None:
+        """When the record was last written (seconds since the epoch), or None."""
+
+    @abstractmethod
+    def create(self, generation: int, data: bytes) -> bool:
+        """Create the record of `generation` if no run did; whether this call did."""
+
+    @abstractmethod
+    def write(self, generation: int, data: bytes) -> None:
+        """Rewrite the record of `generation` whole (only its holder does)."""
+
+    @abstractmethod
+    def remove(self, generation: int) -> None:
+        """Remove the record of `generation` (best effort)."""
+
+    def sweep(self, below: int, *, tmp_older_than: float) -> None:
+        """Remove the records of generations below `below` (superseded); best effort."""
+        for generation in self.generations():
+            if generation < below:
+                self.remove(generation)
+
+    def probe(self) -> None:  # noqa: B027 - a local folder needs no probe
+        """Check that the store refuses a second create of one name."""
+
+
+class LocalLeaseRecords(LeaseRecords):
+    """Records in a local or shared folder: created with `create_exclusive` (a hard link of
+    a fully written file), rewritten with `write_atomic`.
 
     Args:
-        policy: the `Checkpoint` (its location and `storage_options`).
+        policy: a `Checkpoint` at a local folder.
     """
 
     def __init__(self, policy: Checkpoint):
         self.location = policy.location
-        self.remote = policy.is_remote
-        if self.remote:
-            self.fs, root = policy.filesystem()
-            self.root = f"{root.rstrip('/')}/{LEASE_DIR}"
-            self.local: Path | None = None
-        else:
-            self.fs = None
-            self.local = policy.path / LEASE_DIR
-            self.root = str(self.local)
+        self.folder = policy.path / LEASE_DIR
+        self.root = str(self.folder)
 
-    def path(self, generation: int) -> str:
-        """The record of `generation` (a local path or a path on the filesystem)."""
-        return f"{self.root}/{_name(generation)}"
+    def _names(self) -> list[str]:
+        try:
+            return os.listdir(self.folder)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def read(self, generation: int) -> bytes | None:
+        """The record's bytes, or None when it does not exist (any more)."""
+        try:
+            return (self.folder / _name(generation)).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def modified(self, generation: int) -> float | None:
+        """When the record was last written (its modification time), or None."""
+        try:
+            return (self.folder / _name(generation)).stat().st_mtime
+        except OSError:
+            return None
+
+    def create(self, generation: int, data: bytes) -> bool:
+        """Create the record of `generation` if no run did; whether this call did."""
+        return create_exclusive(self.folder / _name(generation), data)
+
+    def write(self, generation: int, data: bytes) -> None:
+        """Rewrite the record of `generation` whole (only its holder does)."""
+        write_atomic(self.folder / _name(generation), data)
+
+    def remove(self, generation: int) -> None:
+        """Remove the record of `generation` (best effort)."""
+        with contextlib.suppress(OSError):
+            (self.folder / _name(generation)).unlink()
+
+    def sweep(self, below: int, *, tmp_older_than: float) -> None:
+        """Remove superseded records, and temporary files that a writer killed mid-write
+        left behind more than `tmp_older_than` seconds ago; best effort."""
+        super().sweep(below, tmp_older_than=tmp_older_than)
+        for tmp in stale_tmp_files(self.folder, tmp_older_than, time.time()):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+class RemoteLeaseRecords(LeaseRecords):
+    """Records at an fsspec URI: created with one conditional request
+    (`create_exclusive_at`), rewritten with one PUT (all of it or nothing). Every read
+    drops the filesystem's listing cache first (s3fs caches listings per instance).
+
+    Args:
+        policy: a `Checkpoint` at a URI.
+    """
+
+    def __init__(self, policy: Checkpoint):
+        self.location = policy.location
+        self.fs, root = policy.filesystem()
+        self.root = f"{root.rstrip('/')}/{LEASE_DIR}"
 
     def _invalidate(self, path: str) -> None:
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(path)
 
-    # -- reading ------------------------------------------------------------------------
-    def generations(self) -> list[int]:
-        """The generations that have a record, ascending."""
-        if self.local is not None:
-            try:
-                names = os.listdir(self.local)
-            except (FileNotFoundError, NotADirectoryError):
-                return []
-        else:
-            self._invalidate(self.root)
-            try:
-                names = [
-                    str(p).rstrip("/").rsplit("/", 1)[-1]
-                    for p in self.fs.ls(self.root, detail=False)
-                ]
-            except (FileNotFoundError, NotADirectoryError):
-                return []
-        return sorted(g for g in map(_generation, names) if g is not None)
+    def _names(self) -> list[str]:
+        self._invalidate(self.root)
+        try:
+            return [
+                str(p).rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)
+            ]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def read(self, generation: int) -> bytes | None:
         """The record's bytes, or None when it does not exist (any more)."""
-        if self.local is not None:
-            try:
-                return (self.local / _name(generation)).read_bytes()
-            except FileNotFoundError:
-                return None
         path = self.path(generation)
         self._invalidate(path)
         try:
@@ -107,12 +199,10 @@ class LeaseRecords:
             return None
 
     def modified(self, generation: int) -> float | None:
-        """When the record was last written (seconds since the epoch), or None."""
+        """When the record was last written (the object's time), or None."""
         try:
-            if self.local is not None:
-                return (self.local / _name(generation)).stat().st_mtime
-            info = self.fs.info(self.path(generation))
-        except (FileNotFoundError, OSError):
+            info: dict[str, Any] = self.fs.info(self.path(generation))
+        except OSError:
             return None
         for key in ("LastModified", "mtime", "updated", "created", "last_modified"):
             value = info.get(key)
@@ -125,42 +215,22 @@ class LeaseRecords:
                     return _dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
         return None
 
-    # -- writing ------------------------------------------------------------------------
     def create(self, generation: int, data: bytes) -> bool:
         """Create the record of `generation` if no run did; whether this call did."""
-        if self.local is not None:
-            return create_exclusive(self.local / _name(generation), data)
         path = self.path(generation)
         try:
-            return self._create_at(path, data)
+            return create_exclusive_at(self.fs, path, data)
         finally:
             self._invalidate(path)
 
     def write(self, generation: int, data: bytes) -> None:
         """Rewrite the record of `generation` whole (only its holder does)."""
-        if self.local is not None:
-            write_atomic(self.local / _name(generation), data)
-            return
-        self.fs.pipe_file(self.path(generation), data)  # one PUT: all of it or nothing
+        self.fs.pipe_file(self.path(generation), data)
 
     def remove(self, generation: int) -> None:
         """Remove the record of `generation` (best effort)."""
-        with contextlib.suppress(FileNotFoundError, OSError):
-            if self.local is not None:
-                (self.local / _name(generation)).unlink()
-            else:
-                self.fs.rm_file(self.path(generation))
-
-    def sweep(self, below: int, *, tmp_older_than: float) -> None:
-        """Remove the records of generations below `below` (superseded) and temporary
-        files a killed writer left behind; best effort."""
-        for generation in self.generations():
-            if generation < below:
-                self.remove(generation)
-        if self.local is not None:
-            for tmp in stale_tmp_files(self.local, tmp_older_than, time.time()):
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
+        with contextlib.suppress(OSError):
+            self.fs.rm_file(self.path(generation))
 
     def probe(self) -> None:
         """Check, once per process and location, that the store refuses a second create of
@@ -169,12 +239,12 @@ class LeaseRecords:
         Raises:
             CheckpointError: the store let two creates of one name succeed.
         """
-        if self.local is not None or self.location in _PROBED:
+        if self.location in _PROBED:
             return
         path = f"{self.root}/probe-{uuid.uuid4().hex}"
         try:
-            first = self._create_at(path, b"1")
-            second = self._create_at(path, b"2")
+            first = create_exclusive_at(self.fs, path, b"1")
+            second = create_exclusive_at(self.fs, path, b"2")
         finally:
             with contextlib.suppress(Exception):
                 self.fs.rm_file(path)
@@ -190,13 +260,7 @@ class LeaseRecords:
             "writes there."
         )
 
-    def _create_at(self, path: str, data: bytes) -> bool:
-        try:
-            self.fs.pipe_file(path, data, mode="create")
-        except FileExistsError:
-            return False
-        except Exception as err:
-            if "PreconditionFailed" in repr(err) or "412" in str(err):
-                return False
-            raise
-        return True
+
+def lease_records(policy: Checkpoint) -> LeaseRecords:
+    """The records of `policy`'s location: `RemoteLeaseRecords` at a URI, else local."""
+    return RemoteLeaseRecords(policy) if policy.is_remote else LocalLeaseRecords(policy)

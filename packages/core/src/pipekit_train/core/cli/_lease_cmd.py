@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import IO
 
 from pipekit_train.core.checkpoint._lease import inspect_lease
-from pipekit_train.core.checkpoint._lease_records import LeaseRecords
+from pipekit_train.core.checkpoint._lease_records import lease_records
 from pipekit_train.core.checkpoint._policy import Checkpoint
 
 __all__ = ["checkpoint_lease"]
@@ -33,7 +33,7 @@ def checkpoint_lease(
     """
     out = out or sys.stdout
     policy = Checkpoint(location, storage_options=storage_options, lease_timeout=None)
-    state = inspect_lease(LeaseRecords(policy), timeout=float(lease_timeout))
+    state = inspect_lease(lease_records(policy), timeout=float(lease_timeout))
     holder = state.holder
     if as_json:
         report = {

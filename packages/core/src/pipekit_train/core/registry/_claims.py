@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipekit_train.core._atomic import create_exclusive, write_atomic
+from pipekit_train.core._atomic import create_exclusive, create_exclusive_at, write_atomic
 
 __all__ = ["exclusive_create", "fresh_ls", "is_local", "put_atomic", "read_or_none"]
 
@@ -54,9 +54,7 @@ def exclusive_create(fs: Any, path: str, data: bytes) -> bool:
         return create_exclusive(path, data)
     _invalidate(fs, path)
     try:
-        fs.pipe_file(path, data, mode="create")
-    except FileExistsError:
-        return False
+        return create_exclusive_at(fs, path, data)
     except TypeError:  # an fsspec filesystem without the `mode` argument
         if fs.exists(path):
             return False
@@ -65,13 +63,9 @@ def exclusive_create(fs: Any, path: str, data: bytes) -> bool:
                 f.write(data)
         except FileExistsError:
             return False
-    except OSError as exc:  # a failed precondition that was not mapped to FileExistsError
-        if "precondition" in str(exc).lower() or "412" in str(exc):
-            return False
-        raise
+        return True
     finally:
         _invalidate(fs, path)
-    return True
 
 
 def put_atomic(fs: Any, path: str, data: bytes) -> None:

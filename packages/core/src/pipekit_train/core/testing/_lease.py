@@ -31,7 +31,7 @@ from typing import Any
 
 from pipekit_train.core import _atomic
 from pipekit_train.core.checkpoint import _lease
-from pipekit_train.core.checkpoint._lease_records import LEASE_DIR, LeaseRecords
+from pipekit_train.core.checkpoint._lease_records import LEASE_DIR, lease_records
 from pipekit_train.core.checkpoint._lease_rules import LeaseHolder, pid_space, process_started
 from pipekit_train.core.checkpoint._policy import Checkpoint
 
@@ -59,7 +59,7 @@ def plant_lease(
     record); `fields` override the holder's other fields.
     """
     now = time.time()
-    records = LeaseRecords(Checkpoint(Path(directory), lease_timeout=None))
+    records = lease_records(Checkpoint(Path(directory), lease_timeout=None))
     generations = records.generations()
     generation = int(fields.pop("generation", (generations[-1] if generations else 0) + 1))
     here = host is None or host == socket.gethostname()
