@@ -13,7 +13,6 @@ class TestNumpyConformance(AdapterConformance):
 
     optimizer_config = {"name": "adam", "lr": 0.05}
     flow_resume = False  # NumpyAdapter's analytic gradients are mse's only
-    fencing_trial_s3 = False  # the S3 trial runs with every shipped backend
 
     def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
         return NumpyLinearOp(

@@ -23,6 +23,9 @@ class TestKerasConformance(AdapterConformance):
     # The S3 kill-and-resume subprocess runs once for Keras, on jax; the torch pass
     # covers the same store with the memory:// and local kill-and-resume tests.
     cloud_resume = os.environ.get("KERAS_BACKEND", "jax") == "jax"
+    # the stall trial on S3: core's DirectoryCheckpointer on an fsspec store, which this
+    # adapter saves through, runs there in the numpy reference's suite
+    fencing_trial_s3 = False
 
     def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
         return KerasModelOp(

@@ -11,6 +11,9 @@ from pipekit_train.lightning import LightningModelOp
 class TestLightningConformance(AdapterConformance):
     # the kill-and-resume workers fork from a server that imported these
     worker_preload = ("lightning.pytorch", "pipekit_train.lightning", "grain")
+    # the stall trial on S3: core's DirectoryCheckpointer on an fsspec store, which this
+    # adapter saves through, runs there in the numpy reference's suite
+    fencing_trial_s3 = False
 
     def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
         return LightningModelOp(

@@ -223,7 +223,11 @@ def stall_and_take_over(
             storage_options=storage_options,
         )
         deadline = time.monotonic() + 120
-        while True:  # refused while the stalled run's heartbeat is fresh
+        records = lease_records(policy)
+        while not _lease.inspect_lease(records, timeout=timeout).may_take:
+            assert time.monotonic() < deadline, "the stalled run's lease never went stale"
+            time.sleep(0.05)  # its heartbeat stopped with it: stale after `timeout`
+        while True:  # a refusal here would be a heartbeat the stall did not stop
             try:
                 holder = loop(max_steps=holder_steps, checkpoint=policy).run()
                 break
