@@ -51,6 +51,7 @@ from pipekit_train.core.testing._smallfs import SmallFilesystemUnavailable, smal
 from pipekit_train.core.testing._worker import LEASE_LOST_EXIT
 
 TIMEOUT = 1.0  # the lease time of these tests (heartbeat every 0.125 s)
+AGREE_TIMEOUT = 5.0  # the command-and-acquire agreement: no state may age in between
 
 CHILD = r"""
 import json, os, sys, time
@@ -288,17 +289,21 @@ def _states(where: tuple[str, dict[str, Any] | None]) -> list[tuple[str, Any, bo
 def test_the_lease_command_and_acquire_agree(
     where: tuple[str, dict[str, Any] | None], index: int
 ) -> None:
+    """A lease time of 5 s: a fresh record stays fresh between the command and `acquire`
+    on a loaded machine."""
     name, plant, takes = _states(where)[index]
     records = lease_records(_policy(where))
     if isinstance(plant, LeaseHolder):
         _write_record(where, plant)
     elif isinstance(plant, bytes):
         records.write(1, plant)
-        if name.startswith("old"):
-            time.sleep(TIMEOUT + 0.5)  # older than the lease time (S3 sets the time itself)
-    cli = _cli(where[0], where[1])
+        if name.startswith("old") and where[1] is None:
+            os.utime(records.path(1), (time.time() - 30, time.time() - 30))
+        elif name.startswith("old"):  # S3 sets an object's time itself
+            time.sleep(AGREE_TIMEOUT + 0.5)
+    cli = _cli(where[0], where[1], AGREE_TIMEOUT)
     assert cli == (0 if takes else 1), name
-    lease = RunLease(_policy(where), "next")
+    lease = RunLease(_policy(where, AGREE_TIMEOUT), "next")
     if takes:
         lease.acquire()
         try:
@@ -310,7 +315,7 @@ def test_the_lease_command_and_acquire_agree(
             lease.acquire()
         if isinstance(plant, bytes):
             assert "unreadable lease record of generation 1" in str(info.value)
-            assert "taken over once it is older than lease_timeout=1 s" in str(info.value)
+            assert "taken over once it is older than lease_timeout=5 s" in str(info.value)
         assert records.generations() == [1], name  # refused: nothing written
 
 
@@ -332,7 +337,7 @@ def test_two_takeovers_of_one_dead_holder_let_exactly_one_in(
             action="wait",
             marker=str(tmp_path / f"ready{i}"),
             go=str(tmp_path / (f"go{i}" if order != "together" else "go")),
-            hold=0.6,
+            hold=3.0,  # the winner still holds when the loser reads it, on a loaded machine
         )
         children.append(_child(spec))
     for i, child in enumerate(children):
@@ -429,20 +434,20 @@ def test_a_reused_pid_and_a_stopped_heartbeat_are_taken_over(tmp_path: Path) -> 
             ),
             (
                 "silent",
-                _holder(pid=other.pid, pid_started=started, heartbeat=time.time() - 5),
+                _holder(pid=other.pid, pid_started=started, heartbeat=time.time() - 8),
                 True,
-                "last heartbeat is 5 s old",
+                "last heartbeat is 8 s old",
             ),
             ("beating", _holder(pid=other.pid, pid_started=started), False, None),
         ]
         for name, holder, takes, reason in cases:
             where = (str(tmp_path / name), None)
             _write_record(where, holder)
-            state = inspect_lease(lease_records(_policy(where)), timeout=TIMEOUT)
+            state = inspect_lease(lease_records(_policy(where)), timeout=AGREE_TIMEOUT)
             assert state.may_take == takes, (name, state)
             if reason is not None:
                 assert state.reason is not None and reason in state.reason, (name, state)
-            lease = RunLease(_policy(where), name)
+            lease = RunLease(_policy(where, AGREE_TIMEOUT), name)
             if takes:
                 lease.acquire()
                 lease.release()
@@ -463,9 +468,9 @@ def test_two_hosts_with_one_name_wait_for_the_heartbeat(
     holder = _holder(pid=_dead_pid(), pid_space="0" * 8 + "-another-container/pid:[4026532999]")
     _write_record(where, holder)
     with pytest.raises(LeaseError, match=f"pid {holder.pid}"):
-        RunLease(_policy(where), "here").acquire()
-    time.sleep(TIMEOUT + 0.3)
-    lease = RunLease(_policy(where), "here")
+        RunLease(_policy(where, 2.0), "here").acquire()
+    time.sleep(2.3)
+    lease = RunLease(_policy(where, 2.0), "here")
     lease.acquire()
     assert lease.generation == 2
     lease.release()
