@@ -40,10 +40,10 @@ import numpy as np
 import torch
 from safetensors.torch import load, save
 
-from pipekit_train.core import ConfigError
 from pipekit_train.core.adapter import (
     BackendEntry,
     Capabilities,
+    ConfigError,
     DirectoryCheckpointer,
     Plan,
     StepAdapter,

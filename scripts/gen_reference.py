@@ -75,7 +75,8 @@ def _translation_table(backend: str) -> dict[str, str]:
 
 
 def optimizers() -> str:
-    from pipekit_train.core.adapter import OPTIMIZERS, optimizer_spec
+    from pipekit_train.core.adapter import optimizer_spec
+    from pipekit_train.core.spec import OPTIMIZERS
 
     default = optimizer_spec(None)
     tables = {b: _translation_table(b) for b in BACKENDS}

@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 
 from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import OPTIMIZERS, optimizer_spec
+from pipekit_train.core.adapter import optimizer_spec
+from pipekit_train.core.spec import OPTIMIZERS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipekit_train.core.adapter import SCHEDULES, optimizer_spec
+from pipekit_train.core.adapter import optimizer_spec
+from pipekit_train.core.spec import SCHEDULES
 from pipekit_train.core.testing import (
     GOLDEN_CASES,
     GoldenRun,

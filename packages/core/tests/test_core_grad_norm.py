@@ -13,13 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipekit_train.core import ConfigError, TrainingLoop
-from pipekit_train.core.adapter import (
-    GRAD_NORM,
-    Capabilities,
-    NotSupportedError,
-    global_grad_norm,
-)
+from pipekit_train.core import ConfigError, NotSupportedError, TrainingLoop
+from pipekit_train.core.adapter import GRAD_NORM, Capabilities, global_grad_norm
 from pipekit_train.core.data import ArrayDataset
 from pipekit_train.core.metrics._grad_norm import reduce_micro
 from pipekit_train.core.testing import NumpyAdapter, NumpyLinearOp

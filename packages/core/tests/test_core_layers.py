@@ -141,6 +141,72 @@ def test_adapter_packages_share_one_file_set(name: str) -> None:
     assert missing == []
 
 
+# -- the contract ---------------------------------------------------------------------------
+
+CONTRACT = "pipekit_train.core.adapter"
+
+
+def _contract_users() -> list[Path]:
+    """The adapters' non-testing sources and the plain-torch example: what the contract serves."""
+    sources = [
+        p
+        for name in ADAPTERS
+        for p in sorted((ROOT / "packages" / name / "src").rglob("*.py"))
+        if p.name != "testing.py" and "testing" not in p.parts
+    ]
+    return [*sources, ROOT / "examples" / "plain_torch_adapter.py"]
+
+
+def _core_imports(path: Path) -> list[tuple[int, str, str]]:
+    """(line, module, name) of each import of core in `path`, function bodies included."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "pipekit_train.core"
+        ):
+            found += [(node.lineno, node.module or "", alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [
+                (node.lineno, alias.name, "*")
+                for alias in node.names
+                if alias.name.startswith("pipekit_train.core")
+            ]
+    return found
+
+
+def _contract_names() -> list[str]:
+    tree = ast.parse((ROOT / "packages/core/src/pipekit_train/core/adapter.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__":
+            return [ast.literal_eval(element) for element in node.value.elts]  # type: ignore[attr-defined]
+    raise AssertionError("core/adapter.py has no __all__")
+
+
+def test_adapters_take_core_only_through_the_contract() -> None:
+    sources = _contract_users()
+    assert len(sources) > 60
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in sources
+        for line, module, _ in _core_imports(path)
+        if module != CONTRACT and not module.startswith("pipekit_train.core.testing")
+    ]
+    assert offenders == []
+
+
+def test_every_contract_name_has_a_user() -> None:
+    used = {
+        name
+        for p in _contract_users()
+        for _, module, name in _core_imports(p)
+        if module == CONTRACT
+    }
+    names = _contract_names()
+    assert len(names) == len(set(names))
+    assert sorted(set(names) - used) == []
+    assert sorted(used - set(names)) == []
+
+
 def _adapter_sources() -> list[Path]:
     return [
         *(p for name in ADAPTERS for p in (ROOT / "packages" / name / "src").rglob("*.py")),

@@ -10,8 +10,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipekit_train.core import Checkpoint, ConfigError, NonFiniteLossError, TrainingLoop
-from pipekit_train.core.adapter import Capabilities, NotSupportedError
+from pipekit_train.core import (
+    Checkpoint,
+    ConfigError,
+    NonFiniteLossError,
+    NotSupportedError,
+    TrainingLoop,
+)
+from pipekit_train.core.adapter import Capabilities
 from pipekit_train.core.checkpoint import step_dirs
 from pipekit_train.core.data import ArrayDataset
 from pipekit_train.core.testing import NumpyAdapter, NumpyLinearOp

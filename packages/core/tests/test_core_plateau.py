@@ -8,11 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipekit_train.core import Checkpoint, TrainingLoop
+from pipekit_train.core import Checkpoint, NotSupportedError, TrainingLoop
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.adapter import (
     Capabilities,
-    NotSupportedError,
     StepAdapter,
     adjusts_learning_rate,
     learning_rate_at,

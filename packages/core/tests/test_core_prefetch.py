@@ -95,7 +95,8 @@ def test_a_feed_that_did_not_track_refuses_a_position_it_does_not_know() -> None
 def test_prefetching_is_chosen_only_for_batches_large_enough_to_pay() -> None:
     from types import SimpleNamespace
 
-    from pipekit_train.core.adapter import PREFETCH_MIN_BYTES, prefetch_depth
+    from pipekit_train.core.adapter import prefetch_depth
+    from pipekit_train.core.run._prefetch import PREFETCH_MIN_BYTES
 
     def plan(features: int, batch_size: int, accumulate: int = 1, data: Any = None) -> Any:
         if data is None:

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from pipekit_train.core import ConfigError, TrainingLoop
+from pipekit_train.core.adapter import check_ray_fit, ray_train_worker
 from pipekit_train.core.testing import NumpyLinearOp, regression_task
-from pipekit_train.core.utils import RayTrainReport, check_ray_fit, ray_train_worker
+from pipekit_train.core.train._ray_train import RayTrainReport
 
 
 class _Context:

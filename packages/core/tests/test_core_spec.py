@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import (
-    OPTIMIZERS,
-    PRECISIONS,
-    optimizer_spec,
-    resolve_precision,
-)
+from pipekit_train.core.adapter import optimizer_spec, resolve_precision
+from pipekit_train.core.spec import OPTIMIZERS, PRECISIONS
 from pipekit_train.core.spec._optimizer import resolve_optimizer_config
 
 

@@ -9,8 +9,8 @@ import optax
 import pytest
 
 from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import OPTIMIZERS
 from pipekit_train.core.callbacks import LambdaCallback
+from pipekit_train.core.spec import OPTIMIZERS
 from pipekit_train.core.spec._optimizer import resolve_optimizer_config
 from pipekit_train.equinox._optim import build_optimizer, build_schedule
 

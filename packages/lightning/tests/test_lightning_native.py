@@ -189,7 +189,7 @@ def test_model_op_with_native_loader(regression: Any) -> None:
 
 def test_skip_is_refused_for_a_user_module(regression: Any) -> None:
     """`on_nonfinite="skip"` needs the generated training step: refused before any work."""
-    from pipekit_train.core.adapter import NotSupportedError
+    from pipekit_train.core import NotSupportedError
 
     train, _ = regression
     with pytest.raises(NotSupportedError, match=r"model=Regressor, on_nonfinite='skip'"):

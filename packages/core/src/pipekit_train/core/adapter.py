@@ -1,62 +1,74 @@
-"""The contract for adapter authors: everything a backend needs from core.
+"""The contract for adapter authors: exactly what a backend package takes from core.
 
-A user trains with `pipekit_train.core.TrainingLoop`; an adapter author implements the
-classes here and uses the shared machinery, and imports nothing private from core.
+A user trains with `pipekit_train.core.TrainingLoop`; an adapter package (Equinox,
+Lightning, `Torch()`, Keras, or a fifth one) imports core through this module and no
+other. It holds what the adapters use and nothing more: a test reads the adapters'
+sources and fails when one of them reaches another core module, or when a name here has
+no adapter using it.
 
 - **Base classes**: `Adapter` (any backend), `StepAdapter` + `StepBackend` (backends that
-  expose a train step: core's `run_step_loop` runs the whole loop), `Capabilities` (what
-  is optional; `Capabilities.full()` for all of it), `NotSupportedError` (the default of
-  every optional member).
+  expose a train step: `run_step_loop` runs the whole loop), `Capabilities` (what is
+  optional; `Capabilities.full()` for all of it).
 - **The run**: `Plan` (the frozen description) and `RunLifecycle`, the one owner of a run
   (`with RunLifecycle(...) as run:` — restore or start and the data stream as a `Feed`,
-  the end of each optimizer update with validation, checkpoints, preemption signals,
-  the time budget and cross-process agreement, finish, abort); an adapter hands it
-  callables with `RunLifecycle.bind`.
-- **Checkpoints**: `Checkpointer` (the engine interface), `CheckpointStore` (where steps
-  live, chosen by `open_store`: atomic commits, folder digests, retention, torn-step
-  fallback via `TornStepError`, write failures as one `CheckpointError`),
-  `DirectoryCheckpointer` (the SHA-256-verified blob engine for backends without an
-  engine), `HostBuffers` (reused host arrays for non-blocking snapshots), `Restored`,
-  `TornCheckpointWarning`. The store implementations and `step_dirs` are in
+  the end of each optimizer update with validation, checkpoints, preemption signals, the
+  time budget and cross-process agreement, finish, abort); an adapter hands it callables
+  with `RunLifecycle.bind`. `prefetch_depth` (how many batches to stage ahead),
+  `is_core_dataset`, `check_seed`, `adjusts_learning_rate` (whether a plan's callbacks
+  change the rate through the run's learning-rate scale).
+- **The model**: `ModelOpBase` (the model operator every backend's op subclasses),
+  `model_factory` (marks a factory the registry may call), `TrainingArtifact` (what a run
+  hands downstream), `Checkpoint` (the policy), `Rollout` (the rollout-training spec).
+- **Errors**: `ConfigError`, `CheckpointError`.
+- **Checkpoints**: `open_store` (where steps live: atomic commits, digests, retention,
+  torn-step fallback via `TornStepError`), `DirectoryCheckpointer` (the SHA-256-verified
+  blob engine for backends without one), `HostBuffers` (reused host arrays for
+  non-blocking snapshots), `Restored`. The engine interface and the stores are in
   `pipekit_train.core.checkpoint`.
-- **The canonical spec**: `OptimizerSpec`/`optimizer_spec` and `OPTIMIZERS` (names and
-  hyperparameters every backend runs the same way), `SCHEDULES`, `check_schedule`,
-  `learning_rate_at` (learning-rate curves in plain Python),
-  `PRECISIONS`/`resolve_precision`/`canonical_precision`/`translate_precision` and the
-  typed policies `Precision` and `NonFinitePolicy`.
-- **Registration**: `BackendEntry`, what a `pipekit_train.backends` entry point names
-  (listing and loading them: `pipekit_train.core.utils`).
-- **Metrics of the step**: `GRAD_NORM`, `global_grad_norm` (the `grad_norm` metric of
-  `TrainingLoop(log_grad_norm=True)`, one definition for every backend).
-- **Helpers**: `adjusts_learning_rate` (whether a plan's callbacks change the rate
-  through the run's learning-rate scale), `is_core_dataset`, `check_seed`.
+- **The canonical spec**: `OptimizerSpec`/`optimizer_spec`, `check_schedule`,
+  `learning_rate_at`, `Precision`, `resolve_precision`, `canonical_precision` and
+  `translate_precision`. The name tables (`OPTIMIZERS`, `SCHEDULES`, `PRECISIONS`) are in
+  `pipekit_train.core.spec`.
+- **The step's metrics**: `GRAD_NORM`, `global_grad_norm` (one definition of the
+  `grad_norm` metric for every backend).
+- **Rollout training**: `RolloutSpec`, `rollout_spec`, `prepare_rollout`, `rollout_loss`,
+  `evaluates_as_rollout`, `NOISE_KEY`, and the two device loops `jax_rollout` and
+  `torch_rollout`.
 - **Embedding networks**: `check_deep_set_options` and `deep_set_shape_error`, the checks
-  every backend's `deep_set` factory shares.
+  every backend's `deep_set` shares.
+- **Registration and imports**: `BackendEntry` (what a `pipekit_train.backends` entry
+  point names), `optional_import`, `object_path`.
+- **Ray Train**: `fit_with_ray_trainer`, `ray_train_worker`, `check_ray_fit` (what each
+  adapter's `ray` module builds on).
 
 See the "Writing an adapter" page of the docs for a walk-through.
 """
 
 from ._checks import check_seed
-from .checkpoint._engine import (
-    Checkpointer,
-    DirectoryCheckpointer,
-    Restored,
-    TornCheckpointWarning,
-)
+from ._errors import CheckpointError, ConfigError
+from ._imports import object_path, optional_import
+from .checkpoint._engine import DirectoryCheckpointer, Restored
+from .checkpoint._policy import Checkpoint
 from .checkpoint._snapshot import HostBuffers
-from .checkpoint._store import CheckpointStore, TornStepError, open_store
-from .contract._adapter import Adapter, Capabilities, NotSupportedError, StepBackend
+from .checkpoint._store import TornStepError, open_store
+from .contract._adapter import Adapter, Capabilities, StepBackend
 from .contract._backends import BackendEntry
 from .data import is_core_dataset
 from .metrics._grad_norm import GRAD_NORM, global_grad_norm
 from .model._embeddings import check_deep_set_options
 from .model._embeddings import set_shape_error as deep_set_shape_error
+from .model._operators import ModelOpBase
+from .model._trust import model_factory
+from .rollout._loops import jax_rollout, torch_rollout
+from .rollout._noise import NOISE_KEY
+from .rollout._plan import prepare_rollout
+from .rollout._step import RolloutSpec
+from .rollout._train import evaluates_as_rollout, rollout_loss, rollout_spec
+from .run._artifact import TrainingArtifact
 from .run._lifecycle import RunLifecycle
-from .run._prefetch import PREFETCH_MIN_BYTES, prefetch_depth
+from .run._prefetch import prefetch_depth
 from .spec._lr_scale import adjusts_learning_rate
 from .spec._optimizer import (
-    OPTIMIZERS,
-    PRECISIONS,
     OptimizerSpec,
     canonical_precision,
     optimizer_spec,
@@ -64,47 +76,60 @@ from .spec._optimizer import (
     translate_precision,
 )
 from .spec._plan import Plan
-from .spec._policies import NonFinitePolicy, Precision
-from .spec._schedules import SCHEDULES, check_schedule, learning_rate_at
+from .spec._policies import Precision
+from .spec._rollout import Rollout
+from .spec._schedules import check_schedule, learning_rate_at
+from .train._ray_train import check_ray_fit, fit_with_ray_trainer, ray_train_worker
 from .train._step_loop import StepAdapter, run_step_loop
 
 __all__ = [
     "GRAD_NORM",
-    "global_grad_norm",
-    "BackendEntry",
-    "OPTIMIZERS",
-    "PREFETCH_MIN_BYTES",
-    "PRECISIONS",
-    "SCHEDULES",
+    "NOISE_KEY",
     "Adapter",
-    "adjusts_learning_rate",
+    "BackendEntry",
     "Capabilities",
-    "CheckpointStore",
-    "Checkpointer",
+    "Checkpoint",
+    "CheckpointError",
+    "ConfigError",
     "DirectoryCheckpointer",
     "HostBuffers",
-    "NonFinitePolicy",
-    "NotSupportedError",
+    "ModelOpBase",
     "OptimizerSpec",
     "Plan",
     "Precision",
     "Restored",
+    "Rollout",
+    "RolloutSpec",
     "RunLifecycle",
     "StepAdapter",
     "StepBackend",
-    "TornCheckpointWarning",
     "TornStepError",
+    "TrainingArtifact",
+    "adjusts_learning_rate",
     "canonical_precision",
     "check_deep_set_options",
-    "check_seed",
+    "check_ray_fit",
     "check_schedule",
+    "check_seed",
     "deep_set_shape_error",
+    "evaluates_as_rollout",
+    "fit_with_ray_trainer",
+    "global_grad_norm",
     "is_core_dataset",
+    "jax_rollout",
     "learning_rate_at",
+    "model_factory",
+    "object_path",
     "open_store",
     "optimizer_spec",
+    "optional_import",
     "prefetch_depth",
+    "prepare_rollout",
+    "ray_train_worker",
     "resolve_precision",
-    "translate_precision",
+    "rollout_loss",
+    "rollout_spec",
     "run_step_loop",
+    "torch_rollout",
+    "translate_precision",
 ]

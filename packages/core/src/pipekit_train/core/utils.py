@@ -6,32 +6,26 @@
   raise an `ImportError` naming the extra to install;
 - `backend_names()`, `load_backend(name)`, `BACKENDS_GROUP`: the installed backends (the
   `pipekit_train.backends` entry points), listed without importing them, and loaded.
-- `fit_with_ray_trainer`, `ray_train_worker`, `check_ray_fit`, `RayTrainReport`: one
-  training job over a Ray Train worker group (the adapters' `ray` modules build on them);
 - `write_atomic`, `create_exclusive`, `ExclusiveLock`: the one atomic write, exclusive
   create and file lock every package writes local files through.
 
-Adapter authors find the training contract in `pipekit_train.core.adapter`.
+Adapter authors find everything they take from core (the Ray Train drivers included) in
+`pipekit_train.core.adapter`.
 """
 
 from ._atomic import ExclusiveLock, create_exclusive, write_atomic
 from ._imports import import_string, object_path, optional_import
 from .contract._backends import GROUP as BACKENDS_GROUP
 from .contract._backends import backend_names, load_backend
-from .train._ray_train import RayTrainReport, check_ray_fit, fit_with_ray_trainer, ray_train_worker
 
 __all__ = [
     "BACKENDS_GROUP",
     "ExclusiveLock",
-    "RayTrainReport",
     "backend_names",
-    "check_ray_fit",
     "create_exclusive",
-    "fit_with_ray_trainer",
     "import_string",
     "load_backend",
     "object_path",
     "optional_import",
-    "ray_train_worker",
     "write_atomic",
 ]

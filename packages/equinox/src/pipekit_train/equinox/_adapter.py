@@ -15,8 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import equinox as eqx
-from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import Capabilities, Plan, StepAdapter
+from pipekit_train.core.adapter import Capabilities, ConfigError, Plan, StepAdapter
 
 from ._model import EquinoxModelOp, apply_model
 from ._optim import build_optimizer

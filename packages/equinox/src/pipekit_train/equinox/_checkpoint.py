@@ -61,8 +61,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from pipekit_train.core import Checkpoint, CheckpointError, ConfigError
-from pipekit_train.core.adapter import HostBuffers, Restored, TornStepError, open_store
+from pipekit_train.core.adapter import (
+    Checkpoint,
+    CheckpointError,
+    ConfigError,
+    HostBuffers,
+    Restored,
+    TornStepError,
+    open_store,
+)
 
 __all__ = ["OrbaxCheckpointer", "abstract_of"]
 

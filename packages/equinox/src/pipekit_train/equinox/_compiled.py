@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, PyTree
 
 import equinox as eqx
-from pipekit_train.core.rollout import evaluates_as_rollout
+from pipekit_train.core.adapter import evaluates_as_rollout
 
 from ._ema import ema_model
 from ._grad_norm import GRAD_NORM, step_grad_norm

@@ -23,7 +23,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import ConfigError
 
 __all__ = ["GrainBatches", "eval_batches", "is_grain_loader"]
 

@@ -22,8 +22,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 import equinox as eqx
-from pipekit_train.core import model_factory
-from pipekit_train.core.adapter import check_deep_set_options, deep_set_shape_error
+from pipekit_train.core.adapter import check_deep_set_options, deep_set_shape_error, model_factory
 
 __all__ = ["DeepSet", "deep_set"]
 

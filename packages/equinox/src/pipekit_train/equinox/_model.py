@@ -17,8 +17,7 @@ import numpy as np
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
 import equinox as eqx
-from pipekit_train.core import ConfigError, ModelOpBase
-from pipekit_train.core.rollout import RolloutSpec
+from pipekit_train.core.adapter import ConfigError, ModelOpBase, RolloutSpec
 
 from ._rollout import equinox_rollout
 from ._weights import tree_from_bytes, tree_to_bytes

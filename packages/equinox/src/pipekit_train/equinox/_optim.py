@@ -28,8 +28,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import OptimizerSpec, check_schedule, optimizer_spec
+from pipekit_train.core.adapter import ConfigError, OptimizerSpec, check_schedule, optimizer_spec
 
 from ._ema import with_ema
 
@@ -170,7 +169,7 @@ def build_optimizer(config: Any, *, accumulate: int = 1, lr_scale: bool = False)
     """Build the optax optimizer a plan's `optimizer_config` describes.
 
     Args:
-        config: core's canonical config dict (see `pipekit_train.core.adapter.OPTIMIZERS`),
+        config: core's canonical config dict (see `pipekit_train.core.spec.OPTIMIZERS`),
             or a ready optimizer with `init` and `update` (an
             `optax.GradientTransformation`, `optax.MultiSteps`).
         accumulate: `TrainingLoop(accumulate_grad_batches=k)`: wrap the optimizer in

@@ -24,8 +24,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PyTree
 
 import equinox as eqx
-from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import Precision, canonical_precision
+from pipekit_train.core.adapter import ConfigError, Precision, canonical_precision
 
 Scalar = Float[Array, ""]
 IntScalar = Int[Array, ""]

@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import equinox as eqx
-from pipekit_train.core import Rollout
-from pipekit_train.core.rollout import (
+from pipekit_train.core.adapter import (
     NOISE_KEY,
+    Rollout,
     RolloutSpec,
     jax_rollout,
     prepare_rollout,

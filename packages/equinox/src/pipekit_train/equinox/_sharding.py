@@ -25,7 +25,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import equinox as eqx
-from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import ConfigError
 
 __all__ = ["Placement", "ShardingSpec"]
 

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import equinox as eqx
-from pipekit_train.core import ConfigError
 from pipekit_train.core.adapter import (
+    ConfigError,
     Plan,
     StepBackend,
     adjusts_learning_rate,

@@ -15,7 +15,7 @@ import numpy as np
 from jaxtyping import PyTree
 
 import equinox as eqx
-from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import ConfigError
 
 __all__ = ["host_array", "tree_from_bytes", "tree_to_bytes"]
 

@@ -29,7 +29,7 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipekit_train.core.utils import (
+from pipekit_train.core.adapter import (
     check_ray_fit,
     fit_with_ray_trainer,
     optional_import,

@@ -6,15 +6,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import Adapter, Capabilities
+from pipekit_train.core.adapter import Adapter, Capabilities, ConfigError
 
 from ._keras_backend import backend_name
 from ._precision import dtype_policy
 
 if TYPE_CHECKING:
-    from pipekit_train.core import TrainingArtifact
-    from pipekit_train.core.adapter import Plan
+    from pipekit_train.core.adapter import Plan, TrainingArtifact
 
 __all__ = ["Keras"]
 

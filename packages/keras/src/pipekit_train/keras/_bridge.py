@@ -29,9 +29,13 @@ from typing import Any
 import numpy as np
 
 import keras
-from pipekit_train.core import TrainingArtifact
-from pipekit_train.core.adapter import GRAD_NORM, Plan, RunLifecycle
-from pipekit_train.core.rollout import evaluates_as_rollout
+from pipekit_train.core.adapter import (
+    GRAD_NORM,
+    Plan,
+    RunLifecycle,
+    TrainingArtifact,
+    evaluates_as_rollout,
+)
 
 from ._checkpoint import checkpointer
 from ._data import fit_batches, native_batches, native_eval_batches

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipekit_train.core import Checkpoint
-from pipekit_train.core.adapter import DirectoryCheckpointer, HostBuffers
+from pipekit_train.core.adapter import Checkpoint, DirectoryCheckpointer, HostBuffers
 
 from . import _weights
 

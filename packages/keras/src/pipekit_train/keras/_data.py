@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 import keras
-from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import ConfigError
 
 __all__ = [
     "PyDatasetBatches",

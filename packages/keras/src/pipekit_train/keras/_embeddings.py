@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipekit_train.core import model_factory
-from pipekit_train.core.adapter import check_deep_set_options
+from pipekit_train.core.adapter import check_deep_set_options, model_factory
 
 from ._keras_backend import configure
 

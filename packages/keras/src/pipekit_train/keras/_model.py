@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from pipekit_train.core import ConfigError, ModelOpBase
-from pipekit_train.core.rollout import RolloutSpec
+from pipekit_train.core.adapter import ConfigError, ModelOpBase, RolloutSpec
 
 from . import _weights
 from ._keras_backend import backend_name

@@ -23,8 +23,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from pipekit_train.core import ConfigError
-from pipekit_train.core.adapter import OptimizerSpec, check_schedule, optimizer_spec
+from pipekit_train.core.adapter import ConfigError, OptimizerSpec, check_schedule, optimizer_spec
 
 __all__ = [
     "attach_lr_scale",

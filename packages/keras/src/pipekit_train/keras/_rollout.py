@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pipekit_train.core.rollout import RolloutSpec, jax_rollout, prepare_rollout, torch_rollout
+from pipekit_train.core.adapter import RolloutSpec, jax_rollout, prepare_rollout, torch_rollout
 
 __all__ = ["keras_rollout"]
 

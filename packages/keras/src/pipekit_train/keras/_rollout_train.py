@@ -41,8 +41,7 @@ from typing import Any
 import numpy as np
 
 import keras
-from pipekit_train.core import ConfigError, Rollout
-from pipekit_train.core.rollout import NOISE_KEY, rollout_loss, rollout_spec
+from pipekit_train.core.adapter import NOISE_KEY, ConfigError, Rollout, rollout_loss, rollout_spec
 
 __all__ = ["RolloutTraining", "check_rollout_model", "install_rollout", "rollout_targets"]
 

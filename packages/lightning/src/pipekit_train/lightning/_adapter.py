@@ -17,13 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipekit_train.core import ConfigError, TrainingArtifact
 from pipekit_train.core.adapter import (
     Adapter,
     Capabilities,
+    ConfigError,
     Plan,
     Precision,
     RunLifecycle,
+    TrainingArtifact,
     adjusts_learning_rate,
     is_core_dataset,
 )

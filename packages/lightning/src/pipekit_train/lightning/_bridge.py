@@ -41,8 +41,13 @@ import numpy as np
 import torch
 
 import lightning as L
-from pipekit_train.core.adapter import GRAD_NORM, Plan, RunLifecycle, is_core_dataset
-from pipekit_train.core.rollout import evaluates_as_rollout
+from pipekit_train.core.adapter import (
+    GRAD_NORM,
+    Plan,
+    RunLifecycle,
+    evaluates_as_rollout,
+    is_core_dataset,
+)
 
 from ._data import TensorBatches, is_datamodule, loader_pass
 from ._ema import swapped_in

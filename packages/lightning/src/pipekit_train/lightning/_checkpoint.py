@@ -18,8 +18,7 @@ from typing import Any
 
 import torch
 
-from pipekit_train.core import Checkpoint
-from pipekit_train.core.adapter import DirectoryCheckpointer
+from pipekit_train.core.adapter import Checkpoint, DirectoryCheckpointer
 
 from ._model import load_module_weights
 from ._state import TorchState

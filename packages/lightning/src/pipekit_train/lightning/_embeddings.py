@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from pipekit_train.core import model_factory
-from pipekit_train.core.adapter import check_deep_set_options, deep_set_shape_error
+from pipekit_train.core.adapter import check_deep_set_options, deep_set_shape_error, model_factory
 
 __all__ = ["DeepSet", "deep_set"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import ConfigError
 
 __all__ = ["apply_lr_scale", "unit_rate"]
 

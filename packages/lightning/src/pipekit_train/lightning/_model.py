@@ -9,10 +9,13 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from pipekit_train.core import ConfigError, ModelOpBase
-from pipekit_train.core.adapter import check_seed
-from pipekit_train.core.rollout import RolloutSpec
-from pipekit_train.core.utils import object_path
+from pipekit_train.core.adapter import (
+    ConfigError,
+    ModelOpBase,
+    RolloutSpec,
+    check_seed,
+    object_path,
+)
 
 from ._rollout import torch_rollout
 from ._weights import decode_state_dict, encode_state_dict

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import cache
 from typing import Any
 
-from pipekit_train.core import ConfigError
 from pipekit_train.core.adapter import (
+    ConfigError,
     OptimizerSpec,
     check_schedule,
     learning_rate_at,

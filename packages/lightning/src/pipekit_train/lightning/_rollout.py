@@ -46,15 +46,15 @@ import numpy as np
 import torch
 import torch.utils.checkpoint
 
-from pipekit_train.core import Rollout
-from pipekit_train.core.rollout import (
+from pipekit_train.core.adapter import (
     NOISE_KEY,
+    Rollout,
     RolloutSpec,
     prepare_rollout,
     rollout_loss,
     rollout_spec,
 )
-from pipekit_train.core.rollout import torch_rollout as run_rollout
+from pipekit_train.core.adapter import torch_rollout as run_rollout
 
 __all__ = ["TorchRolloutLoss", "torch_rollout"]
 

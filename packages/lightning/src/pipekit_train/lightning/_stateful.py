@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from pipekit_train.core import ConfigError
+from pipekit_train.core.adapter import ConfigError
 
 from ._weights import from_json_tree, to_json_tree
 

@@ -35,9 +35,9 @@ from pipekit_train.core.adapter import (
     Plan,
     StepBackend,
     adjusts_learning_rate,
+    evaluates_as_rollout,
     prefetch_depth,
 )
-from pipekit_train.core.rollout import evaluates_as_rollout
 
 from ._amp import amp_for
 from ._checkpoint import checkpointer

@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipekit_train.core import ConfigError, TrainingArtifact
 from pipekit_train.core.adapter import (
     Capabilities,
+    ConfigError,
     Plan,
     StepAdapter,
+    TrainingArtifact,
     resolve_precision,
     run_step_loop,
 )

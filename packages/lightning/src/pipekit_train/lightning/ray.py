@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from pipekit_train.core import ConfigError
-from pipekit_train.core.utils import (
+from pipekit_train.core.adapter import (
+    ConfigError,
     check_ray_fit,
     fit_with_ray_trainer,
     optional_import,

@@ -13,7 +13,7 @@ backend:
 | `adagrad` | `eps=1e-8`, `initial_accumulator_value=0.1`, `weight_decay=0.0` |
 
 Every optimizer also takes `learning_rate` (a number or a schedule dict, see
-`pipekit_train.core.adapter.SCHEDULES`), `clip_norm` (clip the global gradient norm
+`pipekit_train.core.spec.SCHEDULES`), `clip_norm` (clip the global gradient norm
 before the update), `clip_value` (clip each gradient element) and `ema` (keep an
 exponential moving average of the weights):
 

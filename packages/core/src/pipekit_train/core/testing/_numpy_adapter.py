@@ -16,13 +16,13 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 
+from pipekit_train.core import NotSupportedError
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.adapter import (
     GRAD_NORM,
     Capabilities,
     DirectoryCheckpointer,
     HostBuffers,
-    NotSupportedError,
     Plan,
     StepAdapter,
     StepBackend,
