@@ -1,6 +1,6 @@
 """A model operator handed another framework's factory fails at construction, clearly.
 
-Each operator class (`EquinoxModelOp`, `LightningModelOp`, `KerasModelOp`) is given the
+Each operator class (`EquinoxModelOp`, `TorchModelOp`, `KerasModelOp`) is given the
 other backends' testing factories: the `ConfigError` names the framework the factory
 builds, the operator class, the operator that holds such a model, and the operator's own
 testing factory of the same name — never a raw `TypeError` from inside the build.
@@ -23,9 +23,9 @@ from pipekit_train.core import ConfigError, TrainingLoop
 from pipekit_train.core.data import ArrayDataset
 from pipekit_train.equinox import EquinoxModelOp
 from pipekit_train.keras import KerasModelOp
-from pipekit_train.lightning import LightningModelOp
+from pipekit_train.lightning import TorchModelOp
 
-OPS = {"equinox": EquinoxModelOp, "lightning": LightningModelOp, "keras": KerasModelOp}
+OPS = {"equinox": EquinoxModelOp, "lightning": TorchModelOp, "keras": KerasModelOp}
 BUILDS = {
     "equinox": "an Equinox model (an `eqx.Module`: it takes a PRNG `key`)",
     "lightning": "a PyTorch model (a `torch.nn.Module`)",
@@ -63,7 +63,7 @@ def test_readme_quickstart_with_only_the_operator_swapped_fails_before_training(
     x = np.random.default_rng(0).uniform(-1, 1, (64, 4)).astype(np.float32)
     with pytest.raises(ConfigError, match=r"builds an Equinox model .*Use `EquinoxModelOp`"):
         TrainingLoop(
-            model=LightningModelOp(
+            model=TorchModelOp(
                 "pipekit_train.equinox.testing:linear", in_size=4, out_size=1, seed=0
             ),
             data=ArrayDataset(x=x, y=x.sum(1, keepdims=True)),
@@ -90,10 +90,10 @@ def test_keras_model_on_torch_is_refused_by_the_lightning_operator() -> None:
     code = textwrap.dedent(
         """
         from pipekit_train.core import ConfigError
-        from pipekit_train.lightning import LightningModelOp
+        from pipekit_train.lightning import TorchModelOp
         import pipekit_train.keras
         try:
-            LightningModelOp("pipekit_train.keras.testing:linear", in_size=4, out_size=1)
+            TorchModelOp("pipekit_train.keras.testing:linear", in_size=4, out_size=1)
         except ConfigError as exc:
             print(exc)
         """
@@ -107,6 +107,6 @@ def test_keras_model_on_torch_is_refused_by_the_lightning_operator() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (
-        "but the factory builds a Keras model (a `keras.Model`) and `LightningModelOp` holds "
+        "but the factory builds a Keras model (a `keras.Model`) and `TorchModelOp` holds "
         "a `torch.nn.Module`. Use `KerasModelOp` for this factory"
     ) in proc.stdout

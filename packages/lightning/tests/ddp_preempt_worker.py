@@ -25,7 +25,7 @@ def _loop(out: Path, directory: str, slow: bool, rank_file: Any) -> Any:
     from pipekit_train.core import Checkpoint, TrainingLoop
     from pipekit_train.core.callbacks import LambdaCallback
     from pipekit_train.core.testing import regression_task
-    from pipekit_train.lightning import Lightning, LightningModelOp
+    from pipekit_train.lightning import Lightning, TorchModelOp
 
     train, val = regression_task()
 
@@ -36,7 +36,7 @@ def _loop(out: Path, directory: str, slow: bool, rank_file: Any) -> Any:
             time.sleep(0.25)
 
     return TrainingLoop(
-        model=LightningModelOp(
+        model=TorchModelOp(
             "pipekit_train.lightning.testing:mlp",
             in_size=4,
             out_size=1,

@@ -30,9 +30,9 @@ from typing import Any
 
 def _mlp(dropout: float = 0.0) -> Any:
     """The workers' model: the testing MLP (4 -> 8 -> 1), seed 0."""
-    from pipekit_train.lightning import LightningModelOp
+    from pipekit_train.lightning import TorchModelOp
 
-    return LightningModelOp(
+    return TorchModelOp(
         "pipekit_train.lightning.testing:mlp",
         in_size=4,
         out_size=1,
@@ -105,7 +105,7 @@ def main(out: Path, strategy: str, elastic: bool) -> None:
     from pipekit_train.core.data import ArrayDataset
     from pipekit_train.core.testing import regression_task
     from pipekit_train.core.writers import JsonlWriter
-    from pipekit_train.lightning import Lightning, LightningModelOp
+    from pipekit_train.lightning import Lightning, TorchModelOp
 
     launched = "LOCAL_RANK" in os.environ  # a rank Lightning's launcher started
     runs: dict[str, Any] = {}
@@ -144,7 +144,7 @@ def main(out: Path, strategy: str, elastic: bool) -> None:
             }
         )
     epoch = TrainingLoop(
-        model=LightningModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1),
+        model=TorchModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1),
         data=train,
         batch_size=16,
         max_epochs=1,
@@ -156,7 +156,7 @@ def main(out: Path, strategy: str, elastic: bool) -> None:
     batch = train.get_batch(np.arange(len(train)))
     batch["x"][37] = np.nan
     skipped = TrainingLoop(
-        model=LightningModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1),
+        model=TorchModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1),
         data=ArrayDataset(**batch),
         batch_size=16,
         max_epochs=1,
@@ -180,7 +180,7 @@ def main(out: Path, strategy: str, elastic: bool) -> None:
 
     try:
         TrainingLoop(
-            model=LightningModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1),
+            model=TorchModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1),
             data=train,
             batch_size=16,
             max_steps=4,
@@ -214,8 +214,8 @@ def _torch_runs(out: Path, rank: int) -> dict[str, Any]:
     from pipekit_train.core.data import ArrayDataset
     from pipekit_train.core.testing import regression_task
     from pipekit_train.lightning import Torch
-    from pipekit_train.lightning._distributed import DataParallel
     from pipekit_train.lightning._state import TorchState
+    from pipekit_train.lightning.torch._distributed import DataParallel
 
     assert torch.distributed.is_initialized()
     train, val = regression_task()

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from pipekit_train.core.testing import check_calibration_monitor
-from pipekit_train.lightning import Lightning, LightningModelOp, Torch
+from pipekit_train.lightning import Lightning, Torch, TorchModelOp
 
 
 @pytest.mark.parametrize("adapter", ["torch", "lightning"])
 def test_monitor_logs_and_matches_the_artifact(adapter: str) -> None:
     check_calibration_monitor(
-        LightningModelOp(
+        TorchModelOp(
             "pipekit_train.lightning:deep_set",
             point_size=2,
             out_size=4,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipekit_train.core.testing import AdapterConformance
-from pipekit_train.lightning import LightningModelOp
+from pipekit_train.lightning import TorchModelOp
 
 
 class TestLightningConformance(AdapterConformance):
@@ -16,6 +16,6 @@ class TestLightningConformance(AdapterConformance):
     fencing_trial_s3 = False
 
     def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
-        return LightningModelOp(
+        return TorchModelOp(
             "pipekit_train.lightning.testing:linear", in_size=in_size, out_size=out_size, seed=seed
         )

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from pipekit_train.core.testing import DeepSetSuite
-from pipekit_train.lightning import LightningModelOp, Torch
+from pipekit_train.lightning import Torch, TorchModelOp
 
 
 class TestTorchDeepSet(DeepSetSuite):
     adapter = Torch()
 
-    def make_op(self, **options: Any) -> LightningModelOp:
-        return LightningModelOp("pipekit_train.lightning:deep_set", **options)
+    def make_op(self, **options: Any) -> TorchModelOp:
+        return TorchModelOp("pipekit_train.lightning:deep_set", **options)

@@ -14,7 +14,7 @@ import torch
 
 from pipekit_train.core import ConfigError, TrainingLoop
 from pipekit_train.core.testing import regression_task
-from pipekit_train.lightning import LightningModelOp, Torch
+from pipekit_train.lightning import Torch, TorchModelOp
 from pipekit_train.lightning.testing import GRAPHS_LOSS_RTOL, graphs_check, graphs_failures
 
 CUDA = torch.cuda.is_available()
@@ -23,7 +23,7 @@ CUDA = torch.cuda.is_available()
 def _plan(**overrides: Any) -> Any:
     train, _ = regression_task()
     kwargs: dict[str, Any] = {
-        "model": LightningModelOp("pipekit_train.lightning.testing:mlp", in_size=4, out_size=1),
+        "model": TorchModelOp("pipekit_train.lightning.testing:mlp", in_size=4, out_size=1),
         "data": train,
         "optimizer_config": {"name": "adam", "lr": 1e-3},
         "batch_size": 16,
@@ -54,7 +54,7 @@ def test_cuda_graphs_on_the_cpu_is_refused_before_any_work() -> None:
         (
             {},
             {
-                "model": LightningModelOp(
+                "model": TorchModelOp(
                     "pipekit_train.lightning.testing:mlp", in_size=4, out_size=1, dropout=0.1
                 )
             },

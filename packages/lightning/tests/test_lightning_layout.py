@@ -1,4 +1,4 @@
-"""`LightningModelOp(..., layout="channels_last")`: channels-last fields on a torch conv net."""
+"""`TorchModelOp(..., layout="channels_last")`: channels-last fields on a torch conv net."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pipekit_train.core.testing import (
     golden_conv_weights,
     golden_field_task,
 )
-from pipekit_train.lightning import LightningModelOp
+from pipekit_train.lightning import TorchModelOp
 
 CONV = "pipekit_train.lightning.testing:conv_net"
 SIZES = {"in_channels": 2, "out_channels": 2, "width": 4, "depth": 1}
@@ -27,8 +27,8 @@ def _fields(n: int = 3, size: int = 6) -> np.ndarray:
 
 
 def test_channels_last_permutes_at_the_boundary() -> None:
-    op = LightningModelOp(CONV, layout="channels_last", seed=1, **SIZES)
-    plain = LightningModelOp(CONV, seed=1, **SIZES)  # the same module, channels-first
+    op = TorchModelOp(CONV, layout="channels_last", seed=1, **SIZES)
+    plain = TorchModelOp(CONV, seed=1, **SIZES)  # the same module, channels-first
     x = _fields()
     out = op(x)
     assert out.shape == (3, 6, 6, 2)
@@ -40,24 +40,24 @@ def test_channels_last_permutes_at_the_boundary() -> None:
 
 
 def test_layout_travels_with_the_config_and_weights() -> None:
-    op = LightningModelOp(CONV, layout="channels_last", **SIZES)
+    op = TorchModelOp(CONV, layout="channels_last", **SIZES)
     config = op.get_config()
     assert config["layout"] == "channels_last"
-    assert "layout" not in LightningModelOp(CONV, **SIZES).get_config()  # old records unchanged
-    rebuilt = LightningModelOp.from_config(config).with_weights(op.serialize_weights())
+    assert "layout" not in TorchModelOp(CONV, **SIZES).get_config()  # old records unchanged
+    rebuilt = TorchModelOp.from_config(config).with_weights(op.serialize_weights())
     assert rebuilt.layout == "channels_last"
     np.testing.assert_array_equal(rebuilt(_fields()), op(_fields()))
     assert op.copy()(_fields()).shape == (3, 6, 6, 2)
-    wrapped = LightningModelOp.wrap(torch.nn.Conv2d(2, 2, 3, padding=1), layout="channels_last")
+    wrapped = TorchModelOp.wrap(torch.nn.Conv2d(2, 2, 3, padding=1), layout="channels_last")
     assert wrapped(_fields()).shape == (3, 6, 6, 2)
 
 
 def test_unknown_layout_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"Received: layout='NHWC'"):
-        LightningModelOp(CONV, layout="NHWC", **SIZES)
+        TorchModelOp(CONV, layout="NHWC", **SIZES)
 
 
-def _loop(model: LightningModelOp, x: np.ndarray, tmp_path: Path) -> TrainingLoop:
+def _loop(model: TorchModelOp, x: np.ndarray, tmp_path: Path) -> TrainingLoop:
     data = ArrayDataset(x=x, y=x)
     from pipekit_train.core import Checkpoint
 
@@ -75,7 +75,7 @@ def _loop(model: LightningModelOp, x: np.ndarray, tmp_path: Path) -> TrainingLoo
 
 def test_channels_first_module_on_channels_last_data_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        _loop(LightningModelOp(CONV, **SIZES), _fields(4), tmp_path)
+        _loop(TorchModelOp(CONV, **SIZES), _fields(4), tmp_path)
     text = str(info.value)
     assert "Received: data['x'] with samples of shape (6, 6, 2)" in text
     assert "layout='channels_last'" in text
@@ -84,7 +84,7 @@ def test_channels_first_module_on_channels_last_data_is_refused(tmp_path: Path) 
 
 def test_channels_first_data_is_refused(tmp_path: Path) -> None:
     x = np.ascontiguousarray(np.moveaxis(_fields(4), -1, 1))  # (N, C, H, W)
-    op = LightningModelOp(CONV, layout="channels_last", **SIZES)
+    op = TorchModelOp(CONV, layout="channels_last", **SIZES)
     with pytest.raises(ConfigError, match=r"channels-first \(C, H, W\).*np.moveaxis") as info:
         _loop(op, x, tmp_path)
     assert "Received: data['x'] with samples of shape (2, 6, 6)" in str(info.value)

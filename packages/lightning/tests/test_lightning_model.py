@@ -1,4 +1,4 @@
-"""`LightningModelOp`, the safetensors weight format, optimizer configs, `Lightning()` arguments."""
+"""`TorchModelOp`, the safetensors weight format, optimizer configs, `Lightning()` arguments."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipekit_train.core import ConfigError, TrainingLoop, model_op_from_config
-from pipekit_train.lightning import Lightning, LightningModelOp
+from pipekit_train.lightning import Lightning, TorchModelOp
 from pipekit_train.lightning._optim import build_optimizer, check_optimizer_config
 from pipekit_train.lightning._weights import (
     decode_optimizer,
@@ -26,16 +26,16 @@ MLP = "pipekit_train.lightning.testing:mlp"
 def test_same_seed_same_bytes_and_global_rng_untouched() -> None:
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    a = LightningModelOp(LINEAR, in_size=4, out_size=2, seed=0)
-    b = LightningModelOp(LINEAR, in_size=4, out_size=2, seed=0)
-    c = LightningModelOp(LINEAR, in_size=4, out_size=2, seed=1)
+    a = TorchModelOp(LINEAR, in_size=4, out_size=2, seed=0)
+    b = TorchModelOp(LINEAR, in_size=4, out_size=2, seed=0)
+    c = TorchModelOp(LINEAR, in_size=4, out_size=2, seed=1)
     assert torch.equal(torch.get_rng_state(), before)
     assert a.serialize_weights() == b.serialize_weights() != c.serialize_weights()
     assert c.with_weights(a.serialize_weights()).serialize_weights() == a.serialize_weights()
 
 
 def test_call_is_eval_mode_numpy_in_numpy_out() -> None:
-    op = LightningModelOp(MLP, in_size=3, out_size=2, width=16, dropout=0.5, seed=0)
+    op = TorchModelOp(MLP, in_size=3, out_size=2, width=16, dropout=0.5, seed=0)
     x = np.random.default_rng(0).standard_normal((5, 3))  # float64 in: cast to the model's dtype
     out1, out2 = op(x), op(x)
     assert isinstance(out1, np.ndarray) and out1.shape == (5, 2) and out1.dtype == np.float32
@@ -44,22 +44,46 @@ def test_call_is_eval_mode_numpy_in_numpy_out() -> None:
 
 
 def test_config_round_trip_and_registry_rebuild() -> None:
-    op = LightningModelOp(MLP, in_size=2, out_size=1, width=8, seed=3)
+    op = TorchModelOp(MLP, in_size=2, out_size=1, width=8, seed=3)
     config = json.loads(json.dumps(op.get_config()))
     rebuilt = model_op_from_config(config)
-    assert isinstance(rebuilt, LightningModelOp)
+    assert isinstance(rebuilt, TorchModelOp)
     assert rebuilt.serialize_weights() == op.serialize_weights()
     assert isinstance(op.default_adapter(), Lightning)
 
 
+class _OwnOp(TorchModelOp):
+    """A user's subclass: its configs name it, not `TorchModelOp`."""
+
+
+def test_lightning_model_op_is_the_same_class_under_its_earlier_name() -> None:
+    """Code that writes `LightningModelOp` and configs written before the rename still work."""
+    import pipekit_train.lightning as pl
+    from pipekit_train.core.utils import load_backend
+    from pipekit_train.lightning._model import LightningModelOp
+
+    assert LightningModelOp is TorchModelOp is pl.LightningModelOp
+    assert {"LightningModelOp", "TorchModelOp"} <= set(pl.__all__)
+    op = LightningModelOp(MLP, in_size=2, out_size=1, width=8, seed=3)
+    # the stored path is the one configs always named: resume keys and records compare equal
+    assert op.get_config()["type"] == "pipekit_train.lightning._model:LightningModelOp"
+    old = {"type": "pipekit_train.lightning._model:LightningModelOp", "backend": "lightning"}
+    rebuilt = model_op_from_config({**old, "factory": MLP, "seed": 3, "kwargs": op.kwargs})
+    assert type(rebuilt) is TorchModelOp
+    assert rebuilt.serialize_weights() == op.serialize_weights()
+    assert type(op.default_adapter()) is Lightning
+    for name in ("lightning", "torch"):
+        assert load_backend(name).model_op_class() is TorchModelOp
+    own = _OwnOp(MLP, in_size=2, out_size=1, width=8)
+    assert own.get_config()["type"].endswith("test_lightning_model:_OwnOp")
+
+
 def test_tied_weights_stored_once_and_stay_tied() -> None:
-    op = LightningModelOp("pipekit_train.lightning.testing:tied", size=4, seed=0)
+    op = TorchModelOp("pipekit_train.lightning.testing:tied", size=4, seed=0)
     blob = op.serialize_weights()
     tensors, _ = decode_tensors(blob)
     assert set(tensors) == {"decode.weight", "encode.weight"}
-    other = LightningModelOp("pipekit_train.lightning.testing:tied", size=4, seed=9).with_weights(
-        blob
-    )
+    other = TorchModelOp("pipekit_train.lightning.testing:tied", size=4, seed=9).with_weights(blob)
     assert other.model.encode.weight is other.model.decode.weight
     assert other.serialize_weights() == blob
 
@@ -73,16 +97,16 @@ def test_overlapping_views_are_copied() -> None:
 
 
 def test_bad_weights_and_bad_factory() -> None:
-    op = LightningModelOp(LINEAR, in_size=4, out_size=1)
+    op = TorchModelOp(LINEAR, in_size=4, out_size=1)
     with pytest.raises(ConfigError, match="Received"):
         op.with_weights(b"not safetensors")
-    other = LightningModelOp(LINEAR, in_size=3, out_size=1).serialize_weights()
+    other = TorchModelOp(LINEAR, in_size=3, out_size=1).serialize_weights()
     with pytest.raises(ConfigError, match="shape"):
         op.with_weights(other)
     with pytest.raises(ConfigError, match="torch.nn.Module"):
-        LightningModelOp("builtins:dict")
+        TorchModelOp("builtins:dict")
     with pytest.raises(ConfigError, match="JSON"):
-        LightningModelOp(LINEAR, in_size=np.zeros(2), out_size=1)
+        TorchModelOp(LINEAR, in_size=np.zeros(2), out_size=1)
 
 
 def test_optimizer_state_round_trip() -> None:
@@ -208,7 +232,7 @@ def test_lightning_arguments() -> None:
 
 def test_plan_checks(regression) -> None:
     train, val = regression
-    model = LightningModelOp(LINEAR, in_size=4, out_size=1)
+    model = TorchModelOp(LINEAR, in_size=4, out_size=1)
     with pytest.raises(ConfigError, match="sharding"):
         TrainingLoop(model=model, data=train, max_steps=2, sharding="dp")
     with pytest.raises(ConfigError, match="clip"):
@@ -219,7 +243,7 @@ def test_plan_checks(regression) -> None:
             optimizer_config={"name": "adam", "clip_norm": 1.0},
             adapter=Lightning(gradient_clip_val=2.0),
         )
-    with pytest.raises(ConfigError, match="LightningModelOp"):
+    with pytest.raises(ConfigError, match="TorchModelOp"):
         TrainingLoop(model=object(), data=train, max_steps=2, adapter=Lightning())
     with pytest.raises(ConfigError, match="data"):
         TrainingLoop(model=model, data=[1, 2, 3], max_steps=2)
@@ -229,7 +253,7 @@ def test_global_batch_must_split_over_the_ranks(regression, tmp_path) -> None:
     """Refused before `Trainer.fit` launches any rank, and before anything is written."""
     train, _ = regression
     loop = TrainingLoop(
-        model=LightningModelOp(LINEAR, in_size=4, out_size=1),
+        model=TorchModelOp(LINEAR, in_size=4, out_size=1),
         data=train,
         batch_size=15,
         max_steps=2,
@@ -259,4 +283,4 @@ def test_import_does_not_import_lightning() -> None:
 
 def test_wrap_refuses_a_negative_seed() -> None:
     with pytest.raises(ConfigError, match=r"Received: seed=-1"):
-        LightningModelOp.wrap(torch.nn.Linear(2, 1), seed=-1)
+        TorchModelOp.wrap(torch.nn.Linear(2, 1), seed=-1)

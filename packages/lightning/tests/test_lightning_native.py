@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from pipekit_train.core import Checkpoint, TrainingLoop
 from pipekit_train.core.testing import HookRecorder
 from pipekit_train.core.writers import MemoryWriter
-from pipekit_train.lightning import Lightning, LightningModelOp
+from pipekit_train.lightning import Lightning, TorchModelOp
 
 L = pytest.importorskip("lightning")
 
@@ -97,7 +97,7 @@ def test_user_module_with_dataloaders(regression: Any, tmp_path: Path) -> None:
     assert losses[-5:].mean() < 0.5 * losses[:5].mean()
     assert [s for h, s in rec.calls if h == "on_checkpoint"] == [10, 20, 30]
     # the artifact's operator wraps the trained module and rebuilds from its hparams
-    assert isinstance(art.model, LightningModelOp)
+    assert isinstance(art.model, TorchModelOp)
     assert art.model.kwargs == {"in_size": 4, "lr": 0.05}
     x = val.get_batch(np.arange(4))["x"]
     np.testing.assert_allclose(
@@ -164,16 +164,16 @@ def test_plain_torch_module_with_core_data(regression: Any, tmp_path: Path) -> N
     )
     art = TrainingLoop(model=net, max_steps=10, **kwargs).run()
     assert art.steps == 10 and art.history.series("val_loss")[0] == [5, 10]
-    assert isinstance(art.model, LightningModelOp)
+    assert isinstance(art.model, TorchModelOp)
     assert (
-        art.model.serialize_weights() != LightningModelOp.wrap(net).serialize_weights()
+        art.model.serialize_weights() != TorchModelOp.wrap(net).serialize_weights()
     )  # the input is copied
 
 
 def test_model_op_with_native_loader(regression: Any) -> None:
     train, val = regression
     art = TrainingLoop(
-        model=LightningModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1),
+        model=TorchModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1),
         data=loader(train, shuffle=True),
         validation=loader(val),
         metrics=["rmse"],

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipekit_train.core import Checkpoint, ConfigError, OnlineTrainer
-from pipekit_train.lightning import LightningModelOp
+from pipekit_train.lightning import TorchModelOp
 
 
 def stream(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
@@ -22,8 +22,8 @@ def stream(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
     return out
 
 
-def model() -> LightningModelOp:
-    return LightningModelOp(
+def model() -> TorchModelOp:
+    return TorchModelOp(
         "pipekit_train.lightning.testing:mlp", in_size=3, out_size=1, width=16, dropout=0.1, seed=0
     )
 

@@ -13,13 +13,13 @@ import pytest
 
 from pipekit_train.core import Checkpoint, TrainingLoop
 from pipekit_train.core.testing import regression_task
-from pipekit_train.lightning import LightningModelOp, Torch, _step_backend
+from pipekit_train.lightning import Torch, TorchModelOp, _step_backend
 
 
 def _loop(**overrides: Any) -> TrainingLoop:
     train, val = regression_task()
     kwargs: dict[str, Any] = {
-        "model": LightningModelOp("pipekit_train.lightning.testing:mlp", in_size=4, out_size=1),
+        "model": TorchModelOp("pipekit_train.lightning.testing:mlp", in_size=4, out_size=1),
         "data": train,
         "validation": val,
         "optimizer_config": {"name": "adam", "lr": 1e-2},

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pipekit_train.core import TrainingLoop
-from pipekit_train.lightning import Lightning, LightningModelOp
+from pipekit_train.lightning import Lightning, TorchModelOp
 
 pytestmark = pytest.mark.usefixtures("lightning_module")
 
@@ -46,7 +46,7 @@ def test_run_prints_no_device_banners(regression: Any, capfd: pytest.CaptureFixt
     train, val = regression
     with _collect_logs() as lines:
         TrainingLoop(
-            model=LightningModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1),
+            model=TorchModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1),
             data=train,
             validation=val,
             optimizer_config={"name": "adam", "lr": 1e-2},

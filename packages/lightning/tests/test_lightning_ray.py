@@ -45,7 +45,7 @@ def make_loop(
     options) its checkpoints go to `s3://`."""
     from pipekit_train.core import Checkpoint, TrainingLoop
     from pipekit_train.core.testing import RayProbe, regression_task
-    from pipekit_train.lightning import Lightning, LightningModelOp, Torch
+    from pipekit_train.lightning import Lightning, Torch, TorchModelOp
 
     train, val = regression_task()
     directory = str(Path(out) / f"{tag}-ckpt")
@@ -53,7 +53,7 @@ def make_loop(
         directory = f"s3://{BUCKET}/{Path(out).name}/{tag}-ckpt"
     policy = Checkpoint(directory, every_n_steps=EVERY, max_to_keep=None, storage_options=s3)
     return TrainingLoop(
-        model=LightningModelOp(
+        model=TorchModelOp(
             "pipekit_train.lightning.testing:mlp", in_size=4, out_size=1, width=8, seed=0
         ),
         data=train,

@@ -10,14 +10,14 @@ import pytest
 from pipekit_train.core import ConfigError, IntegrityError, UntrustedFactoryError
 from pipekit_train.core.registry import LocalModelRegistry
 from pipekit_train.core.registry._record import record_digest
-from pipekit_train.lightning import LightningModelOp
+from pipekit_train.lightning import TorchModelOp
 
 LINEAR = "pipekit_train.lightning.testing:linear"
 
 
 def test_a_manifest_naming_subprocess_run_runs_nothing(tmp_path: Path) -> None:
     registry = LocalModelRegistry(tmp_path / "models")
-    op = LightningModelOp(LINEAR, in_size=3, out_size=1, seed=2)
+    op = TorchModelOp(LINEAR, in_size=3, out_size=1, seed=2)
     registry.register("victim", op)
     assert registry.load("victim").serialize_weights() == op.serialize_weights()
 
@@ -29,7 +29,7 @@ def test_a_manifest_naming_subprocess_run_runs_nothing(tmp_path: Path) -> None:
 
     # The payload is real: the operator class calls `factory(**kwargs)` ...
     with pytest.raises(ConfigError, match="torch.nn.Module"):
-        LightningModelOp.from_config(manifest["config"])
+        TorchModelOp.from_config(manifest["config"])
     assert marker.exists()
     marker.unlink()
 

@@ -1,4 +1,4 @@
-"""`LightningModelOp.rollout`: the no-grad device loop equals the host loop (every head, keep, chunk)."""
+"""`TorchModelOp.rollout`: the no-grad device loop equals the host loop (every head, keep, chunk)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from pipekit_train.core.testing import (
     check_rollout_monitor,
     check_stochastic_rollout,
 )
-from pipekit_train.lightning import LightningModelOp
+from pipekit_train.lightning import TorchModelOp
 
 
-def make_op(in_size: int, out_size: int) -> LightningModelOp:
-    return LightningModelOp(
+def make_op(in_size: int, out_size: int) -> TorchModelOp:
+    return TorchModelOp(
         "pipekit_train.lightning.testing:mlp", in_size=in_size, out_size=out_size, width=16, seed=1
     )
 

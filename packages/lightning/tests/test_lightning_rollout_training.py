@@ -22,14 +22,14 @@ from pipekit_train.core.testing import (
     check_rollout_schedule_counts_skipped_updates,
     golden_rollout_task,
 )
-from pipekit_train.lightning import Lightning, LightningModelOp, Torch
+from pipekit_train.lightning import Lightning, Torch, TorchModelOp
 from pipekit_train.lightning._rollout import TorchRolloutLoss
 
 ADAPTERS = {"lightning": Lightning, "torch": Torch}
 
 
-def _op() -> LightningModelOp:
-    return LightningModelOp(
+def _op() -> TorchModelOp:
+    return TorchModelOp(
         "pipekit_train.lightning.testing:mlp", in_size=2, out_size=2, width=16, seed=0
     )
 

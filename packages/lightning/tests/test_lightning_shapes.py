@@ -12,7 +12,7 @@ import torch
 from pipekit_train.core import Checkpoint, ConfigError, TrainingLoop
 from pipekit_train.core.data import ArrayDataset
 from pipekit_train.core.testing import regression_task
-from pipekit_train.lightning import Lightning, LightningModelOp
+from pipekit_train.lightning import Lightning, TorchModelOp
 
 MLP = "pipekit_train.lightning.testing:mlp"
 
@@ -28,7 +28,7 @@ def _data(n: int, in_size: int, out_size: int) -> ArrayDataset:
 def _loop(tmp_path: Path, model: Any = None, **kw: Any) -> TrainingLoop:
     train, val = regression_task(n_train=32, n_val=8)
     args: dict[str, Any] = {
-        "model": model or LightningModelOp(MLP, in_size=4, out_size=1, width=8),
+        "model": model or TorchModelOp(MLP, in_size=4, out_size=1, width=8),
         "data": train,
         "validation": val,
         "loss": "mse",

@@ -14,7 +14,7 @@ import torch
 
 from pipekit_train.core import Checkpoint, ConfigError, TrainingLoop
 from pipekit_train.core.testing import run_python
-from pipekit_train.lightning import Lightning, LightningModelOp
+from pipekit_train.lightning import Lightning, TorchModelOp
 from pipekit_train.lightning._stateful import (
     decode_loader_state,
     encode_loader_state,
@@ -109,7 +109,7 @@ def test_lightning_refuses_it_before_the_first_step(
         batch_size=16,
     )
     loop = TrainingLoop(
-        model=LightningModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1),
+        model=TorchModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1),
         data=data,
         max_steps=4,
         checkpoint=Checkpoint(tmp_path / "ck", every_n_steps=1, async_save=False),

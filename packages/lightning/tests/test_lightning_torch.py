@@ -20,7 +20,7 @@ from pipekit_train.core import Checkpoint, ConfigError, OnlineTrainer, TrainingL
 from pipekit_train.core.checkpoint import step_dirs
 from pipekit_train.core.data import ArrayDataset, make_batches
 from pipekit_train.core.testing import AdapterConformance, regression_task, run_python
-from pipekit_train.lightning import CompileFallbackWarning, LightningModelOp, Torch
+from pipekit_train.lightning import CompileFallbackWarning, Torch, TorchModelOp
 
 HERE = Path(__file__).resolve().parent
 # the kill-and-resume workers fork from a server that imported these
@@ -34,7 +34,7 @@ class TestTorchConformance(AdapterConformance):
     fencing_trial = False
 
     def make_model(self, in_size: int, out_size: int, seed: int = 0) -> Any:
-        return LightningModelOp(
+        return TorchModelOp(
             "pipekit_train.lightning.testing:linear", in_size=in_size, out_size=out_size, seed=seed
         )
 
@@ -42,8 +42,8 @@ class TestTorchConformance(AdapterConformance):
         return Torch()
 
 
-def mlp(seed: int = 0, **kwargs: Any) -> LightningModelOp:
-    return LightningModelOp(
+def mlp(seed: int = 0, **kwargs: Any) -> TorchModelOp:
+    return TorchModelOp(
         "pipekit_train.lightning.testing:mlp", in_size=4, out_size=1, width=16, seed=seed, **kwargs
     )
 
@@ -142,7 +142,7 @@ def test_direct_loss_kernels_are_bit_identical_to_the_functionals(
 
 
 def test_grad_reset_is_zero_grad_and_keeps_an_overridden_one() -> None:
-    from pipekit_train.lightning._grads import GradReset
+    from pipekit_train.lightning.torch._grads import GradReset
 
     net = torch.nn.Linear(3, 2)
     extra = torch.nn.Parameter(torch.ones(4))
@@ -431,9 +431,9 @@ def test_torch_never_imports_lightning(tmp_path: Path) -> None:
         "import sys\n"
         "from pipekit_train.core import TrainingLoop\n"
         "from pipekit_train.core.testing import regression_task\n"
-        "from pipekit_train.lightning import LightningModelOp, Torch\n"
+        "from pipekit_train.lightning import TorchModelOp, Torch\n"
         "train, val = regression_task()\n"
-        "TrainingLoop(model=LightningModelOp('pipekit_train.lightning.testing:mlp', in_size=4,"
+        "TrainingLoop(model=TorchModelOp('pipekit_train.lightning.testing:mlp', in_size=4,"
         " out_size=1), data=train, validation=val, batch_size=16, max_steps=12,"
         " validate_every_n_steps=6, adapter=Torch(steps_per_execution=3), progress=False).run()\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning'))\n"

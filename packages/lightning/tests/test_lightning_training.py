@@ -16,15 +16,15 @@ from pipekit_train.core.adapter import learning_rate_at
 from pipekit_train.core.callbacks import LambdaCallback, LearningRateLogger
 from pipekit_train.core.checkpoint import step_dirs
 from pipekit_train.core.writers import MemoryWriter
-from pipekit_train.lightning import Lightning, LightningModelOp
+from pipekit_train.lightning import Lightning, TorchModelOp
 
 pytestmark = pytest.mark.usefixtures("lightning_module")
 
 MLP = "pipekit_train.lightning.testing:mlp"
 
 
-def dropout_model(seed: int = 0) -> LightningModelOp:
-    return LightningModelOp(MLP, in_size=4, out_size=1, width=16, dropout=0.2, seed=seed)
+def dropout_model(seed: int = 0) -> TorchModelOp:
+    return TorchModelOp(MLP, in_size=4, out_size=1, width=16, dropout=0.2, seed=seed)
 
 
 def make_loop(regression: Any, **overrides: Any) -> TrainingLoop:
@@ -120,7 +120,7 @@ def test_global_rng_untouched_and_model_op_not_mutated(regression: Any) -> None:
 def test_accumulation_matches_full_batch(regression: Any) -> None:
     """k batches of `batch_size` per update: the same as one batch of k * batch_size."""
     sgd = {"name": "sgd", "lr": 0.05}
-    model = LightningModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1)
+    model = TorchModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1)
     full = make_loop(
         regression, model=model, optimizer_config=sgd, max_steps=12, batch_size=64
     ).run()

@@ -73,7 +73,7 @@ def build(spec: dict[str, Any], *, kill_at: int | None) -> Any:
     from pipekit_train.core import Checkpoint, TrainingLoop
     from pipekit_train.core.callbacks import LambdaCallback
     from pipekit_train.core.testing import regression_task
-    from pipekit_train.lightning import Lightning, LightningModelOp, Torch
+    from pipekit_train.lightning import Lightning, Torch, TorchModelOp
 
     train, val = regression_task()
 
@@ -86,7 +86,7 @@ def build(spec: dict[str, Any], *, kill_at: int | None) -> Any:
     directory = spec.get("directory")
     own_validation = spec.get("data") == "datamodule"  # a LightningDataModule brings its own
     return TrainingLoop(
-        model=LightningModelOp(
+        model=TorchModelOp(
             "pipekit_train.lightning.testing:mlp",
             in_size=4,
             out_size=1,

@@ -4,9 +4,12 @@
   `lightning.Trainer.fit`, with core's batching, callbacks, writers, validation schedule,
   checkpoints (exact resume) and artifact.
 - `Torch(steps_per_execution=..., precision=..., compile=...)`: plain PyTorch on core's
-  run loop (no Lightning loop; `lightning` is never imported), with fused steps.
-- `LightningModelOp(factory, seed=..., **kwargs)`: a `torch.nn.Module` as a model
-  operator (numpy in, numpy out; safetensors weights).
+  run loop (no Lightning loop; `lightning` is never imported), with fused steps. It
+  lives in the sub-package `pipekit_train.lightning.torch` with the step machinery only
+  it uses.
+- `TorchModelOp(factory, seed=..., **kwargs)`: a `torch.nn.Module` as a model operator
+  (numpy in, numpy out; safetensors weights), trained by both adapters
+  (`LightningModelOp` is the same class, under its earlier name).
 - `deep_set` / `DeepSet`: a permutation-invariant embedding for sets of i.i.d. points,
   usable with any head (a model factory: `"pipekit_train.lightning:deep_set"`).
 
@@ -17,10 +20,9 @@
 from typing import Any as _Any
 
 from ._adapter import Lightning
-from ._compile import CompileFallbackWarning
 from ._embeddings import DeepSet, deep_set
-from ._model import LightningModelOp
-from ._torch import Torch
+from ._model import LightningModelOp, TorchModelOp
+from .torch import CompileFallbackWarning, Torch
 
 __all__ = [
     "CompileFallbackWarning",
@@ -28,6 +30,7 @@ __all__ = [
     "Lightning",
     "LightningModelOp",
     "Torch",
+    "TorchModelOp",
     "__version__",
     "deep_set",
 ]

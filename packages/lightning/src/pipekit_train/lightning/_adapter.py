@@ -34,14 +34,15 @@ from ._data import is_datamodule, is_native_loader
 from ._ema import averaged_copy
 from ._fetch import fetch
 from ._losses import torch_loss
-from ._model import LightningModelOp, is_lightning_module, module_dtype
+from ._model import TorchModelOp, is_lightning_module, module_dtype
 from ._nvml import without_nvml_check
 from ._optim import build_optimizer, check_optimizer_config, gradient_clip
 from ._precision import trainer_precision
 from ._probe import expected_input_shape, output_shape
 from ._rollout import TorchRolloutLoss
+from ._trainer_kwargs import TRAINER_KWARGS
 
-__all__ = ["TRAINER_KWARGS", "Lightning"]
+__all__ = ["Lightning"]
 
 
 # Lines Lightning logs at INFO on every run that say nothing about this run: the product
@@ -85,43 +86,6 @@ def _without_advert() -> Iterator[None]:
             logger.removeFilter(advert)
 
 
-# `lightning.Trainer` keyword arguments, minus the ones TrainingLoop owns.
-TRAINER_KWARGS = frozenset(
-    {
-        "accelerator",
-        "strategy",
-        "devices",
-        "num_nodes",
-        "precision",
-        "logger",
-        "callbacks",
-        "limit_val_batches",
-        "limit_test_batches",
-        "limit_predict_batches",
-        "val_check_interval",
-        "check_val_every_n_epoch",
-        "num_sanity_val_steps",
-        "log_every_n_steps",
-        "enable_checkpointing",
-        "enable_progress_bar",
-        "enable_model_summary",
-        "gradient_clip_val",
-        "gradient_clip_algorithm",
-        "deterministic",
-        "benchmark",
-        "inference_mode",
-        "use_distributed_sampler",
-        "profiler",
-        "detect_anomaly",
-        "barebones",
-        "plugins",
-        "sync_batchnorm",
-        "reload_dataloaders_every_n_epochs",
-        "default_root_dir",
-        "enable_autolog_hparams",
-        "model_registry",
-    }
-)
 _OWNED = {
     "max_steps": "TrainingLoop(max_steps=...)",
     "max_epochs": "TrainingLoop(max_epochs=...)",
@@ -191,9 +155,9 @@ class Lightning(Adapter):
     Examples:
         >>> from pipekit_train.core import TrainingLoop
         >>> from pipekit_train.core.testing import regression_task
-        >>> from pipekit_train.lightning import Lightning, LightningModelOp
+        >>> from pipekit_train.lightning import Lightning, TorchModelOp
         >>> train, val = regression_task(in_size=2)
-        >>> loop = TrainingLoop(model=LightningModelOp("pipekit_train.lightning.testing:mlp",
+        >>> loop = TrainingLoop(model=TorchModelOp("pipekit_train.lightning.testing:mlp",
         ...                     in_size=2, out_size=1), data=train, batch_size=64, max_steps=500,
         ...                     adapter=Lightning(precision="bfloat16-mixed"))
         >>> artifact = loop.run()  # doctest: +SKIP
@@ -247,12 +211,12 @@ class Lightning(Adapter):
 
     # -- validation --------------------------------------------------------------------------
     def _check_model(self, model: Any) -> None:
-        if isinstance(model, LightningModelOp) or isinstance(model, torch.nn.Module):
+        if isinstance(model, TorchModelOp) or isinstance(model, torch.nn.Module):
             return
         raise ConfigError(
-            "The Lightning adapter trains a LightningModelOp, a torch.nn.Module or a LightningModule. "
+            "The Lightning adapter trains a TorchModelOp, a torch.nn.Module or a LightningModule. "
             f"Received: model={type(model).__name__}. Wrap the network, e.g. "
-            "LightningModelOp('my_pkg.models:net', in_size=..., out_size=...)."
+            "TorchModelOp('my_pkg.models:net', in_size=..., out_size=...)."
         )
 
     def _uses_plan_optimizer(self, model: Any) -> bool:
@@ -283,20 +247,20 @@ class Lightning(Adapter):
                 "LightningModule's own configure_optimizers",
                 f"model={type(plan.model).__name__}",
                 "Drop configure_optimizers so the adapter builds the optimizer from "
-                "optimizer_config, or pass the network (a torch.nn.Module or LightningModelOp).",
+                "optimizer_config, or pass the network (a torch.nn.Module or TorchModelOp).",
             )
         if plan.on_nonfinite == "skip" and is_lightning_module(plan.model):
             raise self._unsupported(
                 "on_nonfinite='skip' with your own LightningModule",
                 f"model={type(plan.model).__name__}, on_nonfinite='skip'",
-                "Pass the network (a torch.nn.Module or LightningModelOp) so the adapter's "
+                "Pass the network (a torch.nn.Module or TorchModelOp) so the adapter's "
                 "training step can drop non-finite updates, or use on_nonfinite='stop'.",
             )
         if plan.rollout is not None and is_lightning_module(plan.model):
             raise self._unsupported(
                 "Rollout training with your own LightningModule",
                 f"model={type(plan.model).__name__}, rollout=Rollout(steps={plan.rollout.steps})",
-                "Pass the network (a torch.nn.Module or LightningModelOp) so the adapter's "
+                "Pass the network (a torch.nn.Module or TorchModelOp) so the adapter's "
                 "training step unrolls it, or drop `rollout`.",
             )
         if is_datamodule(plan.data) and plan.validation is not None:
@@ -309,9 +273,9 @@ class Lightning(Adapter):
     def validate_online(self, plan: Plan) -> None:
         """Checks for `OnlineTrainer` (plain-torch steps)."""
         model = plan.model
-        if not isinstance(model, (LightningModelOp, torch.nn.Module)):
+        if not isinstance(model, (TorchModelOp, torch.nn.Module)):
             raise ConfigError(
-                "OnlineTrainer on the Lightning backend needs a LightningModelOp or a torch.nn.Module. "
+                "OnlineTrainer on the Lightning backend needs a TorchModelOp or a torch.nn.Module. "
                 f"Received: model={type(model).__name__}."
             )
         check_optimizer_config(plan.optimizer_config, plan.total_steps)
@@ -377,7 +341,7 @@ class Lightning(Adapter):
 
         model = plan.model
         native = not is_core_dataset(plan.data)
-        if isinstance(model, LightningModelOp):
+        if isinstance(model, TorchModelOp):
             net = copy.deepcopy(model.model)
         elif is_lightning_module(model):
             net = model
@@ -468,10 +432,10 @@ class Lightning(Adapter):
                 # with optimizer_config["ema"]: the artifact's model holds the average
                 averaged = averaged_copy(net, bridge.state.optimizers)
 
-                def op_of(module: Any) -> LightningModelOp:
-                    if isinstance(model, LightningModelOp):
+                def op_of(module: Any) -> TorchModelOp:
+                    if isinstance(model, TorchModelOp):
                         return model.with_model(module)
-                    return LightningModelOp.wrap(module, seed=plan.seed)
+                    return TorchModelOp.wrap(module, seed=plan.seed)
 
                 raw = op_of(net)
                 return run.finish(

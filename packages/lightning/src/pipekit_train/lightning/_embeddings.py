@@ -87,7 +87,7 @@ def deep_set(
     """A DeepSet on sets of points `(batch, n_points, point_size)` → `(batch, out_size)`.
 
     ```python
-    op = LightningModelOp("pipekit_train.lightning:deep_set", point_size=2, out_size=4)
+    op = TorchModelOp("pipekit_train.lightning:deep_set", point_size=2, out_size=4)
     ```
 
     Args:

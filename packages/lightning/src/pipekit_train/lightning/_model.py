@@ -1,4 +1,9 @@
-"""`LightningModelOp`: a `torch.nn.Module` built by an importable factory, as a model operator."""
+"""`TorchModelOp`: a `torch.nn.Module` built by an importable factory, as a model operator.
+
+`LightningModelOp` is the same class under its earlier name: code that imports it keeps
+working, and its configs still name `pipekit_train.lightning._model:LightningModelOp`
+(`STORED_TYPE`), so checkpoints and registry records read as before.
+"""
 
 from __future__ import annotations
 
@@ -20,10 +25,13 @@ from pipekit_train.core.adapter import (
 from ._rollout import torch_rollout
 from ._weights import decode_state_dict, encode_state_dict
 
-__all__ = ["LightningModelOp", "is_lightning_module"]
+__all__ = ["LightningModelOp", "TorchModelOp", "is_lightning_module"]
+
+STORED_TYPE = "pipekit_train.lightning._model:LightningModelOp"
+"""The `type` a `TorchModelOp` config names: the class's earlier name, still importable."""
 
 LAYOUTS = ("channels_first", "channels_last")
-"""The layouts a `LightningModelOp` takes its inputs in (see `LightningModelOp`)."""
+"""The layouts a `TorchModelOp` takes its inputs in (see `TorchModelOp`)."""
 
 
 def _to_channels_first(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -144,8 +152,11 @@ def load_module_weights(
     module.load_state_dict(dict(state), strict=True)
 
 
-class LightningModelOp(ModelOpBase):
-    """A PyTorch model operator (`backend = "lightning"`).
+class TorchModelOp(ModelOpBase):
+    """A PyTorch model operator, trained by `Lightning()` and `Torch()`.
+
+    Its `backend` is `"lightning"`: a `TrainingLoop` without `adapter=` trains it with
+    `Lightning()`. `LightningModelOp` is this class under its earlier name.
 
     The factory is called as `factory(**kwargs)` under `torch.manual_seed(seed)` inside a
     forked RNG (the caller's global torch RNG is left untouched) and must return a
@@ -169,8 +180,8 @@ class LightningModelOp(ModelOpBase):
 
     Examples:
         >>> import numpy as np
-        >>> from pipekit_train.lightning import LightningModelOp
-        >>> op = LightningModelOp("pipekit_train.lightning.testing:mlp", in_size=2, out_size=1, seed=0)
+        >>> from pipekit_train.lightning import TorchModelOp
+        >>> op = TorchModelOp("pipekit_train.lightning.testing:mlp", in_size=2, out_size=1, seed=0)
         >>> op(np.zeros((4, 2), np.float32)).shape
         (4, 1)
     """
@@ -199,21 +210,28 @@ class LightningModelOp(ModelOpBase):
         self.check_model(module)  # a Keras model on torch is a torch.nn.Module too
         if not isinstance(module, torch.nn.Module):
             raise ConfigError(
-                "A LightningModelOp factory must return a torch.nn.Module. "
+                "A TorchModelOp factory must return a torch.nn.Module. "
                 f"Received: {type(module).__name__} from factory={self.factory!r}."
             )
         set_layout(module, self.layout)
         return module
 
     def get_config(self) -> dict[str, Any]:
-        """`ModelOpBase.get_config()`, plus `"layout"` when it is `"channels_last"`."""
+        """`ModelOpBase.get_config()`, plus `"layout"` when it is `"channels_last"`.
+
+        The `type` of this class is `STORED_TYPE`, the path its configs have always
+        named, so a checkpoint's resume key and a registry record written before the
+        class took the name `TorchModelOp` equal one written now (a subclass names itself).
+        """
         config = super().get_config()
+        if type(self) is TorchModelOp:
+            config["type"] = STORED_TYPE
         if self.layout != "channels_first":
             config["layout"] = self.layout
         return config
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> LightningModelOp:
+    def from_config(cls, config: Mapping[str, Any]) -> TorchModelOp:
         """Rebuild the operator (freshly initialised, with its layout) from `get_config()`."""
         return cls(
             config["factory"],
@@ -225,7 +243,7 @@ class LightningModelOp(ModelOpBase):
     @classmethod
     def wrap(
         cls, module: torch.nn.Module, *, seed: int = 0, layout: str = "channels_first"
-    ) -> LightningModelOp:
+    ) -> TorchModelOp:
         """An operator around an existing module (e.g. a user `LightningModule` after training).
 
         `layout="channels_last"` attaches the boundary permutes to `module` itself. Its config names the module's class as the factory and its JSON `hparams` as the
@@ -331,10 +349,14 @@ class LightningModelOp(ModelOpBase):
             ) from exc
         load_module_weights(self.model, state)
 
-    def with_model(self, model: Any) -> LightningModelOp:
+    def with_model(self, model: Any) -> TorchModelOp:
         """A shallow copy of this operator holding `model`."""
         return super().with_model(model)  # type: ignore[return-value]  # the base copies `type(self)`
 
-    def copy(self) -> LightningModelOp:
+    def copy(self) -> TorchModelOp:
         """A deep copy (independent module) with the same config."""
         return self.with_model(copy.deepcopy(self.model))
+
+
+LightningModelOp = TorchModelOp
+"""`TorchModelOp` under its earlier name (existing code and registry records use it)."""

@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._model import LightningModelOp, as_input, is_lightning_module, module_dtype
+from ._model import TorchModelOp, as_input, is_lightning_module, module_dtype
 
 __all__ = ["expected_input_shape", "output_shape", "probe_target"]
 
 
 def probe_target(model: Any) -> torch.nn.Module | None:
     """The network a shape probe may call as `net(x)`, or None when in doubt."""
-    net = model.model if isinstance(model, LightningModelOp) else model
+    net = model.model if isinstance(model, TorchModelOp) else model
     if not isinstance(net, torch.nn.Module) or is_lightning_module(net):
         return None
     if any(

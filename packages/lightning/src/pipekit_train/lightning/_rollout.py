@@ -17,7 +17,7 @@ attached to the batch, and `Tensor.detach` as the gradient stop.
 **CUDA graphs: not yet.** On a CUDA device each step of the rollout loop launches the model's
 and the step's kernels one by one; issue 33 asks for a CUDA-graph capture of the step
 loop where `compile=` asks for it (as `Torch(compile="cuda-graphs")` captures the
-training update, `_graphs.py`). Not built, because no GPU reaches this project's machines
+training update, `torch/_graphs.py`). Not built, because no GPU reaches this project's machines
 to test it. What it would take, kept out of the CPU path:
 
 1. A `compile=` keyword through the rollout contract (`NeuralForward.rollout` →

@@ -39,7 +39,7 @@ from pipekit_train.core.adapter import (
 )
 
 from ._adapter import Lightning
-from ._torch import Torch
+from .torch import Torch
 
 _EXTRA = {"extra": "ray", "package": "pipekit-train-lightning"}
 _ray_torch = optional_import("ray.train.torch", **_EXTRA)

@@ -1,6 +1,6 @@
 """Model factories for tests, examples and benchmarks (importable by name).
 
-`LightningModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1)` is the
+`TorchModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1)` is the
 model the conformance suite trains.
 """
 
@@ -77,7 +77,7 @@ def conv_net(
 
     `depth` hidden `Conv2d` layers of `width` with `activation`, each padded periodically
     (`padding_mode="circular"`). Train it on pipekit-train's channels-last datasets with
-    `LightningModelOp(..., layout="channels_last")`, which permutes at the boundary. The
+    `TorchModelOp(..., layout="channels_last")`, which permutes at the boundary. The
     same architecture and initialisation family (torch's default, uniform `±1/sqrt(fan_in)`
     with `fan_in = in_channels * kernel_size**2`) as `conv_net` in
     `pipekit_train.equinox.testing` and `pipekit_train.keras.testing`.
@@ -93,14 +93,14 @@ def conv_net(
 
 
 def conv_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") -> Any:
-    """A channels-last `LightningModelOp` of `conv_net` holding canonical weights `[K0, b0, ...]`.
+    """A channels-last `TorchModelOp` of `conv_net` holding canonical weights `[K0, b0, ...]`.
 
     `K` has shape `(kh, kw, c_in, c_out)` (see `pipekit_train.core.testing.golden_conv_weights`).
     """
     from pipekit_train.core.testing import conv_sizes
-    from pipekit_train.lightning import LightningModelOp
+    from pipekit_train.lightning import TorchModelOp
 
-    op = LightningModelOp(
+    op = TorchModelOp(
         "pipekit_train.lightning.testing:conv_net",
         layout="channels_last",
         activation=activation,
@@ -134,14 +134,14 @@ def tied(size: int) -> torch.nn.Module:
 
 
 def mlp_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") -> Any:
-    """A `LightningModelOp` of `mlp` holding canonical weights `[W0, b0, W1, b1, ...]`.
+    """A `TorchModelOp` of `mlp` holding canonical weights `[W0, b0, W1, b1, ...]`.
 
     `W` has shape `(fan_in, fan_out)` (see `pipekit_train.core.testing.golden_weights`).
     """
     from pipekit_train.core.testing import mlp_sizes
-    from pipekit_train.lightning import LightningModelOp
+    from pipekit_train.lightning import TorchModelOp
 
-    op = LightningModelOp(
+    op = TorchModelOp(
         "pipekit_train.lightning.testing:mlp", activation=activation, **mlp_sizes(weights)
     )
     linears = [m for m in op.model.modules() if isinstance(m, torch.nn.Linear)]
@@ -218,8 +218,8 @@ def graphs_check(
     from pipekit_train.core import Checkpoint, TrainingLoop
     from pipekit_train.core.data import ArrayDataset
 
-    from ._model import LightningModelOp
-    from ._torch import Torch
+    from ._model import TorchModelOp
+    from .torch import Torch
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch * 16, 8)).astype(np.float32)
@@ -230,7 +230,7 @@ def graphs_check(
     def run(name: str | None, n: int, compile: Any) -> Any:
         adapter = Torch(compile=compile, device=device, **torch_options)
         loop = TrainingLoop(
-            model=LightningModelOp(
+            model=TorchModelOp(
                 "pipekit_train.lightning.testing:mlp", in_size=8, out_size=1, width=width, seed=0
             ),
             data=data,

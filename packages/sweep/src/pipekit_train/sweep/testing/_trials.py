@@ -98,7 +98,7 @@ _FACTORIES = {
     "equinox": ("pipekit_train.equinox", "EquinoxModelOp", "pipekit_train.equinox.testing:linear"),
     "lightning": (
         "pipekit_train.lightning",
-        "LightningModelOp",
+        "TorchModelOp",
         "pipekit_train.lightning.testing:linear",
     ),
     "keras": ("pipekit_train.keras", "KerasModelOp", "pipekit_train.keras.testing:linear"),

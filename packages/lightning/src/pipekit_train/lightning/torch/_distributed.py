@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._state import TorchState, derive_seed
+from pipekit_train.lightning._state import TorchState, derive_seed
 
 __all__ = ["DataParallel", "launched_world_size"]
 

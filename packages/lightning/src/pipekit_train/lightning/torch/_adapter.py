@@ -24,17 +24,17 @@ from pipekit_train.core.adapter import (
     resolve_precision,
     run_step_loop,
 )
+from pipekit_train.lightning._data import is_datamodule
+from pipekit_train.lightning._model import TorchModelOp, is_lightning_module
+from pipekit_train.lightning._nvml import without_nvml_check
+from pipekit_train.lightning._optim import check_optimizer_config
+from pipekit_train.lightning._probe import expected_input_shape, output_shape
+from pipekit_train.lightning._trainer_kwargs import TRAINER_KWARGS
 
-from ._adapter import TRAINER_KWARGS
 from ._compile import CUDA_GRAPHS, compile_options
-from ._data import is_datamodule
 from ._determinism import is_deterministic
 from ._distributed import DataParallel, launched_world_size
 from ._graphs import CAPTURABLE_OPTIMIZERS
-from ._model import LightningModelOp, is_lightning_module
-from ._nvml import without_nvml_check
-from ._optim import check_optimizer_config
-from ._probe import expected_input_shape, output_shape
 from ._step_backend import TorchStepBackend
 
 __all__ = ["Torch"]
@@ -44,7 +44,7 @@ _POINTER = "Use adapter=Lightning(...) for Lightning's strategies, devices and p
 
 
 class Torch(StepAdapter):
-    """Train a `torch.nn.Module` (or `LightningModelOp`) with a plain torch loop.
+    """Train a `torch.nn.Module` (or `TorchModelOp`) with a plain torch loop.
 
     Each optimizer update is what a hand-written loop does (`zero_grad`, forward and
     loss, `backward`, clip, `step`, schedule): with float32 and one step per call it
@@ -94,10 +94,10 @@ class Torch(StepAdapter):
     Examples:
         >>> from pipekit_train.core import TrainingLoop
         >>> from pipekit_train.core.testing import regression_task
-        >>> from pipekit_train.lightning import LightningModelOp, Torch
+        >>> from pipekit_train.lightning import TorchModelOp, Torch
         >>> train, val = regression_task(in_size=4)
         >>> art = TrainingLoop(
-        ...     model=LightningModelOp("pipekit_train.lightning.testing:mlp", in_size=4, out_size=1),
+        ...     model=TorchModelOp("pipekit_train.lightning.testing:mlp", in_size=4, out_size=1),
         ...     data=train, batch_size=32, max_steps=20, progress=False,
         ...     adapter=Torch(steps_per_execution=10)).run()
         >>> art.steps
@@ -195,7 +195,7 @@ class Torch(StepAdapter):
     def _device_of(self, plan: Plan) -> torch.device:
         if self.device is not None:
             return self.device
-        net = plan.model.model if isinstance(plan.model, LightningModelOp) else plan.model
+        net = plan.model.model if isinstance(plan.model, TorchModelOp) else plan.model
         if isinstance(net, torch.nn.Module):  # validate() accepts modules only
             for p in net.parameters():
                 return p.device
@@ -203,7 +203,7 @@ class Torch(StepAdapter):
 
     def _check_model(self, model: Any) -> None:
         if is_lightning_module(model) or (
-            isinstance(model, LightningModelOp) and is_lightning_module(model.model)
+            isinstance(model, TorchModelOp) and is_lightning_module(model.model)
         ):
             raise self._unsupported(
                 "A LightningModule (its training_step and configure_optimizers belong to "
@@ -211,11 +211,11 @@ class Torch(StepAdapter):
                 f"model={type(model).__name__}",
                 "Use adapter=Lightning(), or pass the plain torch.nn.Module inside it.",
             )
-        if not isinstance(model, (LightningModelOp, torch.nn.Module)):
+        if not isinstance(model, (TorchModelOp, torch.nn.Module)):
             raise ConfigError(
-                "Torch() trains a LightningModelOp or a torch.nn.Module. Received: "
+                "Torch() trains a TorchModelOp or a torch.nn.Module. Received: "
                 f"model={type(model).__name__}. Wrap the network, e.g. "
-                "LightningModelOp('my_pkg.models:net', in_size=..., out_size=...)."
+                "TorchModelOp('my_pkg.models:net', in_size=..., out_size=...)."
             )
 
     def validate(self, plan: Plan) -> None:
@@ -319,7 +319,7 @@ class Torch(StepAdapter):
                 "its loss. Received: on_nonfinite='skip'. Use on_nonfinite='stop' (checked "
                 "when the losses are fetched) or 'ignore', or compile=False."
             )
-        net = plan.model.model if isinstance(plan.model, LightningModelOp) else plan.model
+        net = plan.model.model if isinstance(plan.model, TorchModelOp) else plan.model
         if isinstance(net, torch.nn.Module) and not is_deterministic(net):
             raise ConfigError(
                 "compile='cuda-graphs' needs a model that draws no random numbers (its CUDA "
