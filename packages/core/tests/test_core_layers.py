@@ -7,6 +7,7 @@ except those under `if TYPE_CHECKING:`.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,68 @@ def test_adapter_packages_share_one_file_set(name: str) -> None:
     src = ROOT / "packages" / name / "src" / "pipekit_train" / name
     missing = [f for f in SHARED_FILES if not (src / f).exists()]
     assert missing == []
+
+
+# One shape per shared file: the names each one exports (in its `__all__`) for its role,
+# the same in every adapter package (each may export more of its own).
+SHARED_NAMES: dict[str, tuple[str, ...]] = {
+    "_state.py": ("TrainState",),  # the state a checkpoint holds
+    "_checkpoint.py": ("checkpointer",),  # builds the run's checkpoint engine
+    "_weights.py": ("encode_weights", "decode_weights"),  # the model's weights as bytes
+    "_precision.py": ("native_precision",),  # core's `Precision` → the framework's
+    "_optim.py": ("build_optimizer", "build_schedule"),
+    "_ema.py": ("with_ema", "has_ema"),  # the optimizer keeping the average; has one?
+    "_data.py": ("is_native_loader", "native_batches", "native_eval_batches"),
+    "_grad_norm.py": ("grad_norm",),  # the step's grad_norm metric
+    "_fetch.py": ("fetch",),  # device values to the host
+    "_rollout.py": ("device_rollout", "RolloutLoss"),  # model_op.rollout; rollout training
+    "_entry.py": ("BACKEND",),
+    "_embeddings.py": ("deep_set",),
+}
+# Files whose one class is named for its framework: `<Framework><suffix>`.
+SHARED_SUFFIXES: dict[str, str] = {
+    "_step_backend.py": "StepBackend",
+    "_model.py": "ModelOp",
+}
+
+
+def _exported(path: Path) -> list[str]:
+    """The names in a module's `__all__` (read from the source, nothing imported)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__":
+            return [ast.literal_eval(element) for element in node.value.elts]  # type: ignore[attr-defined]
+    raise AssertionError(f"{path.relative_to(ROOT)} has no __all__")
+
+
+def test_the_name_table_covers_shared_files_only() -> None:
+    assert set(SHARED_NAMES) | set(SHARED_SUFFIXES) <= set(SHARED_FILES)
+    assert not set(SHARED_NAMES) & set(SHARED_SUFFIXES)
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_shared_files_export_the_same_names(name: str) -> None:
+    src = ROOT / "packages" / name / "src" / "pipekit_train" / name
+    missing = {
+        file: sorted(set(names) - set(_exported(src / file)))
+        for file, names in SHARED_NAMES.items()
+    }
+    assert {file: names for file, names in missing.items() if names} == {}
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_shared_files_name_their_one_class_for_the_framework(name: str) -> None:
+    src = ROOT / "packages" / name / "src" / "pipekit_train" / name
+    found = {
+        file: [n for n in _exported(src / file) if n.endswith(suffix)]
+        for file, suffix in SHARED_SUFFIXES.items()
+    }
+    wrong = {
+        file: names
+        for file, names in found.items()
+        if len(names) != 1
+        or not re.fullmatch(rf"[A-Z][A-Za-z0-9]*{SHARED_SUFFIXES[file]}", names[0])
+    }
+    assert wrong == {}
 
 
 # -- the contract ---------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 `multihost_preemption_worker.py` is launched twice per phase (process 0 and 1 on
 loopback, as in `scripts/multihost_equinox_smoke.py`). SIGTERM goes to process 1 only, at
-a random moment of a random step: `EquinoxBackend.agree` carries its flag to process 0 at
+a random moment of a random step: `EquinoxStepBackend.agree` carries its flag to process 0 at
 the next step boundary, so both checkpoint the same step (one collective Orbax save) and
 end with `Preempted`. The rerun on two processes resumes from that step and ends with the
 same weight bytes and losses as an uninterrupted two-process run.

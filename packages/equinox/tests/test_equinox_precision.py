@@ -8,7 +8,7 @@ import pytest
 
 from pipekit_train.core import ConfigError
 from pipekit_train.equinox import Equinox
-from pipekit_train.equinox._precision import DynamicLossScale, Policy, parse_policy
+from pipekit_train.equinox._mixed_precision import DynamicLossScale, Policy, parse_policy
 
 
 @pytest.mark.parametrize(

@@ -19,14 +19,14 @@ from pipekit_train.equinox import Equinox, _compiled, _step_backend
 
 
 def _prefetch_two(patch: pytest.MonkeyPatch) -> None:
-    """Every `EquinoxBackend` built now prefetches two groups ahead (as on a GPU)."""
-    init = _step_backend.EquinoxBackend.__init__
+    """Every `EquinoxStepBackend` built now prefetches two groups ahead (as on a GPU)."""
+    init = _step_backend.EquinoxStepBackend.__init__
 
     def patched(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         self.prefetch = 2
 
-    patch.setattr(_step_backend.EquinoxBackend, "__init__", patched)
+    patch.setattr(_step_backend.EquinoxStepBackend, "__init__", patched)
 
 
 @pytest.fixture
@@ -102,13 +102,13 @@ def test_large_fused_groups_are_stacked_on_the_device(
     _prefetch_two(monkeypatch)
     monkeypatch.setattr(_step_loop, "_DEVICE_STACK_BYTES", 0)  # every group counts as large
     stacked = []
-    stack = _step_backend.EquinoxBackend.stack
+    stack = _step_backend.EquinoxStepBackend.stack
 
     def counting(self: Any, batches: Any) -> Any:
         stacked.append(len(batches))
         return stack(self, batches)
 
-    monkeypatch.setattr(_step_backend.EquinoxBackend, "stack", counting)
+    monkeypatch.setattr(_step_backend.EquinoxStepBackend, "stack", counting)
     ahead = make_loop(max_steps=30, **fused).run()
     assert stacked and all(n % 2 == 0 for n in stacked)  # whole updates of 2 batches
     assert ahead.weights_sha256 == plain.weights_sha256

@@ -13,7 +13,7 @@ import pytest
 
 from pipekit_train.core import Checkpoint, Rollout, TrainingLoop, TrajectoryWindows
 from pipekit_train.equinox import EquinoxModelOp
-from pipekit_train.equinox._step_backend import EquinoxBackend
+from pipekit_train.equinox._step_backend import EquinoxStepBackend
 
 D = 3
 
@@ -69,7 +69,7 @@ def test_checkpointing_gives_the_same_losses_and_weights(windows) -> None:
 def test_the_flag_rematerialises_the_unrolled_steps(windows) -> None:
     def remats(flag: bool) -> int:
         loop = _loop(windows, _spec(flag))
-        backend = EquinoxBackend(loop.plan, loop.plan.adapter)
+        backend = EquinoxStepBackend(loop.plan, loop.plan.adapter)
         state = backend.init_state()
         batch = backend.put(windows.get_batch(np.arange(8)))
         return str(jax.make_jaxpr(backend.fns._flat_step)(state.leaves, batch)).count("remat")

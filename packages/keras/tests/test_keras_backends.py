@@ -48,12 +48,12 @@ DATA_PARALLEL = textwrap.dedent(
     from pipekit_train.keras import KerasModelOp, _bridge
 
     devices_seen = []
-    build = _bridge.build_train_handle
+    build = _bridge.build_train_state
     def spy(*args, **kwargs):
         handle = build(*args, **kwargs)
         devices_seen.append(len(handle.model.trainable_variables[0].value.sharding.device_set))
         return handle
-    _bridge.build_train_handle = spy
+    _bridge.build_train_state = spy
 
     train, val = regression_task()
     def run(sharding, **kw):

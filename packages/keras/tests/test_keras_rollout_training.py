@@ -24,7 +24,7 @@ from pipekit_train.core.testing import (
     check_rollout_schedule_counts_skipped_updates,
 )
 from pipekit_train.keras import Keras, KerasModelOp
-from pipekit_train.keras._rollout_train import RolloutTraining
+from pipekit_train.keras._rollout import RolloutLoss
 
 D = 3
 BACKEND = keras.backend.backend()
@@ -63,7 +63,7 @@ def _weights(art: object) -> list[np.ndarray]:
 
 
 def _predict(model: Any, batch: dict, normalizer: Any, residual: bool, k: int) -> np.ndarray:
-    training = RolloutTraining(
+    training = RolloutLoss(
         model.model, Rollout(steps=k, residual=residual), normalizer, losses.get("mse")
     )
     x, y = ops.convert_to_tensor(batch["x"]), ops.convert_to_tensor(batch["y"])
@@ -209,7 +209,7 @@ def test_gradient_checkpointing_recomputes_each_step_with_the_same_updates() -> 
     # the recomputation is there: a remat in jax's graph, a second call per step on torch
     model = _op().model
     spec = Rollout(steps=3, residual=True, gradient_checkpointing=True)
-    training = RolloutTraining(model, spec, None, losses.get("mse"))
+    training = RolloutLoss(model, spec, None, losses.get("mse"))
     b = windows.get_batch(np.arange(4))
     x, y = ops.convert_to_tensor(b["x"]), ops.convert_to_tensor(b["y"])
     if BACKEND == "jax":

@@ -2,7 +2,7 @@
 
 Everything but the step lives in core (`run_step_loop`: batching, fused groups,
 validation, checkpoint schedule and retention, callbacks, writers, artifact); this
-module checks the plan and builds the `EquinoxBackend` (`_step_backend.py`) that core drives.
+module checks the plan and builds the `EquinoxStepBackend` (`_step_backend.py`) that core drives.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ import numpy as np
 import equinox as eqx
 from pipekit_train.core.adapter import Capabilities, ConfigError, Plan, StepAdapter
 
+from ._mixed_precision import DynamicLossScale, Policy
 from ._model import EquinoxModelOp, apply_model
 from ._optim import build_optimizer
-from ._precision import DynamicLossScale, Policy, resolve_policy
+from ._precision import native_precision
 from ._sharding import ShardingSpec
 
 if TYPE_CHECKING:
-    from ._step_backend import EquinoxBackend
+    from ._step_backend import EquinoxStepBackend
 
 __all__ = ["Equinox"]
 
@@ -72,7 +73,7 @@ class Equinox(StepAdapter):
             )
         self.steps_per_execution = int(steps_per_execution)
         self.policy: Policy
-        self.policy, self.spec_precision = resolve_policy(precision)
+        self.policy, self.spec_precision = native_precision(precision)
         self.precision = None if precision is None else str(self.policy)
         if isinstance(loss_scale, str):
             if loss_scale.lower() not in _LOSS_SCALES:
@@ -128,9 +129,9 @@ class Equinox(StepAdapter):
         """
         if "grain" not in sys.modules:  # a grain object means grain was imported
             return False
-        from ._data import is_grain_loader
+        from ._data import is_native_loader
 
-        return is_grain_loader(data)
+        return is_native_loader(data)
 
     # -- validation --------------------------------------------------------------------
     def validate_online(self, plan: Plan) -> None:
@@ -216,8 +217,8 @@ class Equinox(StepAdapter):
         return () if size == "scalar" else None
 
     # -- running -----------------------------------------------------------------------
-    def step_backend(self, plan: Plan) -> EquinoxBackend:
+    def step_backend(self, plan: Plan) -> EquinoxStepBackend:
         """The `StepBackend` for `run_step_loop` and `OnlineTrainer`."""
-        from ._step_backend import EquinoxBackend
+        from ._step_backend import EquinoxStepBackend
 
-        return EquinoxBackend(plan, self)
+        return EquinoxStepBackend(plan, self)

@@ -1,4 +1,7 @@
-"""`OrbaxCheckpointer`: core's `Checkpointer` protocol on an Orbax `CheckpointManager`.
+"""The checkpoint engine of an Equinox run: core's `Checkpointer` protocol on Orbax.
+
+`checkpointer(policy, names, copy)` builds the run's engine, an `OrbaxCheckpointer`
+writing the step backend's `FlatState` as `{leaf name: array}`.
 
 Layout: `<directory>/<step>/{state, meta, pipekit}` written atomically by Orbax as one
 `Composite` — `state` the train state's arrays (`StandardSave`), `meta` the JSON core
@@ -51,7 +54,7 @@ import functools
 import gc
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
@@ -71,7 +74,9 @@ from pipekit_train.core.adapter import (
     open_store,
 )
 
-__all__ = ["OrbaxCheckpointer", "abstract_of"]
+from ._state import FlatState
+
+__all__ = ["OrbaxCheckpointer", "abstract_of", "checkpointer"]
 
 _FORMAT = 1
 _RECORD = "pipekit/metadata"
@@ -503,3 +508,37 @@ def abstract_of(tree: Mapping[str, Any]) -> dict[str, jax.ShapeDtypeStruct]:
         k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=getattr(v, "sharding", None))
         for k, v in tree.items()
     }
+
+
+def checkpointer(
+    policy: Checkpoint, names: Sequence[str], copy: Callable[[list[Any]], list[Any]]
+) -> OrbaxCheckpointer:
+    """The run's checkpoint engine: Orbax, writing a `FlatState` as `{name: array}`.
+
+    Args:
+        policy: the run's checkpoint policy.
+        names: the stable checkpoint name of each array of the state, in order.
+        copy: fresh device copies of the state's arrays (the train step donates its
+            input buffers), for multi-process saves.
+    """
+    names = list(names)
+
+    def to_tree(state: FlatState) -> dict[str, Any]:
+        return dict(zip(names, copy(state.leaves), strict=True))
+
+    def live_tree(state: FlatState) -> dict[str, Any]:
+        return dict(zip(names, state.leaves, strict=True))
+
+    def template_tree(template: FlatState) -> dict[str, Any]:
+        return abstract_of(dict(zip(names, template.leaves, strict=True)))
+
+    def from_tree(tree: Mapping[str, Any], template: FlatState) -> FlatState:
+        return FlatState([tree[name] for name in names])
+
+    return OrbaxCheckpointer(
+        policy,
+        to_tree=to_tree,
+        template_tree=template_tree,
+        from_tree=from_tree,
+        live_tree=live_tree,
+    )

@@ -34,9 +34,9 @@ import equinox as eqx
 from pipekit_train.core.adapter import evaluates_as_rollout
 
 from ._ema import ema_model
-from ._grad_norm import GRAD_NORM, step_grad_norm
+from ._grad_norm import GRAD_NORM, grad_norm
+from ._mixed_precision import Policy, all_finite
 from ._model import apply_model
-from ._precision import Policy, all_finite
 from ._state import TrainState
 
 __all__ = ["StepFunctions", "flatten_state", "step_functions"]
@@ -207,7 +207,7 @@ class StepFunctions:
         model = eqx.apply_updates(state.model, updates)
         metrics: Metrics = {"loss": jnp.asarray(loss, jnp.float32)}
         if self.grad_norm:
-            metrics[GRAD_NORM] = step_grad_norm(grads, state.opt_state, accumulate=self.accumulate)
+            metrics[GRAD_NORM] = grad_norm(grads, state.opt_state, accumulate=self.accumulate)
         if scale is not None:
             finite = all_finite(grads)
             model = _select(finite, model, state.model)

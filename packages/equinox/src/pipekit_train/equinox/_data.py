@@ -1,15 +1,16 @@
 """grain loaders as native data for the Equinox adapter.
 
-Accepted (`is_grain_loader`): a `grain.MapDataset`, a `grain.IterDataset` and a
+Accepted (`is_native_loader`): a `grain.MapDataset`, a `grain.IterDataset` and a
 `grain.DataLoader` whose elements are already-batched dicts of numpy arrays with `"x"` and
 `"y"` (e.g. `grain.MapDataset.source(samples).shuffle(seed=0).batch(32, drop_remainder=True)`).
 
-Training batches (`GrainBatches`) run without end: a `MapDataset` is repeated
-(`ds.repeat().to_iter_dataset()`: its own shuffle, seeded by you, decides each epoch's
-order); an `IterDataset` or a `DataLoader` that ends is iterated again from its start (a
-new epoch). The position is grain's own iterator state plus the epoch, JSON-encoded
-(bytes as text), so a checkpoint holds it and a resume continues with exactly the batches
-an uninterrupted run would have seen.
+Training batches (`native_batches`, a `GrainBatches`) run without end: a `MapDataset` is
+repeated (`ds.repeat().to_iter_dataset()`: its own shuffle, seeded by you, decides each
+epoch's order); an `IterDataset` or a `DataLoader` that ends is iterated again from its
+start (a new epoch). The position is grain's own iterator state plus the epoch,
+JSON-encoded (bytes as text), so a checkpoint holds it and a resume continues with
+exactly the batches an uninterrupted run would have seen. Validation
+(`native_eval_batches`) is one pass in order.
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ import numpy as np
 
 from pipekit_train.core.adapter import ConfigError
 
-__all__ = ["GrainBatches", "eval_batches", "is_grain_loader"]
+__all__ = ["GrainBatches", "is_native_loader", "native_batches", "native_eval_batches"]
 
 _LOADERS = (grain.MapDataset, grain.IterDataset, grain.DataLoader)
 _BYTES = "__bytes_b64__"
 
 
-def is_grain_loader(data: Any) -> bool:
+def is_native_loader(data: Any) -> bool:
     """Whether `data` is a grain `MapDataset`, `IterDataset` or `DataLoader`."""
     return isinstance(data, _LOADERS)
 
@@ -162,7 +163,12 @@ class GrainBatches:
         self._it.set_state(_decode(state["position"]))
 
 
-def eval_batches(data: Any) -> Iterator[dict[str, np.ndarray]]:
+def native_batches(data: Any, state: Mapping[str, Any] | None) -> GrainBatches:
+    """The endless training batches of a grain loader, positioned by `state` (a resume)."""
+    return GrainBatches(data, state)
+
+
+def native_eval_batches(data: Any) -> Iterator[dict[str, np.ndarray]]:
     """One pass over a grain validation loader (it must be finite), in order."""
     if isinstance(data, grain.MapDataset):
         for i in range(len(data)):

@@ -5,7 +5,8 @@ average (`EmaState`), which starts as a copy of the initial parameters and after
 update becomes `decay * ema + (1 - decay) * (params + updates)`. Living in the optimizer
 state, the average is checkpointed with it, kept unchanged by a skipped non-finite step
 (the step restores the optimizer state) and, inside `optax.MultiSteps`, updated once per
-optimizer update. `ema_model` finds it in any optimizer state and puts it into a model.
+optimizer update. `find_ema` finds it in any optimizer state (`has_ema`: whether there is
+one), `ema_model` puts it into a model.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import optax
 
 import equinox as eqx
 
-__all__ = ["EmaState", "ema_model", "find_ema", "with_ema"]
+__all__ = ["EmaState", "ema_model", "find_ema", "has_ema", "with_ema"]
 
 
 class EmaState(NamedTuple):
@@ -55,6 +56,11 @@ def find_ema(opt_state: Any) -> Any | None:
         if isinstance(s, EmaState)
     ]
     return found[0].ema if found else None
+
+
+def has_ema(opt_state: Any) -> bool:
+    """Whether an optimizer state holds the average (`optimizer_config["ema"]`)."""
+    return find_ema(opt_state) is not None
 
 
 def ema_model(model: Any, opt_state: Any) -> Any:

@@ -1,4 +1,4 @@
-"""`fetch_to_host`: many small device values to the host in one transfer.
+"""`fetch`: many small device values to the host in one transfer.
 
 Core buffers each step's metrics on the device and fetches them every
 `log_every_n_steps` steps. `jax.device_get` of a list copies array by array, about
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["fetch_to_host"]
+__all__ = ["fetch"]
 
 
 @jax.jit
@@ -37,7 +37,7 @@ def _device_of(value: Any) -> Any:
     return next(iter(devices)) if len(devices) == 1 else None
 
 
-def fetch_to_host(values: Sequence[Any]) -> list[Any]:
+def fetch(values: Sequence[Any]) -> list[Any]:
     """Device values to the host as numpy arrays, in order (same shapes and dtypes)."""
     out: list[Any] = [None] * len(values)
     groups: dict[tuple[Any, ...], list[int]] = {}

@@ -15,10 +15,10 @@ from jaxtyping import Array
 
 from pipekit_train.core.adapter import GRAD_NORM, global_grad_norm
 
-__all__ = ["GRAD_NORM", "step_grad_norm"]
+__all__ = ["GRAD_NORM", "grad_norm"]
 
 
-def step_grad_norm(grads: Any, opt_state: Any, *, accumulate: int = 1) -> Array:
+def grad_norm(grads: Any, opt_state: Any, *, accumulate: int = 1) -> Array:
     """The global norm of the gradient the update uses (before clipping), as float32.
 
     Args:

@@ -19,8 +19,8 @@ from jaxtyping import Array, PRNGKeyArray, PyTree
 import equinox as eqx
 from pipekit_train.core.adapter import ConfigError, ModelOpBase, RolloutSpec
 
-from ._rollout import equinox_rollout
-from ._weights import tree_from_bytes, tree_to_bytes
+from ._rollout import device_rollout
+from ._weights import decode_weights, encode_weights
 
 __all__ = ["EquinoxModelOp", "apply_model", "has_stochastic_layers", "takes_key"]
 
@@ -259,7 +259,7 @@ class EquinoxModelOp(ModelOpBase):
             return lambda x: apply_model(model, x, layer_state, None, batched=batched)[0]
 
         cache = self.__dict__.setdefault("_rollouts", {})
-        return equinox_rollout(
+        return device_rollout(
             self._tree(),
             forward,
             cache,
@@ -275,10 +275,10 @@ class EquinoxModelOp(ModelOpBase):
     # -- weights -----------------------------------------------------------------------
     def serialize_weights(self) -> bytes:
         """The weights (and layer state) via `eqx.tree_serialise_leaves`: same weights, same bytes."""
-        return tree_to_bytes(self._tree())
+        return encode_weights(self._tree())
 
     def _load_weights(self, blob: bytes) -> None:
-        tree = tree_from_bytes(blob, self._tree(), factory=self.factory)
+        tree = decode_weights(blob, self._tree(), factory=self.factory)
         if self.model_state is None:
             self.model = tree
         else:

@@ -31,7 +31,7 @@ from pipekit_train.core.adapter import (
     rollout_spec,
 )
 
-__all__ = ["RolloutLoss", "equinox_rollout"]
+__all__ = ["RolloutLoss", "device_rollout"]
 
 
 def _float_dtype(tree: Any) -> Any:
@@ -45,7 +45,7 @@ def _float_dtype(tree: Any) -> Any:
 Forward = Callable[[Any], Callable[[Any], Any]]
 
 
-def equinox_rollout(
+def device_rollout(
     tree: Any,
     forward: Forward,
     cache: dict,

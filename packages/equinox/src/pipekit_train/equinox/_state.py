@@ -10,7 +10,7 @@ from jaxtyping import PRNGKeyArray, PyTree
 
 import equinox as eqx
 
-from ._precision import DynamicLossScale, IntScalar
+from ._mixed_precision import DynamicLossScale, IntScalar
 
 __all__ = ["FlatState", "TrainState"]
 

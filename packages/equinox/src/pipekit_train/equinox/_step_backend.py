@@ -1,4 +1,4 @@
-"""`EquinoxBackend`: the `StepBackend` core's run loop drives for the Equinox adapter.
+"""`EquinoxStepBackend`: the `StepBackend` core's run loop drives for the Equinox adapter.
 
 It builds the training state, places batches on the devices, runs the compiled steps
 (`_compiled.py`), evaluates, and checkpoints through Orbax (`_checkpoint.py`).
@@ -24,10 +24,10 @@ from pipekit_train.core.adapter import (
     prefetch_depth,
 )
 
-from ._checkpoint import OrbaxCheckpointer, abstract_of
+from . import _checkpoint, _fetch
+from ._checkpoint import OrbaxCheckpointer
 from ._compiled import flatten_state, step_functions
-from ._ema import ema_model, find_ema
-from ._fetch import fetch_to_host
+from ._ema import ema_model, has_ema
 from ._model import EquinoxModelOp, has_stochastic_layers, takes_key
 from ._optim import build_optimizer
 from ._rollout import RolloutLoss
@@ -38,7 +38,7 @@ from ._weights import host_array
 if TYPE_CHECKING:
     from ._adapter import Equinox
 
-__all__ = ["EquinoxBackend"]
+__all__ = ["EquinoxStepBackend"]
 
 
 def _fresh_copies(leaves: list[jax.Array]) -> list[jax.Array]:
@@ -66,7 +66,7 @@ def _leaf_names(template: TrainState) -> list[str]:
     return names
 
 
-class EquinoxBackend(StepBackend[FlatState]):
+class EquinoxStepBackend(StepBackend[FlatState]):
     """The `StepBackend` of one run (see `pipekit_train.core.StepBackend`).
 
     The state it hands around is a `FlatState` (the `TrainState`'s array leaves);
@@ -203,15 +203,15 @@ class EquinoxBackend(StepBackend[FlatState]):
         Its `get_state()` (grain's iterator state and the epoch, as JSON) goes into every
         checkpoint, so a resumed run continues with the same batches.
         """
-        from ._data import GrainBatches
+        from ._data import native_batches
 
-        return GrainBatches(data, data_state)
+        return native_batches(data, data_state)
 
     def native_eval_batches(self, data: Any) -> Iterator[Mapping[str, np.ndarray]]:
         """One pass over a grain validation loader."""
-        from ._data import eval_batches
+        from ._data import native_eval_batches
 
-        return eval_batches(data)
+        return native_eval_batches(data)
 
     def put(self, batch: Mapping[str, np.ndarray]) -> Any:
         """A batch (or K stacked batches) ready for the step, moved to the device(s) once.
@@ -248,8 +248,8 @@ class EquinoxBackend(StepBackend[FlatState]):
         return self._stack_fn(list(batches))
 
     def fetch(self, values: Sequence[Any]) -> list[Any]:
-        """Device values to the host, one transfer per device (`fetch_to_host`)."""
-        return fetch_to_host(values)
+        """Device values to the host, one transfer per device (`_fetch.fetch`)."""
+        return _fetch.fetch(values)
 
     # -- steps -------------------------------------------------------------------------
     def _steps_for(self, leaves: list[Any], batches: int) -> tuple[Any, int]:
@@ -351,7 +351,7 @@ class EquinoxBackend(StepBackend[FlatState]):
     def raw_model_op(self, state: FlatState) -> EquinoxModelOp | None:
         """The operator with the trained weights when `model_op` holds the average."""
         ts = self.train_state(state)
-        return None if find_ema(ts.opt_state) is None else self._host_op(ts.model, ts.model_state)
+        return self._host_op(ts.model, ts.model_state) if has_ema(ts.opt_state) else None
 
     def _host_op(self, model: Any, model_state: Any) -> EquinoxModelOp:
         model = jax.tree.map(host_array, model)
@@ -359,31 +359,13 @@ class EquinoxBackend(StepBackend[FlatState]):
         return self.op.with_model(model, mstate)
 
     # -- checkpoints -------------------------------------------------------------------
-    def _to_tree(self, state: FlatState) -> dict[str, Any]:
-        return dict(zip(self._names, self._copy(state.leaves), strict=True))
-
-    def _live_tree(self, state: FlatState) -> dict[str, Any]:
-        return dict(zip(self._names, state.leaves, strict=True))
-
-    def _template_tree(self, template: FlatState) -> dict[str, Any]:
-        return abstract_of(dict(zip(self._names, template.leaves, strict=True)))
-
-    def _from_tree(self, tree: Mapping[str, Any], template: FlatState) -> FlatState:
-        return FlatState([tree[name] for name in self._names])
-
     def checkpointer(self) -> OrbaxCheckpointer:
-        """An Orbax checkpointer for `plan.checkpoint`."""
+        """An Orbax checkpointer for `plan.checkpoint` (`_checkpoint.checkpointer`)."""
         if self.plan.checkpoint is None:
             raise ConfigError(
                 "checkpointer() needs `checkpoint=Checkpoint(...)`. Received: checkpoint=None."
             )
-        return OrbaxCheckpointer(
-            self.plan.checkpoint,
-            to_tree=self._to_tree,
-            template_tree=self._template_tree,
-            from_tree=self._from_tree,
-            live_tree=self._live_tree,
-        )
+        return _checkpoint.checkpointer(self.plan.checkpoint, self._names, self._copy)
 
     def __repr__(self) -> str:
-        return f"EquinoxBackend({self.adapter!r}, arrays={len(self._names)})"
+        return f"EquinoxStepBackend({self.adapter!r}, arrays={len(self._names)})"

@@ -1,4 +1,5 @@
-"""Weights as bytes: `eqx.tree_serialise_leaves` of the model (and its layer state).
+"""The model's weights as bytes and back: `eqx.tree_serialise_leaves` of the model (and its
+layer state), `encode_weights` / `decode_weights`.
 
 The same weights give the same bytes. Loading checks the bytes against the model they
 go into (leaf count, shapes, dtypes) and says what did not fit.
@@ -17,7 +18,7 @@ from jaxtyping import PyTree
 import equinox as eqx
 from pipekit_train.core.adapter import ConfigError
 
-__all__ = ["host_array", "tree_from_bytes", "tree_to_bytes"]
+__all__ = ["host_array", "decode_weights", "encode_weights"]
 
 
 def host_array(x: Any) -> Any:
@@ -31,15 +32,16 @@ def host_array(x: Any) -> Any:
     return jnp.asarray(np.asarray(jax.device_get(x)))
 
 
-def tree_to_bytes(tree: PyTree) -> bytes:
-    """The arrays of `tree` (host copies) via `eqx.tree_serialise_leaves`."""
+def encode_weights(tree: PyTree) -> bytes:
+    """The model's weights as bytes: the arrays of `tree` (the module, or `(module, layer
+    state)`; host copies) via `eqx.tree_serialise_leaves`."""
     buf = io.BytesIO()
     eqx.tree_serialise_leaves(buf, jax.tree.map(host_array, tree))
     return buf.getvalue()
 
 
-def tree_from_bytes(blob: bytes, like: PyTree, *, factory: str) -> PyTree:
-    """`like` with the arrays of `blob` (from `tree_to_bytes` of the same structure).
+def decode_weights(blob: bytes, like: PyTree, *, factory: str) -> PyTree:
+    """`like` with the arrays of `blob` (from `encode_weights` of the same structure).
 
     Args:
         blob: the serialised weights.

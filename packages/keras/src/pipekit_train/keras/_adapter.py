@@ -9,7 +9,7 @@ import numpy as np
 from pipekit_train.core.adapter import Adapter, Capabilities, ConfigError
 
 from ._keras_backend import backend_name
-from ._precision import dtype_policy
+from ._precision import native_precision
 
 if TYPE_CHECKING:
     from pipekit_train.core.adapter import Plan, TrainingArtifact
@@ -79,7 +79,7 @@ class Keras(Adapter):
                 "`steps_per_execution` must be a positive int. "
                 f"Received: steps_per_execution={steps_per_execution!r}. Use e.g. steps_per_execution=10."
             )
-        native, self.spec_precision = dtype_policy(precision)
+        native, self.spec_precision = native_precision(precision)
         self.jit_compile = jit_compile
         self.steps_per_execution = steps_per_execution
         self.precision = native
@@ -140,7 +140,7 @@ class Keras(Adapter):
         self.distribution(plan)
         if plan.rollout is not None:
             from ._model import KerasModelOp
-            from ._rollout_train import check_rollout_model
+            from ._rollout import check_rollout_model
 
             assert isinstance(plan.model, KerasModelOp)  # validate_online checked it
             check_rollout_model(plan.model.model, plan.rollout)

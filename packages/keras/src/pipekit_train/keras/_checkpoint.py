@@ -1,4 +1,4 @@
-"""The checkpoint engine of a Keras run: a `TrainHandle` as checkpoint blobs, and back.
+"""The checkpoint engine of a Keras run: a `TrainState` as checkpoint blobs, and back.
 
 A checkpoint step folder (written atomically by core's `DirectoryCheckpointer`) holds
 `state.safetensors` with every model variable (weights and RNG seed-generator states,
@@ -22,7 +22,7 @@ from pipekit_train.core.adapter import Checkpoint, DirectoryCheckpointer, HostBu
 from . import _weights
 
 if TYPE_CHECKING:
-    from ._state import TrainHandle
+    from ._state import TrainState
 
 __all__ = ["checkpointer", "encode_snapshot", "restore", "snapshot"]
 
@@ -30,7 +30,7 @@ STATE_FILE = "state.safetensors"
 INFO_FILE = "keras.json"
 
 
-def snapshot(handle: TrainHandle, buffers: HostBuffers | None = None) -> dict[str, Any]:
+def snapshot(state: TrainState, buffers: HostBuffers | None = None) -> dict[str, Any]:
     """Host copies of the whole state, taken now (into `buffers`, reused between saves).
 
     `encode_snapshot` turns it into the checkpoint blobs, on any thread.
@@ -38,12 +38,12 @@ def snapshot(handle: TrainHandle, buffers: HostBuffers | None = None) -> dict[st
     import keras
 
     buffers = HostBuffers() if buffers is None else buffers
-    model_vars, opt_vars = handle.variables()
+    model_vars, opt_vars = state.variables()
     arrays: dict[str, np.ndarray] = {}
     for prefix, variables in (("model", model_vars), ("optimizer", opt_vars)):
         for name, value in _weights.arrays_of(prefix, variables).items():
             arrays[name] = buffers.copy(name, value)
-    arrays.update(handle.rng_state())
+    arrays.update(state.rng_state())
     info = {
         "format": _weights.FORMAT,
         "keras_backend": keras.backend.backend(),
@@ -54,12 +54,12 @@ def snapshot(handle: TrainHandle, buffers: HostBuffers | None = None) -> dict[st
 
 
 def encode_snapshot(snapshot: Mapping[str, Any]) -> dict[str, bytes]:
-    """The checkpoint blobs of a `snapshot(handle)`."""
-    return {STATE_FILE: _weights.encode(snapshot["arrays"]), INFO_FILE: snapshot["info"]}
+    """The checkpoint blobs of a `snapshot(state)`."""
+    return {STATE_FILE: _weights.encode_arrays(snapshot["arrays"]), INFO_FILE: snapshot["info"]}
 
 
-def restore(handle: TrainHandle, blobs: Mapping[str, bytes]) -> TrainHandle:
-    """Assign the checkpointed arrays to the handle's live variables (all checked first).
+def restore(state: TrainState, blobs: Mapping[str, bytes]) -> TrainState:
+    """Assign the checkpointed arrays to the state's live variables (all checked first).
 
     Raises:
         KeyError: the checkpoint has no state file.
@@ -68,22 +68,22 @@ def restore(handle: TrainHandle, blobs: Mapping[str, bytes]) -> TrainHandle:
     """
     if STATE_FILE not in blobs:
         raise KeyError(f"the checkpoint has no {STATE_FILE}")
-    arrays = _weights.decode(blobs[STATE_FILE])
-    model_vars, opt_vars = handle.variables()
+    arrays = _weights.decode_arrays(blobs[STATE_FILE])
+    model_vars, opt_vars = state.variables()
     # check both groups before assigning either: a bad blob changes nothing
     pairs = _weights.match_arrays("model", model_vars, arrays, what="The checkpoint")
     pairs += _weights.match_arrays("optimizer", opt_vars, arrays, what="The checkpoint")
     rng = {k: v for k, v in arrays.items() if k.startswith("rng/")}
-    if handle.torch_rng and "rng/torch" not in rng:
+    if state.torch_rng and "rng/torch" not in rng:
         raise ValueError("the checkpoint holds no torch RNG state (was it written on jax?)")
     for var, arr in pairs:
         var.assign(arr)
-    handle.restore_rng(rng)
-    return handle
+    state.restore_rng(rng)
+    return state
 
 
 def checkpointer(policy: Checkpoint) -> DirectoryCheckpointer:
-    """Core's atomic directory store, encoding a `TrainHandle`.
+    """Core's atomic directory store, encoding a `TrainState`.
 
     The training thread only copies the variables into host buffers reused from one save
     to the next; the safetensors encoding, hashing and writing run on the writer thread.
@@ -91,7 +91,7 @@ def checkpointer(policy: Checkpoint) -> DirectoryCheckpointer:
     buffers = HostBuffers()
     return DirectoryCheckpointer(
         policy,
-        snapshot=lambda handle: snapshot(handle, buffers),
+        snapshot=lambda state: snapshot(state, buffers),
         encode=encode_snapshot,
         decode=lambda blobs, template: restore(template, blobs),
     )

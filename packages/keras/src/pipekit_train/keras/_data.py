@@ -45,9 +45,9 @@ def fit_batches(
     repeats epochs and remembers the data position after each batch).
 
     With `rollout` the input noise of core's feed (`batch["noise"]`) travels in `y`
-    (`_rollout_train.rollout_targets`): Keras hands `y` to the loss only."""
+    (`_rollout.rollout_targets`): Keras hands `y` to the loss only."""
     if rollout:
-        from ._rollout_train import rollout_targets
+        from ._rollout import rollout_targets
 
         while True:
             batch = next(batches)

@@ -2,7 +2,7 @@
 
 Keras's own `use_ema` starts the average at the weights after the first update and, with
 `gradient_accumulation_steps`, updates it on every batch; core's convention starts it at
-the initial weights and updates it once per optimizer update. `averaged(cls)` is `cls`
+the initial weights and updates it once per optimizer update. `with_ema(cls)` is `cls`
 with Keras's EMA machinery (its `average` optimizer variables, updated after each apply)
 following core's convention: the averages are set to the weights when the optimizer is
 built, every update makes them `decay * ema + (1 - decay) * weights` (accumulating
@@ -23,12 +23,16 @@ from typing import Any
 
 from keras import ops
 
-__all__ = ["averaged", "has_ema", "swapped_in"]
+__all__ = ["has_ema", "swapped_in", "with_ema"]
 
 
 @cache
-def averaged(base: type) -> type:
-    """`base` (a Keras optimizer class) keeping core's moving average of the weights."""
+def with_ema(base: type) -> type:
+    """`base` (a Keras optimizer class) keeping core's moving average of the weights.
+
+    The class takes the decay as `ema=` (Keras builds optimizers from their config), e.g.
+    `with_ema(keras.optimizers.Adam)(learning_rate=1e-3, ema=0.999)`.
+    """
 
     class Averaged(base):
         pipekit_ema = True

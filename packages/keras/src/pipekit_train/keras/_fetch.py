@@ -3,7 +3,7 @@
 The per-step losses (and grad norms) of a `model.fit` run stay on the device, in the
 ring buffers of the `StepLossTracker` (`_tracker`) and the `GradNormBuffer`
 (`_grad_norm`); the bridge hands the lifecycle `StepSlice`s of them as metric values,
-and `fetch_values` brings every pending slice to the host in one transfer, checking
+and `fetch` brings every pending slice to the host in one transfer, checking
 that Keras ran exactly the steps the bridge scheduled.
 
 This module imports keras; import it only after the Keras backend is chosen.
@@ -21,13 +21,13 @@ from keras import ops
 
 from ._tracker import COUNT_MODULUS
 
-__all__ = ["StepSlice", "fetch_values"]
+__all__ = ["StepSlice", "fetch"]
 
 
 class StepSlice:
     """Steps `[first, first + count)` of the tracker's ring buffer, still on the device.
 
-    Handed to the run as a metric value. `fetch_values` brings them to the host in
+    Handed to the run as a metric value. `fetch` brings them to the host in
     one transfer and checks that Keras ran exactly the steps the adapter scheduled.
     """
 
@@ -57,7 +57,7 @@ def _select(piece: StepSlice, owner: StepSlice, host: Any) -> np.ndarray:
     return host[[(piece.first + i) % capacity for i in range(piece.count)]]
 
 
-def fetch_values(values: Sequence[Any]) -> list[np.ndarray]:
+def fetch(values: Sequence[Any]) -> list[np.ndarray]:
     """The run's fetch: device values and `StepSlice`s to numpy in one transfer.
 
     The ring buffer holds the last `capacity` steps, so the newest snapshot usually

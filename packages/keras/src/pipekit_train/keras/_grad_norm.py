@@ -4,14 +4,14 @@ Keras's optimizer calls `_clip_gradients(grads)` once per optimizer update with 
 gradient the update applies: after a loss scale is undone and, with
 `gradient_accumulation_steps`, the mean of the accumulated batches, before
 `global_clipnorm` / `clipvalue`. `install_grad_norm` wraps that method on the compiled
-model's optimizer: it computes core's `global_grad_norm` of those gradients and writes it
-into a ring buffer held in an optimizer variable, followed by an update count (like the
-`StepLossTracker`'s losses), so it lives in Keras's stateless jax state and the fused
-steps of `steps_per_execution=K` each keep their own value. On jax, Keras's accumulation
-path calls the method on every batch but keeps optimizer variables only on the update's
-last batch, so the count advances once per update on both backends.
+model's optimizer: it computes `grad_norm` (core's `global_grad_norm`) of those
+gradients and writes it into a ring buffer held in an optimizer variable, followed by an
+update count (like the `StepLossTracker`'s losses), so it lives in Keras's stateless jax
+state and the fused steps of `steps_per_execution=K` each keep their own value. On jax,
+Keras's accumulation path calls the method on every batch but keeps optimizer variables
+only on the update's last batch, so the count advances once per update on both backends.
 
-The variable is left out of checkpoints (`TrainHandle.variables`); a run starts with it
+The variable is left out of checkpoints (`TrainState.variables`); a run starts with it
 zeroed (`reset`). This module imports keras.
 """
 
@@ -24,9 +24,14 @@ from pipekit_train.core.adapter import global_grad_norm
 
 from ._tracker import COUNT_MODULUS
 
-__all__ = ["NORMS_NAME", "GradNormBuffer", "install_grad_norm"]
+__all__ = ["NORMS_NAME", "GradNormBuffer", "grad_norm", "install_grad_norm"]
 
 NORMS_NAME = "pipekit_grad_norms"
+
+
+def grad_norm(grads: Any) -> Any:
+    """Core's `global_grad_norm` of an update's gradients (None entries skipped), float32."""
+    return ops.cast(global_grad_norm([g for g in grads if g is not None]), "float32")
 
 
 class GradNormBuffer:
@@ -47,7 +52,7 @@ class GradNormBuffer:
 
     def record(self, grads: Any) -> None:
         """Write the global norm of `grads` into the next slot (traced inside Keras's step)."""
-        norm = ops.cast(global_grad_norm([g for g in grads if g is not None]), "float32")
+        norm = grad_norm(grads)
         packed = self.variable.value
         cap = self.capacity
         count = packed[cap]

@@ -12,7 +12,7 @@ from pipekit_train.core.adapter import ConfigError, ModelOpBase, RolloutSpec
 
 from . import _weights
 from ._keras_backend import backend_name
-from ._rollout import keras_rollout
+from ._rollout import device_rollout
 
 if TYPE_CHECKING:
     import keras
@@ -196,7 +196,7 @@ class KerasModelOp(ModelOpBase):
             NonFiniteStateError: a state became NaN/inf (names the first step and member).
         """
         cache = self.__dict__.setdefault("_rollouts", {})
-        return keras_rollout(
+        return device_rollout(
             self.model,
             state,
             n_steps,
@@ -210,14 +210,10 @@ class KerasModelOp(ModelOpBase):
 
     def serialize_weights(self) -> bytes:
         """The weights as deterministic safetensors bytes (keys `w/<index>`)."""
-        return _weights.encode(_weights.arrays_of("w", model_weights(self.model)))
+        return _weights.encode_weights(model_weights(self.model))
 
     def _load_weights(self, blob: bytes) -> None:
-        try:
-            arrays = _weights.decode(blob)
-        except Exception as exc:  # safetensors raises its own error types
-            raise ValueError(f"The weights blob is not a safetensors file: {exc}") from exc
-        _weights.assign_arrays("w", model_weights(self.model), arrays, what="The weights blob")
+        _weights.decode_weights(blob, model_weights(self.model))
 
 
 def output_model_op(op: Any, model: keras.Model) -> Any:

@@ -11,7 +11,7 @@ Core validates `optimizer_config` and fills in every default
 | `adagrad` | `Adagrad(initial_accumulator_value, epsilon)` |
 | `weight_decay` | Keras's own `weight_decay` argument, which is decoupled on every optimizer |
 | `clip_norm` / `clip_value` | `global_clipnorm` / `clipvalue` |
-| schedules | a `LearningRateSchedule` following core's curve (`core_schedule`) |
+| schedules | a `LearningRateSchedule` following core's curve (`build_schedule`) |
 | core's learning-rate scale | the rate (constant or schedule) times an optimizer variable (`scaled_schedule`, `attach_lr_scale`) |
 
 A `keras.optimizers.Optimizer` instance (with any Keras schedule) is accepted too.
@@ -29,13 +29,13 @@ __all__ = [
     "attach_lr_scale",
     "build_optimizer",
     "check_optimizer_config",
-    "core_schedule",
+    "build_schedule",
     "scaled_schedule",
     "set_lr_scale",
 ]
 
 
-def core_schedule(spec: Mapping[str, Any], accumulate: int = 1) -> Any:
+def build_schedule(spec: Mapping[str, Any], accumulate: int = 1) -> Any:
     """A `keras.optimizers.schedules.LearningRateSchedule` following core's schedule dict.
 
     The curve is `pipekit_train.core`'s `learning_rate_at(spec, step)` (the same for every
@@ -166,9 +166,9 @@ def _keras_optimizer(spec: OptimizerSpec, lr: Any, accumulate: int) -> Any:
         kwargs["clipvalue"] = spec.clip_value
     wrap: Any = lambda cls: cls  # noqa: E731
     if spec.ema is not None:  # core's convention, not Keras's own use_ema (see _ema.py)
-        from ._ema import averaged
+        from ._ema import with_ema
 
-        wrap, kwargs["ema"] = averaged, spec.ema
+        wrap, kwargs["ema"] = with_ema, spec.ema
     if spec.name in ("adam", "adamw"):
         cls = keras.optimizers.AdamW if spec.weight_decay else keras.optimizers.Adam
         return wrap(cls)(beta_1=h["b1"], beta_2=h["b2"], epsilon=h["eps"], **kwargs)
@@ -224,7 +224,7 @@ def build_optimizer(config: Any, *, accumulate: int = 1, lr_scale: bool = False)
         )
     spec = optimizer_spec(config)
     lr = (
-        core_schedule(spec.learning_rate, accumulate)  # type: ignore[arg-type]  # `scheduled`: a schedule dict
+        build_schedule(spec.learning_rate, accumulate)  # type: ignore[arg-type]  # `scheduled`: a schedule dict
         if spec.scheduled
         else spec.learning_rate
     )

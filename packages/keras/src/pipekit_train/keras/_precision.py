@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from pipekit_train.core.adapter import Precision, translate_precision
 
-__all__ = ["KERAS_POLICIES", "NATIVE_PRECISIONS", "dtype_policy"]
+__all__ = ["KERAS_POLICIES", "NATIVE_PRECISIONS", "native_precision"]
 
 KERAS_POLICIES: Final[dict[Precision, str | None]] = {
     Precision.FLOAT32: None,
@@ -24,7 +24,7 @@ NATIVE_PRECISIONS: Final = ("float32", "mixed_bfloat16", "mixed_float16", "bfloa
 """The Keras dtype policies `Keras(precision=...)` takes as they are."""
 
 
-def dtype_policy(value: Any) -> tuple[str | None, Precision | None]:
+def native_precision(value: Any) -> tuple[str | None, Precision | None]:
     """`(the Keras dtype policy, its canonical Precision)` of a `Keras(precision=...)`.
 
     None and a canonical name map through `KERAS_POLICIES`; a Keras policy name is kept

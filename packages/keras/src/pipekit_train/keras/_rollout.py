@@ -1,4 +1,7 @@
-"""The device rollout of a `keras.Model`, through the Keras backend's own arrays.
+"""The rollout of a `keras.Model` on the Keras backend's own arrays: the device rollout
+(`device_rollout`) and rollout training (`RolloutLoss`).
+
+The device rollout (`KerasModelOp.rollout`):
 
 - jax backend: each segment of the rollout is one jitted `lax.fori_loop` over the core
   rollout step (`RolloutSpec.bind(jax.numpy)`) around `model.stateless_call(...,
@@ -9,20 +12,74 @@
 
 The plan (segments, `keep`, `chunk`) and the step are core's
 (`pipekit_train.core.rollout`), the same as the other backends'.
+
+Rollout training (`TrainingLoop(rollout=Rollout(...))`), `RolloutLoss`: core's rollout loss
+inside Keras's own step.
+
+`install_rollout` changes two things on the compiled training model, the way `_skip`
+wraps its step, and leaves the rest of Keras's train step (jax and torch alike) as it
+is, so gradient accumulation, loss scaling, clipping, the moving average and the
+non-finite policies keep their meaning:
+
+- `model.compute_loss` becomes core's `rollout_loss` (`pipekit_train.core.rollout`):
+  the model is called `k` times on the backend's arrays (`array_api_compat`'s namespace
+  of the batch: `jax.numpy` or torch), each step exactly `NeuralForward`'s inference
+  step, with the backend's gradient stop (`jax.lax.stop_gradient`, `Tensor.detach`) for
+  pushforward and cut backpropagation, and the input noise core's feed drew
+  (`batch["noise"]`, carried in `y`). Keras's own forward pass of `x` is not used (on
+  jax XLA drops it; on torch it is one extra forward without backward). The model's
+  added losses (regularizers) are added, as Keras adds them to its compiled loss.
+- the rollout length of each batch, `rollout.steps_at(update)`, is chosen on the host
+  from the run's optimizer updates (`RolloutLoss.start`, then one count per batch:
+  `update = batches // accumulate`, skipped updates included, as Equinox's step counter
+  and `Torch()`'s update count do). On jax the train function holds one jitted step per
+  length of the schedule and calls the one of each batch (Keras's fused executions are a
+  Python loop over that per-batch call, so each batch gets its own); on torch the wrapped
+  `train_step` notes the length before Keras's eager step. A `lax.switch` over the
+  lengths inside one jitted step cost 11x the fixed-length step on the CPU for a conv
+  net (`benchmarks/bench_rollout_schedule.py`).
+- `Rollout(gradient_checkpointing=True)` recomputes each model application in the
+  backward pass (`jax.checkpoint` / `torch.utils.checkpoint`), so an update keeps one
+  state per step instead of the model's activations.
+
+Validation (`eval_rollout`) rolls the longest rollout out without noise on the host,
+one `predict_on_batch` per step, and returns the predicted targets `(B, k, ...)` and the
+rollout loss, like Equinox's `eval_loss`.
+
+Nothing here imports keras at import time (the package's import does not).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from pipekit_train.core.adapter import RolloutSpec, jax_rollout, prepare_rollout, torch_rollout
+from pipekit_train.core.adapter import (
+    NOISE_KEY,
+    ConfigError,
+    Rollout,
+    RolloutSpec,
+    jax_rollout,
+    prepare_rollout,
+    rollout_loss,
+    rollout_spec,
+    torch_rollout,
+)
 
-__all__ = ["keras_rollout"]
+__all__ = [
+    "RolloutLoss",
+    "check_rollout_model",
+    "device_rollout",
+    "install_rollout",
+    "rollout_targets",
+]
+
+TARGET_KEY = "y"
 
 
-def keras_rollout(
+def device_rollout(
     model: Any,
     state: Any,
     n_steps: int,
@@ -95,3 +152,247 @@ def keras_rollout(
         device=device,
         **options,
     )
+
+
+def check_rollout_model(model: Any, rollout: Rollout) -> None:
+    """Refuse a model with layer state (BatchNorm statistics, dropout seed states).
+
+    Raises:
+        ConfigError: the model has non-trainable variables.
+    """
+    state = [getattr(v, "path", getattr(v, "name", "?")) for v in model.non_trainable_variables]
+    if state:
+        raise ConfigError(
+            "Rollout training on Keras does not carry layer state (BatchNorm statistics, "
+            "dropout seed states) through the unrolled steps. Received: a model with "
+            f"non-trainable variables {state[:3]} and rollout=Rollout(steps={rollout.steps}). "
+            "Use a model without such layers, or drop `rollout`."
+        )
+
+
+def rollout_targets(batch: Mapping[str, Any]) -> Any:
+    """The `y` that `model.fit` gets for a rollout batch: the targets, with the noise.
+
+    Without noise the targets themselves; with `batch["noise"]` a dict
+    `{"y": targets, "noise": noise}` (Keras passes `y` through to `compute_loss` only).
+    """
+    if NOISE_KEY not in batch:
+        return batch[TARGET_KEY]
+    return {TARGET_KEY: batch[TARGET_KEY], NOISE_KEY: batch[NOISE_KEY]}
+
+
+class RolloutLoss:
+    """Core's rollout loss on one compiled Keras model (see the module).
+
+    Args:
+        model: the compiled training model.
+        rollout: the `Rollout` spec.
+        normalizer: the run's normalizer (or None).
+        loss_fn: core's loss (`"mse"`).
+        accumulate: batches per optimizer update.
+        state_ndim: the axes of one state.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        rollout: Rollout,
+        normalizer: Any,
+        loss_fn: Callable[[Any, Any], Any],
+        *,
+        accumulate: int = 1,
+        state_ndim: int = 1,
+    ):
+        self.model = model
+        self.rollout = rollout
+        self.spec = rollout_spec(normalizer, rollout.residual, state_ndim)
+        self.loss_fn = loss_fn
+        self.accumulate = int(accumulate)
+        self.stages = rollout.stages()
+        import keras
+
+        self.jax = keras.backend.backend() == "jax"
+        self.k: int | None = None  # the rollout length of the step being computed (or traced)
+        self.batches: int | None = None  # batches trained so far (`start`, `next_length`)
+
+    # -- one rollout ---------------------------------------------------------------------
+    def predict(
+        self, model_fn: Callable[[Any], Any], x: Any, y: Any, k: int, noise: Any = None
+    ) -> tuple[Any, Any]:
+        """`(loss, predicted targets (B, k, ...))` of a `k`-step rollout on device arrays."""
+        import array_api_compat
+
+        import keras
+
+        xp = array_api_compat.array_namespace(x)
+        call = self._checkpointed(model_fn) if self.rollout.gradient_checkpointing else model_fn
+        if self.jax:
+            import jax
+
+            def detach(a: Any) -> Any:
+                return jax.lax.stop_gradient(a)
+
+            def constant(a: np.ndarray) -> Any:
+                return xp.asarray(a, dtype=x.dtype)
+
+        else:
+
+            def detach(a: Any) -> Any:
+                return a.detach()
+
+            def constant(a: np.ndarray) -> Any:
+                return xp.asarray(a, dtype=x.dtype, device=x.device)
+
+        return rollout_loss(
+            xp,
+            spec=self.spec,
+            model_fn=lambda s: keras.ops.cast(call(s), x.dtype),
+            x=x,
+            y=y,
+            weights=self.rollout.step_weights(k),
+            backprop=self.rollout.backprop,
+            loss_fn=self.loss_fn,
+            detach=detach,
+            noise=noise,
+            constant=constant,
+        )
+
+    def _checkpointed(self, model_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """`model_fn` recomputed in the backward pass (`Rollout(gradient_checkpointing=True)`):
+        `jax.checkpoint` on jax, `torch.utils.checkpoint` on torch."""
+        if self.jax:
+            import jax
+
+            return jax.checkpoint(model_fn)
+        from torch.utils.checkpoint import checkpoint
+
+        return lambda s: checkpoint(model_fn, s, use_reentrant=False)
+
+    # -- the schedule's clock -------------------------------------------------------------
+    def start(self, updates: int) -> None:
+        """Before Keras's first train step: the optimizer updates the run has completed
+        (restored from a checkpoint or 0); each batch after it counts one."""
+        self.batches = int(updates) * self.accumulate
+
+    def next_length(self) -> int:
+        """The rollout length of the next batch trained (and count that batch)."""
+        if self.batches is None:
+            raise RuntimeError("RolloutLoss.start() was not called before the first step")
+        k = self.rollout.steps_at(self.batches // self.accumulate)
+        self.batches += 1
+        return k
+
+    # -- Keras's hooks -------------------------------------------------------------------
+    def compute_loss(
+        self,
+        x: Any = None,
+        y: Any = None,
+        y_pred: Any = None,
+        sample_weight: Any = None,
+        training: bool = True,
+    ) -> Any:
+        """`Model.compute_loss`: the rollout loss of the batch (`y_pred` is not used)."""
+        import keras
+
+        target, noise = (y[TARGET_KEY], y.get(NOISE_KEY)) if isinstance(y, Mapping) else (y, None)
+        model = self.model
+
+        def model_fn(s: Any) -> Any:
+            return model(s, training=training)
+
+        if not training:  # evaluation: the longest, without noise
+            k = self.rollout.max_steps
+        elif self.k is None:
+            raise RuntimeError("the rollout loss was computed outside the wrapped train step")
+        else:
+            k = self.k
+        loss = self.predict(model_fn, x, target, k, noise if training else None)[0]
+        for extra in model.losses:  # regularizers, as Keras adds them to its loss
+            loss = loss + keras.ops.cast(keras.ops.sum(extra), loss.dtype)
+        return loss
+
+    def _at_length(self, step: Callable[..., Any], k: int) -> Callable[..., Any]:
+        """`step` (Keras's train step, or `_skip`'s) computing a `k`-step rollout."""
+
+        def train_step(*args: Any) -> Any:
+            self.k = k  # read by `compute_loss` (on jax: while the step is traced)
+            try:
+                return step(*args)
+            finally:
+                self.k = None
+
+        return train_step
+
+    def wrap_train_step(self) -> None:
+        """Give each train step its batch's rollout length (see the module)."""
+        import keras
+
+        model = self.model
+        step = model.train_step  # Keras's own (or `_skip`'s), bound
+        if not self.jax:
+            by_length = {k: self._at_length(step, k) for _, k in self.stages}
+
+            def eager_step(data: Any) -> Any:
+                return by_length[self.next_length()](data)
+
+            object.__setattr__(model, "train_step", eager_step)
+            return
+        import jax
+
+        def make_train_function(force: bool = False) -> Any:
+            if model.train_function is not None and not force:
+                return None
+            compiled = not model.run_eagerly and model.jit_compile
+            options: dict[str, Any] = {"donate_argnums": 0}
+            if keras.distribution.distribution() is not None:
+                options["out_shardings"] = (None, model._get_state_sharding_spec())
+            by_length = {}
+            for _, k in self.stages:
+                fn = self._at_length(step, k)
+                by_length[k] = jax.jit(fn, **options) if compiled else fn
+
+            def train_step(state: Any, data: Any) -> Any:
+                return by_length[self.next_length()](state, data)
+
+            model.train_function = model._make_function(train_step)
+            return None
+
+        object.__setattr__(model, "make_train_function", make_train_function)
+
+    # -- validation ----------------------------------------------------------------------
+    def eval_rollout(
+        self, predict: Callable[[np.ndarray], np.ndarray], batch: Mapping[str, np.ndarray]
+    ) -> tuple[np.ndarray, float]:
+        """`(predicted targets (B, k, ...), loss)` of the longest rollout, without noise, on
+        the host (`predict`: the model on a numpy batch)."""
+        x = np.asarray(batch["x"])
+        loss, pred = rollout_loss(
+            np,
+            spec=self.spec,
+            model_fn=lambda s: np.asarray(predict(np.asarray(s, x.dtype)), x.dtype),
+            x=x,
+            y=np.asarray(batch["y"]),
+            weights=self.rollout.step_weights(self.rollout.max_steps),
+            backprop=self.rollout.backprop,
+            loss_fn=self.loss_fn,
+            constant=lambda a: np.asarray(a, x.dtype),
+        )
+        return np.asarray(pred), float(loss)
+
+
+def install_rollout(model: Any, plan: Any) -> RolloutLoss:
+    """Make the compiled `model` minimise `plan.rollout`'s loss (see the module); return it."""
+    rollout = plan.rollout
+    trajectories = getattr(plan.data, "trajectories", None)  # TrajectoryWindows (checked)
+    ndim = len(trajectories.state_shape) if trajectories is not None else 1
+    training = RolloutLoss(
+        model,
+        rollout,
+        plan.normalizer,
+        plan.loss,
+        accumulate=plan.accumulate_grad_batches,
+        state_ndim=ndim,
+    )
+    object.__setattr__(model, "compute_loss", training.compute_loss)
+    training.wrap_train_step()
+    return training

@@ -1,8 +1,8 @@
-"""`TrainHandle`: the training state of a Keras run (what a checkpoint holds), and building it.
+"""`TrainState`: the training state of a Keras run (what a checkpoint holds), and building it.
 
-A handle is a compiled copy of the plan's model, its built optimizer (the moving average
+The state is a compiled copy of the plan's model, its built optimizer (the moving average
 of the weights, the learning-rate scale and the grad-norm buffer are optimizer
-variables) and, on the torch backend, torch's global RNG. `build_train_handle` builds
+variables) and, on the torch backend, torch's global RNG. `build_train_state` builds
 one for `model.fit` (`_bridge`) or for `OnlineTrainer` (`_step_backend`); the encoding
 of a checkpoint is in `_checkpoint`.
 
@@ -24,11 +24,11 @@ from ._ema import has_ema, swapped_in
 from ._grad_norm import NORMS_NAME, install_grad_norm
 from ._model import KerasModelOp, model_variables, output_model_op
 from ._optim import attach_lr_scale, build_optimizer
-from ._rollout_train import RolloutTraining, install_rollout
+from ._rollout import RolloutLoss, install_rollout
 from ._skip import install_skip
 from ._tracker import install_tracker, keras_loss
 
-__all__ = ["TrainHandle", "build_train_handle", "learning_rate", "output_model_ops", "predict"]
+__all__ = ["TrainState", "build_train_state", "learning_rate", "output_model_ops", "predict"]
 
 
 def _torch_rng() -> dict[str, np.ndarray]:
@@ -53,7 +53,7 @@ def _set_torch_rng(arrays: Mapping[str, np.ndarray]) -> None:
 
 
 @dataclass
-class TrainHandle:
+class TrainState:
     """The live training state: a compiled model and its built optimizer.
 
     Restoring assigns into these variables in place (the optimizer is built first:
@@ -72,7 +72,7 @@ class TrainHandle:
     sync: Any = None  # () -> None: bring jax fit state back into the variables
     defer_rng: bool = False
     grad_norms: Any = None  # the `GradNormBuffer` of `log_grad_norm` runs
-    rollout: RolloutTraining | None = None  # the rollout loss of `rollout=` runs
+    rollout: RolloutLoss | None = None  # the rollout loss of `rollout=` runs
     _pending_rng: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
     @property
@@ -114,14 +114,14 @@ class TrainHandle:
         return model_variables(self.model), optimizer_vars
 
 
-def build_train_handle(
+def build_train_state(
     plan: Plan,
     *,
     precision: str | None,
     steps_per_execution: int,
     jit_compile: Any,
     deferred: bool = False,
-) -> TrainHandle:
+) -> TrainState:
     """A fresh compiled copy of the plan's model, its built optimizer and the loss tracker.
 
     `deferred` (a `model.fit` run): the per-step losses stay on the device in the logs
@@ -135,14 +135,14 @@ def build_train_handle(
     rollout = getattr(plan, "rollout", None)
     model.compile(
         optimizer=build_optimizer(plan.optimizer_config, accumulate=micro, lr_scale=scaled),
-        # a rollout run computes its loss itself (`_rollout_train`): no compiled loss
+        # a rollout run computes its loss itself (`_rollout`): no compiled loss
         loss=keras_loss(plan.loss) if rollout is None else None,
         # fused executions run whole updates; unfused ones run one batch per call
         steps_per_execution=steps_per_execution * micro if steps_per_execution > 1 else 1,
         jit_compile=jit_compile,
     )
     optimizer = model.optimizer
-    optimizer.build(model.trainable_variables)  # before any restore (see TrainHandle)
+    optimizer.build(model.trainable_variables)  # before any restore (see TrainState)
     if scaled:
         attach_lr_scale(optimizer)  # an optimizer variable: checkpointed with the others
     # the ring buffer also covers a whole metrics group, so one snapshot serves a flush
@@ -158,7 +158,7 @@ def build_train_handle(
         norms = install_grad_norm(optimizer, max(1, capacity // micro))
     training = install_rollout(model, plan) if rollout is not None else None
     sync = getattr(model, "jax_state_sync", None)
-    return TrainHandle(
+    return TrainState(
         model=model,
         optimizer=optimizer,
         seed=plan.seed,
@@ -169,29 +169,29 @@ def build_train_handle(
     )
 
 
-def output_model_ops(op: Any, handle: TrainHandle) -> tuple[Any, Any]:
+def output_model_ops(op: Any, state: TrainState) -> tuple[Any, Any]:
     """`(model, raw model or None)` for the artifact: with `optimizer_config["ema"]` the
     model holds the moving average and the raw model the trained weights."""
-    raw = output_model_op(op, handle.model)
-    if not has_ema(handle.optimizer):
+    raw = output_model_op(op, state.model)
+    if not has_ema(state.optimizer):
         return raw, None
-    with swapped_in(handle.optimizer):
-        return output_model_op(op, handle.model), raw
+    with swapped_in(state.optimizer):
+        return output_model_op(op, state.model), raw
 
 
-def predict(handle: TrainHandle, x: np.ndarray) -> np.ndarray:
+def predict(state: TrainState, x: np.ndarray) -> np.ndarray:
     """Inference with the training model; float32 numpy out."""
-    pred = np.asarray(handle.model.predict_on_batch(x))
+    pred = np.asarray(state.model.predict_on_batch(x))
     if pred.dtype != np.float64:
         pred = pred.astype(np.float32)
     return pred
 
 
-def learning_rate(handle: TrainHandle) -> float | None:
+def learning_rate(state: TrainState) -> float | None:
     """The optimizer's current learning rate (schedules evaluated at its iteration)."""
-    if handle.sync is not None:
-        handle.sync()
+    if state.sync is not None:
+        state.sync()
     try:
-        return float(keras.ops.convert_to_numpy(handle.optimizer.learning_rate))
+        return float(keras.ops.convert_to_numpy(state.optimizer.learning_rate))
     except Exception:  # an exotic optimizer without a scalar rate
         return None

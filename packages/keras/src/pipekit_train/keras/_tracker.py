@@ -11,7 +11,7 @@
   logs carry the buffer and the count, so every step's loss is recovered exactly. The
   logs hold only that one array (no running-mean `loss`), and on jax it is wrapped in
   `DeviceLogs`, which Keras's callback machinery does not convert: no device sync per
-  step; the run fetches the losses in groups (`_fetch.fetch_values`).
+  step; the run fetches the losses in groups (`_fetch.fetch`).
 
 This module imports keras; import it only after the Keras backend is chosen.
 """

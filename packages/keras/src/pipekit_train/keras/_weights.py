@@ -6,6 +6,10 @@ becomes a safetensors blob whose keys are `<prefix>/<index>` (zero-padded, in th
 model's own variable order), which is identical for equal weights, across instances
 and processes. Loading checks the count, shapes and dtypes of every array before it
 assigns any, so a mismatched blob never leaves a half-loaded model.
+
+`encode_weights` / `decode_weights` are the model's weights (keys `w/<index>`) as bytes
+and back; `encode_arrays` / `decode_arrays` the safetensors codec they and the
+checkpoint blobs share.
 """
 
 from __future__ import annotations
@@ -15,9 +19,20 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["arrays_of", "assign_arrays", "decode", "encode", "match_arrays", "to_numpy"]
+__all__ = [
+    "arrays_of",
+    "assign_arrays",
+    "decode_arrays",
+    "decode_weights",
+    "encode_arrays",
+    "encode_weights",
+    "match_arrays",
+    "to_numpy",
+]
 
 FORMAT = "pipekit-keras/1"
+WEIGHTS = "w"
+"""The key prefix of a model's weights in `encode_weights`'s bytes."""
 
 
 def to_numpy(value: Any) -> np.ndarray:
@@ -39,7 +54,9 @@ def arrays_of(prefix: str, variables: Sequence[Any]) -> dict[str, np.ndarray]:
     return {f"{prefix}/{i:05d}": to_numpy(v) for i, v in enumerate(variables)}
 
 
-def encode(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> bytes:
+def encode_arrays(
+    arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None
+) -> bytes:
     """Safetensors bytes of named numpy arrays (the same arrays give the same bytes)."""
     from safetensors.numpy import save
 
@@ -47,11 +64,33 @@ def encode(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None 
     return save({k: _contiguous(v) for k, v in arrays.items()}, metadata=meta)
 
 
-def decode(blob: bytes) -> dict[str, np.ndarray]:
+def decode_arrays(blob: bytes) -> dict[str, np.ndarray]:
     """Named numpy arrays from safetensors bytes (no code is executed, nothing unpickled)."""
     from safetensors.numpy import load
 
     return load(bytes(blob))
+
+
+def encode_weights(variables: Sequence[Any]) -> bytes:
+    """The model's weights (its variables, in order) as safetensors bytes (keys `w/<index>`).
+
+    The same weights give the same bytes, across model instances and processes.
+    """
+    return encode_arrays(arrays_of(WEIGHTS, variables))
+
+
+def decode_weights(blob: bytes, variables: Sequence[Any]) -> None:
+    """Assign the weights of `blob` (from `encode_weights`) to `variables`, all checked first.
+
+    Raises:
+        ValueError: `blob` is not safetensors, or its arrays do not fit the variables
+            (count, shapes, dtypes; nothing is assigned then).
+    """
+    try:
+        arrays = decode_arrays(blob)
+    except Exception as exc:  # safetensors raises its own error types
+        raise ValueError(f"The weights blob is not a safetensors file: {exc}") from exc
+    assign_arrays(WEIGHTS, variables, arrays, what="The weights blob")
 
 
 def assign_arrays(

@@ -18,7 +18,9 @@ import numpy as np
 
 from pipekit_train.core import model_factory
 
+from . import _layers
 from ._keras_backend import configure
+from ._layers import flat_random_uniform
 
 __all__ = [
     "conv2d",
@@ -37,22 +39,12 @@ __all__ = [
 def dense(units: int, fan_in: int, activation: str | None = None) -> Any:
     """A `Dense` layer initialised like torch and Equinox: uniform `±1/sqrt(fan_in)`.
 
-    Keras's default (Glorot-uniform kernel, zero bias) is another family; this one keeps a
-    model's starting point comparable across backends. The values are those of
-    `RandomUniform(-bound, bound)`; on jax they are drawn at a power-of-two length and cut,
-    one compiled draw per length rather than per shape, as `conv2d`'s are.
-    `test_dense_holds_random_uniform_values` checks them.
+    The package's one `dense` (`_layers.dense`, `deep_set`'s layer too) with its values
+    drawn by `flat_random_uniform`: `RandomUniform`'s own values, on jax drawn at a
+    power-of-two length and cut, one compiled draw per length rather than per shape, as
+    `conv2d`'s are (`test_dense_holds_random_uniform_values` checks them).
     """
-    import keras
-
-    bound = 1.0 / math.sqrt(fan_in)
-    uniform = _flat_random_uniform_class()
-    return keras.layers.Dense(
-        units,
-        activation=activation,
-        kernel_initializer=uniform(-bound, bound),
-        bias_initializer=uniform(-bound, bound),
-    )
+    return _layers.dense(units, fan_in, activation, uniform=flat_random_uniform())
 
 
 @model_factory
@@ -142,7 +134,7 @@ def conv2d(filters: int, in_channels: int, kernel_size: int, activation: str | N
     import keras
 
     bound = 1.0 / math.sqrt(in_channels * kernel_size * kernel_size)
-    uniform = _flat_random_uniform_class()
+    uniform = flat_random_uniform()
     return keras.layers.Conv2D(
         filters,
         kernel_size,
@@ -152,39 +144,6 @@ def conv2d(filters: int, in_channels: int, kernel_size: int, activation: str | N
         kernel_initializer=uniform(-bound, bound),
         bias_initializer=uniform(-bound, bound),
     )
-
-
-@functools.cache
-def _flat_random_uniform_class() -> Any:
-    """`keras.initializers.RandomUniform`, drawing a tensor's numbers in a row, then reshaping.
-
-    The values are `RandomUniform`'s own: jax and torch number a draw's elements in
-    row-major order. On jax each new shape costs a compiled threefry program on a CPU
-    (0.2-0.3 s; 0.8-1.5 s for a rank-4 kernel), and with jax's partitionable threefry (the
-    default) element `i` of a draw depends on the key and `i` alone, so this draws the next
-    power of two and keeps the first numbers (cut on the host): one compiled draw per
-    power of two. `test_conv2d_holds_random_uniform_values` and
-    `test_dense_holds_random_uniform_values` check the values.
-    """
-    import keras
-
-    @keras.saving.register_keras_serializable(package="pipekit_train.keras.testing")
-    class FlatRandomUniform(keras.initializers.RandomUniform):
-        def __call__(self, shape: Any, dtype: Any = None) -> Any:
-            n = math.prod(shape)
-            if keras.backend.backend() == "jax":
-                import jax
-
-                if jax.config.jax_threefry_partitionable:  # type: ignore[attr-defined]  # set at run time
-                    size = max(256, 1 << (n - 1).bit_length())
-                    flat = super().__call__((size,), dtype)
-                    if isinstance(flat, jax.core.Tracer):  # drawn inside a traced function
-                        return keras.ops.reshape(flat[:n], shape)
-                    cut = keras.ops.convert_to_numpy(flat)[:n].reshape(shape)
-                    return keras.ops.convert_to_tensor(cut)
-            return keras.ops.reshape(super().__call__((n,), dtype), shape)
-
-    return FlatRandomUniform
 
 
 @model_factory
