@@ -17,7 +17,7 @@ batches of 32, adam. Four cases, one after another in one process:
   timed update is at length 2; the library's path (the step compiled for length 2, chosen
   on the host from the step counter);
 - `schedule at k=2 (switch)`: the same schedule with the backend's fixed-length steps
-  removed (`EquinoxBackend._by_length = None`), so every update runs the step that picks
+  removed (`EquinoxStepBackend._by_length = None`), so every update runs the step that picks
   its length on the device with a `lax.switch` over the four lengths (the path before the
   change, and still the one for fused updates that straddle a change of length);
 - `fixed k=4`: `Rollout(steps=4)`.
@@ -86,7 +86,7 @@ def time_case(
         return _time_runs(backend_name, trajs, norm, rollout, n)
     from pipekit_train.equinox import _step_backend
 
-    backend = _step_backend.EquinoxBackend
+    backend = _step_backend.EquinoxStepBackend
     original = backend.__init__
 
     def switch_only(self: Any, *args: Any, **kwargs: Any) -> None:

@@ -4,7 +4,7 @@
     uv run python benchmarks/rollout_memory.py [--state 64] [--width 512] [--depth 4]
         [--batch 256] [--steps 1 4 16] [--backprop full|last|M]
 
-For each `k` the script builds the library's jitted train step (`EquinoxBackend`) of a
+For each `k` the script builds the library's jitted train step (`EquinoxStepBackend`) of a
 residual MLP emulator and prints `compile().memory_analysis()`'s temporary bytes (the
 activations and other intermediates the update holds, not the arguments or the
 outputs) as a markdown table, with the wall time of one update. Not named `bench_*`:
@@ -21,7 +21,7 @@ import numpy as np
 
 from pipekit_train.core import Rollout, TrainingLoop, TrajectoryWindows
 from pipekit_train.equinox import EquinoxModelOp
-from pipekit_train.equinox._step_backend import EquinoxBackend
+from pipekit_train.equinox._step_backend import EquinoxStepBackend
 
 
 def measure(k: int, checkpointing: bool, args: argparse.Namespace) -> tuple[float, float]:
@@ -46,7 +46,7 @@ def measure(k: int, checkpointing: bool, args: argparse.Namespace) -> tuple[floa
         max_steps=1,
         progress=False,
     )
-    backend = EquinoxBackend(loop.plan, loop.plan.adapter)
+    backend = EquinoxStepBackend(loop.plan, loop.plan.adapter)
     state = backend.init_state()
     batch = backend.put(windows.get_batch(np.arange(args.batch)))
     compiled = backend.fns.train_step.lower(state.leaves, batch).compile()

@@ -214,7 +214,7 @@ def _torch_runs(out: Path, rank: int) -> dict[str, Any]:
     from pipekit_train.core.data import ArrayDataset
     from pipekit_train.core.testing import regression_task
     from pipekit_train.lightning import Torch
-    from pipekit_train.lightning._state import TorchState
+    from pipekit_train.lightning._state import TrainState
     from pipekit_train.lightning.torch._distributed import DataParallel
 
     assert torch.distributed.is_initialized()
@@ -278,7 +278,7 @@ def _torch_runs(out: Path, rank: int) -> dict[str, Any]:
     runs["loader_dir"] = (out / "t-loader").exists()
     # each process draws its own dropout stream from the one shared private state
     dp = DataParallel(torch.device("cpu"))
-    state = TorchState(torch.nn.Linear(1, 1), torch_rng=torch.manual_seed(0).get_state())
+    state = TrainState(torch.nn.Linear(1, 1), torch_rng=torch.manual_seed(0).get_state())
     dp.reseed(state)
     runs["draw"] = torch.rand(4).tolist()
     runs["shared_rng"] = hashlib.sha256(state.torch_rng.numpy().tobytes()).hexdigest()

@@ -23,7 +23,7 @@ from pipekit_train.core.testing import (
     golden_rollout_task,
 )
 from pipekit_train.lightning import Lightning, Torch, TorchModelOp
-from pipekit_train.lightning._rollout import TorchRolloutLoss
+from pipekit_train.lightning._rollout import RolloutLoss
 
 ADAPTERS = {"lightning": Lightning, "torch": Torch}
 
@@ -35,7 +35,7 @@ def _op() -> TorchModelOp:
 
 
 def _predict(model: Any, batch: dict, normalizer: Any, residual: bool, k: int) -> np.ndarray:
-    loss = TorchRolloutLoss(Rollout(steps=k, residual=residual), normalizer, losses.get("mse"))
+    loss = RolloutLoss(Rollout(steps=k, residual=residual), normalizer, losses.get("mse"))
     tensors = {key: torch.from_numpy(np.asarray(v)) for key, v in batch.items()}
     with torch.no_grad():
         _, pred = loss.predict(model.model, tensors, k)
@@ -230,7 +230,7 @@ def test_the_noise_reaches_training_batches_only(
 ) -> None:
     """Core's feed attaches `batch["noise"]` to training batches; validation never sees it."""
     seen: dict[str, list[bool]] = {"train": [], "eval": []}
-    train_loss, eval_loss = TorchRolloutLoss.train_loss, TorchRolloutLoss.eval_loss
+    train_loss, eval_loss = RolloutLoss.train_loss, RolloutLoss.eval_loss
 
     def spy_train(self: Any, model_fn: Any, batch: Any, update: int) -> Any:
         seen["train"].append("noise" in batch)
@@ -240,8 +240,8 @@ def test_the_noise_reaches_training_batches_only(
         seen["eval"].append("noise" in batch)
         return eval_loss(self, model_fn, batch)
 
-    monkeypatch.setattr(TorchRolloutLoss, "train_loss", spy_train)
-    monkeypatch.setattr(TorchRolloutLoss, "eval_loss", spy_eval)
+    monkeypatch.setattr(RolloutLoss, "train_loss", spy_train)
+    monkeypatch.setattr(RolloutLoss, "eval_loss", spy_eval)
     train, val = golden_rollout_task()
     TrainingLoop(
         _op(),

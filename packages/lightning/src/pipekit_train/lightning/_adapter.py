@@ -37,9 +37,9 @@ from ._losses import torch_loss
 from ._model import TorchModelOp, is_lightning_module, module_dtype
 from ._nvml import without_nvml_check
 from ._optim import build_optimizer, check_optimizer_config, gradient_clip
-from ._precision import trainer_precision
+from ._precision import native_precision
 from ._probe import expected_input_shape, output_shape
-from ._rollout import TorchRolloutLoss
+from ._rollout import RolloutLoss
 from ._trainer_kwargs import TRAINER_KWARGS
 
 __all__ = ["Lightning"]
@@ -188,7 +188,7 @@ class Lightning(Adapter):
             )
         self.spec_precision: Precision | None = Precision.FLOAT32
         if "precision" in trainer_kwargs and trainer_kwargs["precision"] is not None:
-            trainer_kwargs["precision"], self.spec_precision = trainer_precision(
+            trainer_kwargs["precision"], self.spec_precision = native_precision(
                 trainer_kwargs["precision"]
             )
         self.trainer_kwargs = dict(trainer_kwargs)
@@ -370,7 +370,7 @@ class Lightning(Adapter):
                 module.configure_optimizers = configure_optimizers
                 patched = True
         dtype, _ = module_dtype(net)
-        rollout = TorchRolloutLoss.of(plan, loss)
+        rollout = RolloutLoss.of(plan, loss)
         bridge = LightningHooks(
             plan, save_module=net, eval_module=net, loss=loss, dtype=dtype, rollout=rollout
         )

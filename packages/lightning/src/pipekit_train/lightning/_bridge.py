@@ -49,13 +49,13 @@ from pipekit_train.core.adapter import (
     is_core_dataset,
 )
 
-from ._data import TensorBatches, is_datamodule, loader_pass
+from ._data import TensorBatches, is_datamodule, native_eval_batches
 from ._ema import swapped_in
 from ._fetch import to_host
 from ._grad_norm import grad_norm
 from ._lr_scale import apply_lr_scale
 from ._model import as_input, module_dtype
-from ._state import TorchState, capture_rng, derive_seed, restore_rng, seed_rng
+from ._state import TrainState, capture_rng, derive_seed, restore_rng, seed_rng
 from ._stateful import (
     KIND,
     decode_loader_state,
@@ -110,7 +110,7 @@ class LightningHooks(L.Callback):
         eval_module: the module validation runs `forward(x)` on.
         loss: the plan's loss, for validation.
         dtype: floating core batches are cast to this dtype (the model's).
-        rollout: a `TorchRolloutLoss` (rollout training): validation rolls out the
+        rollout: a `RolloutLoss` (rollout training): validation rolls out the
             longest rollout (`eval_loss`); None: one-step validation.
 
     Optimizer steps are detected by `trainer.global_step` advancing, so gradient
@@ -132,7 +132,7 @@ class LightningHooks(L.Callback):
         super().__init__()
         self.plan = plan
         self.rollout = rollout
-        self.state = TorchState(save_module)
+        self.state = TrainState(save_module)
         self.eval_module = eval_module
         self.loss = loss
         self.dtype = dtype
@@ -187,7 +187,7 @@ class LightningHooks(L.Callback):
         run.bind(
             state=lambda: self._checkpoint_state(trainer),
             eval_batch=self._eval_batch,
-            eval_batches=loader_pass,
+            eval_batches=native_eval_batches,
             eval_scope=self._eval_scope,
             data_state=(lambda: self._loader_position(trainer)) if self.native else None,
             lr_scale=lambda scale: apply_lr_scale(state.optimizers, state.schedulers, scale),
@@ -373,7 +373,7 @@ class LightningHooks(L.Callback):
             self.run.record_validation(metrics)
 
     # -- checkpoints ---------------------------------------------------------------------
-    def _checkpoint_state(self, trainer: L.Trainer) -> TorchState:
+    def _checkpoint_state(self, trainer: L.Trainer) -> TrainState:
         """The state a checkpoint saves (called on every process: the RNG states of all
         processes are gathered), with the global step and a grad scaler's state."""
         record = capture_rng(trainer.lightning_module.device)

@@ -1,4 +1,4 @@
-"""The checkpoint engine of the torch backends: a `TorchState` as named byte blobs.
+"""The checkpoint engine of the torch backends: a `TrainState` as named byte blobs.
 
 `snapshot_state` copies the state's tensors into reused host buffers on the training
 thread and `encode_snapshot` turns that into named byte blobs on core's
@@ -21,11 +21,11 @@ import torch
 from pipekit_train.core.adapter import Checkpoint, DirectoryCheckpointer
 
 from ._model import load_module_weights
-from ._state import TorchState
+from ._state import TrainState
 from ._weights import (
     decode_optimizer,
-    decode_state_dict,
     decode_tensors,
+    decode_weights,
     encode_json_tree,
     encode_tensors,
     snapshot_tensors,
@@ -39,10 +39,10 @@ RNG = "rng.json"
 PRIVATE_RNG = "torch_rng.safetensors"
 EXTRA = "extra.json"
 SCALER = "grad_scaler"
-"""The key of a step backend's grad-scaler state in `TorchState.extra`."""
+"""The key of a step backend's grad-scaler state in `TrainState.extra`."""
 
 
-def snapshot_state(state: TorchState, buffers: dict[str, torch.Tensor]) -> list[tuple[str, Any]]:
+def snapshot_state(state: TrainState, buffers: dict[str, torch.Tensor]) -> list[tuple[str, Any]]:
     """Training thread: `(blob name, part)` pairs with every tensor copied into `buffers`.
 
     A part is bytes (small JSON, ready now), a dict of host tensors (encoded later with
@@ -80,8 +80,8 @@ def encode_snapshot(parts: list[tuple[str, Any]]) -> dict[str, bytes]:
     return blobs
 
 
-def encode_state(state: TorchState) -> dict[str, bytes]:
-    """Snapshot a `TorchState` into named blobs (on the calling thread)."""
+def encode_state(state: TrainState) -> dict[str, bytes]:
+    """Snapshot a `TrainState` into named blobs (on the calling thread)."""
     return encode_snapshot(snapshot_state(state, {}))
 
 
@@ -94,7 +94,7 @@ def _indexed(blobs: Mapping[str, bytes], kind: str) -> list[dict[str, Any]]:
     return out
 
 
-def decode_state(blobs: Mapping[str, bytes], template: TorchState) -> TorchState:
+def decode_state(blobs: Mapping[str, bytes], template: TrainState) -> TrainState:
     """Load a step's blobs into `template` (see the module docs) and return it.
 
     Raises:
@@ -103,7 +103,7 @@ def decode_state(blobs: Mapping[str, bytes], template: TorchState) -> TorchState
     """
     if MODEL not in blobs:
         raise ValueError(f"the checkpoint has no {MODEL}")
-    weights = decode_state_dict(blobs[MODEL])
+    weights = decode_weights(blobs[MODEL])
     optimizers = _indexed(blobs, "optimizer")
     schedulers = _indexed(blobs, "scheduler")
     rng = json.loads(blobs[RNG].decode()) if RNG in blobs else None
@@ -141,16 +141,16 @@ def checkpointer(policy: Checkpoint) -> DirectoryCheckpointer:
 
     The training thread only copies the tensors into host buffers reused from one save to
     the next (`snapshot_state`); encoding, hashing and writing run on the writer thread.
-    The grad scaler of a step backend (`TorchState.scaler`) travels in `extra`.
+    The grad scaler of a step backend (`TrainState.scaler`) travels in `extra`.
     """
     buffers: dict[str, torch.Tensor] = {}
 
-    def snapshot(state: TorchState) -> list[tuple[str, Any]]:
+    def snapshot(state: TrainState) -> list[tuple[str, Any]]:
         if state.scaler is not None:
             state.extra = {**state.extra, SCALER: state.scaler.state_dict()}
         return snapshot_state(state, buffers)
 
-    def decode(blobs: Mapping[str, bytes], template: TorchState) -> TorchState:
+    def decode(blobs: Mapping[str, bytes], template: TrainState) -> TrainState:
         state = decode_state(blobs, template)
         if state.scaler is not None and SCALER in state.extra:
             state.scaler.load_state_dict(dict(state.extra[SCALER]))

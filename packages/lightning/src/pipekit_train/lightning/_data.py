@@ -6,7 +6,7 @@
   position after each batch, since Lightning reads one ahead), converts them with
   `torch.from_numpy` (zero-copy; floating arrays take the model's dtype) and yields
   them already batched, so Lightning never collates per sample.
-- `unpack`, `as_batch`, `loader_batches`, `loader_pass`: a torch `DataLoader`'s batch
+- `unpack`, `as_batch`, `native_batches`, `native_eval_batches`: a torch `DataLoader`'s batch
   (a dict with `"x"`/`"y"` or an `(x, y)` pair) as core's numpy batch dict, without
   copying on the CPU (`Tensor.numpy()` shares memory): `Torch()`'s native training
   batches and both backends' native validation batches. A plain `DataLoader` has no
@@ -33,8 +33,8 @@ __all__ = [
     "as_batch",
     "is_datamodule",
     "is_native_loader",
-    "loader_batches",
-    "loader_pass",
+    "native_batches",
+    "native_eval_batches",
     "unpack",
 ]
 
@@ -114,7 +114,7 @@ def as_batch(batch: Any) -> dict[str, np.ndarray]:
     )
 
 
-def loader_batches(loader: Any) -> Iterator[dict[str, np.ndarray]]:
+def native_batches(loader: Any) -> Iterator[dict[str, np.ndarray]]:
     """Endless batches: the loader's epochs one after the other."""
     while True:
         empty = True
@@ -125,7 +125,7 @@ def loader_batches(loader: Any) -> Iterator[dict[str, np.ndarray]]:
             raise ValueError("The training DataLoader yielded no batches.")
 
 
-def loader_pass(loader: Any) -> Iterator[dict[str, np.ndarray]]:
+def native_eval_batches(loader: Any) -> Iterator[dict[str, np.ndarray]]:
     """One pass over the loader (validation)."""
     for batch in loader:
         yield as_batch(batch)

@@ -22,8 +22,8 @@ from pipekit_train.core.adapter import (
     object_path,
 )
 
-from ._rollout import torch_rollout
-from ._weights import decode_state_dict, encode_state_dict
+from ._rollout import device_rollout
+from ._weights import decode_weights, encode_weights
 
 __all__ = ["LightningModelOp", "TorchModelOp", "is_lightning_module"]
 
@@ -317,7 +317,7 @@ class TorchModelOp(ModelOpBase):
             NonFiniteStateError: a state became NaN/inf (names the first step and member).
         """
         dtype, device = module_dtype(self.model)
-        return torch_rollout(
+        return device_rollout(
             self.model,
             state,
             n_steps,
@@ -333,7 +333,7 @@ class TorchModelOp(ModelOpBase):
     def serialize_weights(self) -> bytes:
         """The state dict as safetensors bytes (deterministic, tied weights stored once)."""
         try:
-            return encode_state_dict(self.model.state_dict())
+            return encode_weights(self.model.state_dict())
         except TypeError as exc:
             raise ConfigError(
                 f"The module's state dict cannot be stored as safetensors: {exc}. "
@@ -342,7 +342,7 @@ class TorchModelOp(ModelOpBase):
 
     def _load_weights(self, blob: bytes) -> None:
         try:
-            state = decode_state_dict(blob)
+            state = decode_weights(blob)
         except ValueError as exc:
             raise ConfigError(
                 f"The weights are not a valid safetensors blob: {exc}. Received: {len(blob)} bytes."

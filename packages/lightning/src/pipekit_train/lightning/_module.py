@@ -42,7 +42,7 @@ class PlanModule(L.LightningModule):
         build_optimizer: `params -> (optimizer, scheduler or None)`.
         bridge: the run bridge (`LightningHooks`) whose hooks this module forwards.
         skip_nonfinite: drop updates with a non-finite loss (see above).
-        rollout: a `TorchRolloutLoss` (rollout training): `training_step` minimises the
+        rollout: a `RolloutLoss` (rollout training): `training_step` minimises the
             rollout loss of the batch at the run's current update (`bridge.run.step`,
             which counts the run's updates across a resume), with the feed's noise.
     """

@@ -34,7 +34,7 @@ from pipekit_train.core.adapter import (
     optimizer_spec,
 )
 
-__all__ = ["build_optimizer", "check_optimizer_config", "gradient_clip", "schedule_fn"]
+__all__ = ["build_optimizer", "check_optimizer_config", "gradient_clip", "build_schedule"]
 
 
 def check_optimizer_config(config: Any, total_steps: int | None = None) -> None:
@@ -66,7 +66,7 @@ def gradient_clip(config: Any) -> tuple[float, str] | None:
     return None
 
 
-def schedule_fn(spec: Mapping[str, Any]) -> Callable[[int], float]:
+def build_schedule(spec: Mapping[str, Any]) -> Callable[[int], float]:
     """The learning rate of update number `count` (0-based), from core's schedule table."""
     filled = check_schedule(spec)
     cache_: dict[int, float] = {}
@@ -230,9 +230,9 @@ def build_optimizer(
             return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, unit_rate)
         return optimizer, None
     spec = optimizer_spec(config)
-    schedule = schedule_fn(spec.learning_rate) if spec.scheduled else None  # type: ignore[arg-type]  # `scheduled`: a schedule dict
+    schedule = build_schedule(spec.learning_rate) if spec.scheduled else None  # type: ignore[arg-type]  # `scheduled`: a schedule dict
     if schedule is None and lr_scale:
-        schedule = schedule_fn({"schedule": "constant", "value": float(spec.learning_rate)})  # type: ignore[arg-type]  # not `scheduled`: a float
+        schedule = build_schedule({"schedule": "constant", "value": float(spec.learning_rate)})  # type: ignore[arg-type]  # not `scheduled`: a float
     lr = 1.0 if schedule is not None else float(spec.learning_rate)  # type: ignore[arg-type]  # not `scheduled`: a float
     optimizer = _torch_optimizer(spec, params, lr, fused=fused, capturable=capturable)
     if spec.ema is not None:  # before the scheduler, which wraps `optimizer.step`

@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from pipekit_train.core.adapter import Precision, translate_precision
 
-__all__ = ["LIGHTNING_PRECISIONS", "NATIVE_PRECISIONS", "trainer_precision"]
+__all__ = ["LIGHTNING_PRECISIONS", "NATIVE_PRECISIONS", "native_precision"]
 
 LIGHTNING_PRECISIONS: Final[dict[Precision, str]] = {
     Precision.FLOAT32: "32-true",
@@ -42,7 +42,7 @@ NATIVE_PRECISIONS: Final = frozenset(
 """The precision values `lightning.Trainer` takes itself."""
 
 
-def trainer_precision(value: Any) -> tuple[Any, Precision | None]:
+def native_precision(value: Any) -> tuple[Any, Precision | None]:
     """`(the Trainer's precision, its canonical Precision)` of a `Lightning(precision=...)`.
 
     Core's `translate_precision` with Lightning's table: a canonical name maps through

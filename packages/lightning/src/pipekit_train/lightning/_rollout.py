@@ -9,7 +9,7 @@ them (a NaN or inf anywhere makes it non-finite) checks them, the first non-fini
 and member are looked for only then, and the stored states come back to the host in one
 copy. Nothing in the loop synchronises with the host.
 
-`TorchRolloutLoss` is rollout training's loss inside a torch update (`Lightning()`'s
+`RolloutLoss` is rollout training's loss inside a torch update (`Lightning()`'s
 `training_step`, `Torch()`'s step): core's `rollout_loss` with the torch namespace, its
 length `k = rollout.steps_at(update)` chosen on the host, the input noise the feed
 attached to the batch, and `Tensor.detach` as the gradient stop.
@@ -53,17 +53,17 @@ from pipekit_train.core.adapter import (
     prepare_rollout,
     rollout_loss,
     rollout_spec,
+    torch_rollout,
 )
-from pipekit_train.core.adapter import torch_rollout as run_rollout
 
-__all__ = ["TorchRolloutLoss", "torch_rollout"]
+__all__ = ["RolloutLoss", "device_rollout"]
 
-#: `TorchState.extra`'s key of the optimizer updates a `Torch()` run has made (the
+#: `TrainState.extra`'s key of the optimizer updates a `Torch()` run has made (the
 #: rollout length is a function of it; it is checkpointed with the state).
 UPDATES = "rollout_updates"
 
 
-def torch_rollout(
+def device_rollout(
     module: torch.nn.Module,
     state: Any,
     n_steps: int,
@@ -102,7 +102,7 @@ def torch_rollout(
     was_training = module.training
     module.eval()
     try:
-        return run_rollout(
+        return torch_rollout(
             torch,
             module,
             spec,
@@ -122,7 +122,7 @@ def _detach(t: Any) -> Any:
     return t.detach()
 
 
-class TorchRolloutLoss:
+class RolloutLoss:
     """The rollout-training loss of a torch update: core's `rollout_loss` on tensors.
 
     The unrolled steps are a Python loop recorded by autograd, so activation memory
@@ -157,7 +157,7 @@ class TorchRolloutLoss:
         self._steps: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
     @classmethod
-    def of(cls, plan: Any, loss_fn: Callable[[Any, Any], Any]) -> TorchRolloutLoss | None:
+    def of(cls, plan: Any, loss_fn: Callable[[Any, Any], Any]) -> RolloutLoss | None:
         """The loss of a plan with `rollout` (None without one)."""
         if plan.rollout is None:
             return None

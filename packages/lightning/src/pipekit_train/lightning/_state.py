@@ -1,6 +1,6 @@
 """The train state a torch checkpoint holds, and the RNG records that go with it.
 
-`TorchState` holds live objects (module, optimizers, schedulers) plus the RNG records
+`TrainState` holds live objects (module, optimizers, schedulers) plus the RNG records
 captured at save time and small JSON state (`extra`); restored optimizer/scheduler state
 waits in `pending` until the objects exist (Lightning builds optimizers inside
 `Trainer.fit`). `capture_rng` / `restore_rng` turn the global torch, CUDA, numpy and
@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["TorchState", "capture_rng", "derive_seed", "restore_rng", "seed_rng"]
+__all__ = ["TrainState", "capture_rng", "derive_seed", "restore_rng", "seed_rng"]
 
 
 @dataclass
-class TorchState:
+class TrainState:
     """Live training state: module, optimizers, schedulers, RNG record, extra JSON.
 
     Attributes:

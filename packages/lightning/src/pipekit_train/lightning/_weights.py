@@ -1,6 +1,6 @@
 """Deterministic, pickle-free byte formats for torch state: safetensors plus JSON.
 
-- `encode_state_dict` / `decode_state_dict`: a module's state dict as safetensors bytes.
+- `encode_weights` / `decode_weights`: a module's state dict as safetensors bytes.
   Tensors that alias each other exactly (tied weights) are stored once, under the
   smallest name, and the other names are recorded in the header metadata; tensors that
   merely overlap in memory are copied. The same weights give the same bytes.
@@ -28,11 +28,11 @@ from safetensors.torch import save as _st_save
 __all__ = [
     "ALIASES_KEY",
     "decode_optimizer",
-    "decode_state_dict",
+    "decode_weights",
     "decode_tensors",
     "encode_json_tree",
     "encode_optimizer",
-    "encode_state_dict",
+    "encode_weights",
     "encode_tensors",
     "from_json_tree",
     "snapshot_tensors",
@@ -168,7 +168,7 @@ def decode_tensors(blob: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]
     return tensors, meta
 
 
-def encode_state_dict(state_dict: Mapping[str, Any]) -> bytes:
+def encode_weights(state_dict: Mapping[str, Any]) -> bytes:
     """Safetensors bytes of a module state dict (tied weights stored once).
 
     Raises:
@@ -177,8 +177,8 @@ def encode_state_dict(state_dict: Mapping[str, Any]) -> bytes:
     return encode_tensors(state_dict)
 
 
-def decode_state_dict(blob: bytes) -> dict[str, torch.Tensor]:
-    """Inverse of `encode_state_dict`."""
+def decode_weights(blob: bytes) -> dict[str, torch.Tensor]:
+    """Inverse of `encode_weights`."""
     return decode_tensors(blob)[0]
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipekit_train.lightning._state import TorchState, derive_seed
+from pipekit_train.lightning._state import TrainState, derive_seed
 
 __all__ = ["DataParallel", "launched_world_size"]
 
@@ -98,7 +98,7 @@ class DataParallel:
         dist.all_reduce(vote, op=dist.ReduceOp.MAX)
         return [bool(v) for v in vote.tolist()]
 
-    def reseed(self, state: TorchState) -> None:
+    def reseed(self, state: TrainState) -> None:
         """Seed torch's global CPU RNG for this process's next update.
 
         One draw from the shared private state (the same on every process, which it

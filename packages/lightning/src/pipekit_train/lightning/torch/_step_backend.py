@@ -39,7 +39,7 @@ from pipekit_train.core.adapter import (
     prefetch_depth,
 )
 from pipekit_train.lightning._checkpoint import checkpointer
-from pipekit_train.lightning._data import loader_batches, loader_pass
+from pipekit_train.lightning._data import native_batches, native_eval_batches
 from pipekit_train.lightning._ema import averaged_copy, has_ema, swapped_in
 from pipekit_train.lightning._fetch import fetch
 from pipekit_train.lightning._grad_norm import grad_norm
@@ -47,8 +47,8 @@ from pipekit_train.lightning._losses import torch_loss
 from pipekit_train.lightning._lr_scale import apply_lr_scale
 from pipekit_train.lightning._model import TorchModelOp, as_input, module_dtype
 from pipekit_train.lightning._optim import build_optimizer, gradient_clip
-from pipekit_train.lightning._rollout import UPDATES, TorchRolloutLoss
-from pipekit_train.lightning._state import TorchState, derive_seed
+from pipekit_train.lightning._rollout import UPDATES, RolloutLoss
+from pipekit_train.lightning._state import TrainState, derive_seed
 
 from ._amp import amp_for
 from ._compile import CUDA_GRAPHS, Objective
@@ -60,7 +60,7 @@ from ._graphs import GraphedUpdate
 __all__ = ["TorchStepBackend"]
 
 
-class TorchStepBackend(StepBackend[TorchState]):
+class TorchStepBackend(StepBackend[TrainState]):
     """Core's `StepBackend` protocol in plain torch (see the module docs).
 
     Args:
@@ -94,7 +94,7 @@ class TorchStepBackend(StepBackend[TorchState]):
             assert isinstance(model, torch.nn.Module)  # the adapter's validate() checked it
             self._op = TorchModelOp.wrap(model, seed=plan.seed)
         self._loss = torch_loss(plan.loss)
-        self._rollout = TorchRolloutLoss.of(plan, self._loss)
+        self._rollout = RolloutLoss.of(plan, self._loss)
         self._clip = gradient_clip(plan.optimizer_config)
         self._dtype, self._home = module_dtype(self._op.model)
         self._device = self._home if device is None else torch.device(device)
@@ -123,7 +123,7 @@ class TorchStepBackend(StepBackend[TorchState]):
             self.is_chief = self._dp.rank == 0
 
     # -- state -----------------------------------------------------------------------------
-    def init_state(self) -> TorchState:
+    def init_state(self) -> TrainState:
         """A copy of the model on the device, a fresh optimizer (and schedule), a seeded RNG."""
         net = copy.deepcopy(self._op.model).to(self._device)
         net.train()
@@ -142,7 +142,7 @@ class TorchStepBackend(StepBackend[TorchState]):
             torch.manual_seed(derive_seed(self.plan.seed, 0, 1))
             rng = torch.get_rng_state()
         self.objective = Objective(net, self._loss, self._amp, self._device, self._compile)
-        return TorchState(
+        return TrainState(
             net,
             [optimizer],
             [] if scheduler is None else [scheduler],
@@ -179,20 +179,20 @@ class TorchStepBackend(StepBackend[TorchState]):
         self, data: Any, data_state: Mapping[str, Any] | None
     ) -> Iterator[Mapping[str, np.ndarray]]:
         """Endless batches of a torch `DataLoader` (epoch after epoch)."""
-        return loader_batches(data)
+        return native_batches(data)
 
     def native_eval_batches(self, data: Any) -> Iterator[Mapping[str, np.ndarray]]:
         """One pass over a torch `DataLoader`."""
-        return loader_pass(data)
+        return native_eval_batches(data)
 
     # -- steps -----------------------------------------------------------------------------
-    def _next_update(self, state: TorchState) -> int:
+    def _next_update(self, state: TrainState) -> int:
         """The number of the update about to run (0-based), counted in the state."""
         update = int(state.extra.get(UPDATES, 0))
         state.extra[UPDATES] = update + 1
         return update
 
-    def _rollout_objective(self, state: TorchState, update: int) -> Any:
+    def _rollout_objective(self, state: TrainState, update: int) -> Any:
         """`batch -> loss` of rollout training at `update` (the model under autocast)."""
         rollout, net, amp, device = self._rollout, state.module, self._amp, self._device
         assert rollout is not None
@@ -205,7 +205,7 @@ class TorchStepBackend(StepBackend[TorchState]):
 
         return lambda batch: rollout.train_loss(model_fn, batch, update)
 
-    def _objective(self, state: TorchState) -> Any:
+    def _objective(self, state: TrainState) -> Any:
         """`batch -> loss` of the update about to run."""
         if self._rollout is not None:
             return self._rollout_objective(state, self._next_update(state))
@@ -213,7 +213,7 @@ class TorchStepBackend(StepBackend[TorchState]):
         assert objective is not None  # set per run (eager or compiled)
         return lambda batch: objective(batch["x"], batch["y"])
 
-    def _plain_update(self, state: TorchState, batch: Mapping[str, Any]) -> Any:
+    def _plain_update(self, state: TrainState, batch: Mapping[str, Any]) -> Any:
         """The update of a hand-written loop (one batch, no scaler, no skip); its loss."""
         optimizer = state.optimizers[0]
         self._zero_grad(optimizer)
@@ -242,7 +242,7 @@ class TorchStepBackend(StepBackend[TorchState]):
             torch.nn.utils.clip_grad_value_(net.parameters(), self._clip[0])
         return norm.detach() if self._grad_norm and norm is not None else None
 
-    def _update(self, state: TorchState, batches: Sequence[Mapping[str, Any]]) -> list[Any]:
+    def _update(self, state: TrainState, batches: Sequence[Mapping[str, Any]]) -> list[Any]:
         """One optimizer update from `len(batches)` accumulated batches; their losses."""
         net, optimizer, scaler = state.module, state.optimizers[0], state.scaler
         m = len(batches)
@@ -290,7 +290,7 @@ class TorchStepBackend(StepBackend[TorchState]):
             scheduler.step()
         return losses
 
-    def _enter_rng(self, state: TorchState) -> torch.Tensor | None:
+    def _enter_rng(self, state: TrainState) -> torch.Tensor | None:
         if state.torch_rng is None or not self._random:
             return None
         outer = torch.get_rng_state()
@@ -298,13 +298,13 @@ class TorchStepBackend(StepBackend[TorchState]):
             torch.set_rng_state(state.torch_rng)
         return outer
 
-    def _leave_rng(self, state: TorchState, outer: torch.Tensor | None) -> None:
+    def _leave_rng(self, state: TrainState, outer: torch.Tensor | None) -> None:
         if outer is not None:
             if self._dp is None:
                 state.torch_rng = torch.get_rng_state()
             torch.set_rng_state(outer)
 
-    def _graph(self, state: TorchState) -> GraphedUpdate:
+    def _graph(self, state: TrainState) -> GraphedUpdate:
         """The whole-update CUDA graph of this run's state (built at its first update)."""
         if self._graphed is None:
             self._graphed = GraphedUpdate(
@@ -323,8 +323,8 @@ class TorchStepBackend(StepBackend[TorchState]):
         return None if self._graphed is None else self._graphed.describe()
 
     def train_step(
-        self, state: TorchState, batch: Mapping[str, Any]
-    ) -> tuple[TorchState, dict[str, Any]]:
+        self, state: TrainState, batch: Mapping[str, Any]
+    ) -> tuple[TrainState, dict[str, Any]]:
         """One optimizer update; the loss stays a tensor."""
         if self._graphs:
             losses, self._norm = self._graph(state)((batch,))
@@ -359,8 +359,8 @@ class TorchStepBackend(StepBackend[TorchState]):
         return list(batches)
 
     def train_steps(
-        self, state: TorchState, stacked: Mapping[str, Any] | list[Any]
-    ) -> tuple[TorchState, dict[str, Any]]:
+        self, state: TrainState, stacked: Mapping[str, Any] | list[Any]
+    ) -> tuple[TrainState, dict[str, Any]]:
         """K updates over `K * m` stacked batches (`m`: accumulation), in one call.
 
         The loss of every batch stays on the device, stacked (shape `(K * m,)`).
@@ -394,7 +394,7 @@ class TorchStepBackend(StepBackend[TorchState]):
         return state, {"loss": torch.stack(losses), GRAD_NORM: torch.stack(norms)}
 
     def eval_batch(
-        self, state: TorchState, batch: Mapping[str, np.ndarray]
+        self, state: TrainState, batch: Mapping[str, np.ndarray]
     ) -> tuple[np.ndarray, float]:
         """`(predictions, mean loss)` in eval mode without autograd (autocast as in training).
 
@@ -421,12 +421,12 @@ class TorchStepBackend(StepBackend[TorchState]):
             out = out.float()
         return out.cpu().numpy(), loss
 
-    def with_lr_scale(self, state: TorchState, scale: float) -> TorchState:
+    def with_lr_scale(self, state: TrainState, scale: float) -> TrainState:
         """Core's learning-rate scale into the schedule's base rates (`apply_lr_scale`)."""
         apply_lr_scale(state.optimizers, state.schedulers, scale)
         return state
 
-    def learning_rate(self, state: TorchState) -> float:
+    def learning_rate(self, state: TrainState) -> float:
         """The first parameter group's learning rate."""
         return float(state.optimizers[0].param_groups[0]["lr"])
 
@@ -438,7 +438,7 @@ class TorchStepBackend(StepBackend[TorchState]):
         """Tensors to host arrays in one transfer."""
         return fetch(values)
 
-    def model_op(self, state: TorchState) -> TorchModelOp:
+    def model_op(self, state: TrainState) -> TorchModelOp:
         """An independent operator holding a copy of the current module (where it came from).
 
         With `optimizer_config["ema"]` the copy holds the moving average of the weights.
@@ -446,7 +446,7 @@ class TorchStepBackend(StepBackend[TorchState]):
         net = averaged_copy(state.module, state.optimizers) or copy.deepcopy(state.module)
         return self._op.with_model(net.to(self._home).eval())
 
-    def raw_model_op(self, state: TorchState) -> TorchModelOp | None:
+    def raw_model_op(self, state: TrainState) -> TorchModelOp | None:
         """The operator with the trained weights when `model_op` holds the average."""
         if not has_ema(state.optimizers):
             return None
