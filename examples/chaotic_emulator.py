@@ -68,9 +68,9 @@ def model_op(backend: str, width: int = 128, depth: int = 2, seed: int = 0) -> A
 
         return EquinoxModelOp("pipekit_train.equinox.testing:mlp", **kwargs)
     if backend == "lightning":
-        from pipekit_train.lightning import LightningModelOp
+        from pipekit_train.lightning import TorchModelOp
 
-        return LightningModelOp("pipekit_train.lightning.testing:mlp", **kwargs)
+        return TorchModelOp("pipekit_train.lightning.testing:mlp", **kwargs)
     if backend == "keras":
         os.environ.setdefault("KERAS_BACKEND", "jax")
         from pipekit_train.keras import KerasModelOp

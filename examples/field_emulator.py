@@ -14,7 +14,7 @@ it) → `Cycle` rollout of 50 steps from held-out states, next to the simulator'
 The cache lives under `--out` (not per backend): the same cached dataset serves all
 three backends. The network is the testing factory `conv_net` of each backend (same
 architecture, same initialisation family); on Lightning it runs channels-first inside
-`LightningModelOp(..., layout="channels_last")`, so the data is never permuted by hand.
+`TorchModelOp(..., layout="channels_last")`, so the data is never permuted by hand.
 Writes `rollout.png` and `loss.png` under `--out/<backend>`.
 
 The training data are 48 simulated trajectories of the first 80 emulator steps (cached,
@@ -147,9 +147,9 @@ def model_op(backend: str, width: int = 16, depth: int = 3, seed: int = 0) -> An
 
         return EquinoxModelOp("pipekit_train.equinox.testing:conv_net", **kwargs)
     if backend == "lightning":
-        from pipekit_train.lightning import LightningModelOp
+        from pipekit_train.lightning import TorchModelOp
 
-        return LightningModelOp(
+        return TorchModelOp(
             "pipekit_train.lightning.testing:conv_net", layout="channels_last", **kwargs
         )
     if backend == "keras":

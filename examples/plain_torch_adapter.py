@@ -14,7 +14,7 @@ from plain_torch_adapter import PlainTorch
 runs = run_golden(GoldenBackend("plain-torch", mlp_from_weights, lambda p: PlainTorch()))
 ```
 
-Models are `LightningModelOp`s (any `torch.nn.Module` factory), reused as plain operators.
+Models are `TorchModelOp`s (any `torch.nn.Module` factory), reused as plain operators.
 
 `BACKEND` is what the backend's `pipekit_train.backends` entry point names; a package
 shipping this file would declare, in its `pyproject.toml`,
@@ -110,7 +110,7 @@ class PlainTorch(StepAdapter):
 BACKEND = BackendEntry(
     name="plain_torch",
     adapter="plain_torch_adapter:PlainTorch",
-    model_op="pipekit_train.lightning:LightningModelOp",
+    model_op="pipekit_train.lightning:TorchModelOp",
     testing="pipekit_train.lightning.testing",
     distributions=("torch", "safetensors"),
     install="pip install torch safetensors pipekit-train-lightning",

@@ -198,9 +198,9 @@ def model_op(
             **options,
         )
     if backend == "lightning":
-        from pipekit_train.lightning import LightningModelOp
+        from pipekit_train.lightning import TorchModelOp
 
-        return LightningModelOp(
+        return TorchModelOp(
             "toymodels:torch_mlp",
             in_size=in_size,
             out_size=out_size,

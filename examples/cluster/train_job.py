@@ -42,11 +42,11 @@ def main(backend: str, checkpoint: str) -> int:
             **common,
         )
     else:
-        from pipekit_train.lightning import Lightning, LightningModelOp
+        from pipekit_train.lightning import Lightning, TorchModelOp
 
         nodes = int(os.environ.get("SLURM_NNODES", os.environ.get("PET_NNODES", "1")))
         loop = TrainingLoop(
-            model=LightningModelOp("pipekit_train.lightning.testing:mlp", in_size=4, out_size=1),
+            model=TorchModelOp("pipekit_train.lightning.testing:mlp", in_size=4, out_size=1),
             adapter=Lightning(accelerator="auto", devices="auto", num_nodes=nodes, strategy="ddp"),
             **common,
         )
