@@ -17,17 +17,24 @@ def is_int(value: Any) -> bool:
 
 
 @overload
-def positive_int(name: str, value: Any, *, field: str | None = None) -> int: ...
+def positive_int(
+    name: str, value: Any, *, field: str | None = None, example: str | None = None
+) -> int: ...
 
 
 @overload
 def positive_int(
-    name: str, value: Any, *, allow_none: bool, field: str | None = None
+    name: str, value: Any, *, allow_none: bool, field: str | None = None, example: str | None = None
 ) -> int | None: ...
 
 
 def positive_int(
-    name: str, value: Any, *, allow_none: bool = False, field: str | None = None
+    name: str,
+    value: Any,
+    *,
+    allow_none: bool = False,
+    field: str | None = None,
+    example: str | None = None,
 ) -> int | None:
     """`value` as an int ≥ 1 (or None when `allow_none`).
 
@@ -37,6 +44,7 @@ def positive_int(
         allow_none: None is accepted (and returned).
         field: how the argument is named in the message's first words (default `name`,
             e.g. `"Checkpoint.every_n_steps"`).
+        example: a value that works, named in the fix (`Use e.g. name=example.`).
 
     Raises:
         ConfigError: anything else.
@@ -45,8 +53,9 @@ def positive_int(
         return None
     if not is_int(value) or value < 1:
         fix = " or None" if allow_none else ""
+        use = f" Use e.g. {name}={example}." if example is not None else ""
         raise ConfigError(
-            f"`{field or name}` must be a positive int{fix}. Received: {name}={value!r}."
+            f"`{field or name}` must be a positive int{fix}. Received: {name}={value!r}.{use}"
         )
     return int(value)
 

@@ -14,7 +14,8 @@ no adapter using it.
   the end of each optimizer update with validation, checkpoints, preemption signals, the
   time budget and cross-process agreement, finish, abort); an adapter hands it callables
   with `RunLifecycle.bind`. `prefetch_depth` (how many batches to stage ahead),
-  `is_core_dataset`, `check_seed`, `adjusts_learning_rate` (whether a plan's callbacks
+  `is_core_dataset`, `check_seed`, `positive_int` (the constructors' int checks),
+  `adjusts_learning_rate` (whether a plan's callbacks
   change the rate through the run's learning-rate scale).
 - **The model**: `ModelOpBase` (the model operator every backend's op subclasses),
   `model_factory` (marks a factory the registry may call), `TrainingArtifact` (what a run
@@ -44,7 +45,7 @@ no adapter using it.
 See the "Writing an adapter" page of the docs for a walk-through.
 """
 
-from ._checks import check_seed
+from ._checks import check_seed, positive_int
 from ._errors import CheckpointError, ConfigError
 from ._imports import object_path, optional_import
 from .checkpoint._engine import DirectoryCheckpointer, Restored
@@ -123,6 +124,7 @@ __all__ = [
     "open_store",
     "optimizer_spec",
     "optional_import",
+    "positive_int",
     "prefetch_depth",
     "prepare_rollout",
     "ray_train_worker",

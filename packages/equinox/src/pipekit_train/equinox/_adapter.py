@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import equinox as eqx
-from pipekit_train.core.adapter import Capabilities, ConfigError, Plan, StepAdapter
+from pipekit_train.core.adapter import Capabilities, ConfigError, Plan, StepAdapter, positive_int
 
 from ._mixed_precision import DynamicLossScale, Policy
 from ._model import EquinoxModelOp, apply_model
@@ -62,15 +62,7 @@ class Equinox(StepAdapter):
         precision: str | None = None,
         loss_scale: str | float = "auto",
     ):
-        if (
-            isinstance(steps_per_execution, bool)
-            or not isinstance(steps_per_execution, (int, np.integer))
-            or steps_per_execution < 1
-        ):
-            raise ConfigError(
-                "`steps_per_execution` must be a positive int. "
-                f"Received: steps_per_execution={steps_per_execution!r}."
-            )
+        steps_per_execution = positive_int("steps_per_execution", steps_per_execution, example="10")
         self.steps_per_execution = int(steps_per_execution)
         self.policy: Policy
         self.policy, self.spec_precision = native_precision(precision)

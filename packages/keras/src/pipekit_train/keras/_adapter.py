@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipekit_train.core.adapter import Adapter, Capabilities, ConfigError
+from pipekit_train.core.adapter import Adapter, Capabilities, ConfigError, positive_int
 
 from ._keras_backend import backend_name
 from ._precision import native_precision
@@ -70,15 +70,7 @@ class Keras(Adapter):
             raise ConfigError(
                 f"`jit_compile` must be True, False or 'auto'. Received: jit_compile={jit_compile!r}."
             )
-        if (
-            isinstance(steps_per_execution, bool)
-            or not isinstance(steps_per_execution, int)
-            or steps_per_execution < 1
-        ):
-            raise ConfigError(
-                "`steps_per_execution` must be a positive int. "
-                f"Received: steps_per_execution={steps_per_execution!r}. Use e.g. steps_per_execution=10."
-            )
+        steps_per_execution = positive_int("steps_per_execution", steps_per_execution, example="10")
         native, self.spec_precision = native_precision(precision)
         self.jit_compile = jit_compile
         self.steps_per_execution = steps_per_execution

@@ -21,6 +21,7 @@ from pipekit_train.core.adapter import (
     Plan,
     StepAdapter,
     TrainingArtifact,
+    positive_int,
     resolve_precision,
     run_step_loop,
 )
@@ -128,15 +129,7 @@ class Torch(StepAdapter):
                 f"`{key}` is not a Torch() argument. Received: {key}={value!r}. Use "
                 "steps_per_execution, precision, compile, fused_optimizer or device."
             )
-        if (
-            isinstance(steps_per_execution, bool)
-            or not isinstance(steps_per_execution, int)
-            or steps_per_execution < 1
-        ):
-            raise ConfigError(
-                "`steps_per_execution` must be an integer >= 1. Received: "
-                f"steps_per_execution={steps_per_execution!r}. Use e.g. steps_per_execution=10."
-            )
+        steps_per_execution = positive_int("steps_per_execution", steps_per_execution, example="10")
         self.steps_per_execution = int(steps_per_execution)
         self.precision = resolve_precision(precision)
         if not (
