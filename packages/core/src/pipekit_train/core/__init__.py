@@ -8,7 +8,17 @@ authors. It never imports a backend framework.
 
 from typing import Any as _Any
 
-from . import adapter, callbacks, data, diagnostics, losses, metrics, registry, writers
+from . import (
+    adapter,
+    callbacks,
+    data,
+    diagnostics,
+    distributions,
+    losses,
+    metrics,
+    registry,
+    writers,
+)
 from ._errors import CheckpointError, ConfigError, IntegrityError, PipekitError
 from .callbacks import (
     Callback,
@@ -41,14 +51,18 @@ from .data import (
     split,
     split_trajectories,
 )
+from .distributions import (
+    BoxPrior,
+    Ensemble,
+    Flow,
+    Gaussian,
+    LikelihoodPosterior,
+    Mixture,
+    RejectionError,
+    smc_sample,
+)
 from .losses import Loss
-from .model._ensemble import Ensemble, PosteriorEnsemble
-from .model._flow import Flow, RejectionError
-from .model._heads import Gaussian
-from .model._likelihood import BoxPrior, LikelihoodPosterior
-from .model._mixture import Mixture
 from .model._operators import ModelOp, ModelOpBase, Operator, StatefulOperator, model_op_from_config
-from .model._smc import smc_sample
 from .model._trust import UntrustedFactoryError, is_model_factory, model_factory
 from .registry import (
     FsspecModelRegistry,
@@ -60,6 +74,7 @@ from .registry import (
     UnverifiedRecordWarning,
 )
 from .rollout._cycle import Cycle, NeuralForward, NonFiniteStateError
+from .rollout._posterior import PosteriorEnsemble
 from .rollout._validation import RolloutReport, rollout_validation
 from .run._artifact import TrainingArtifact
 from .run._calibration import CalibrationMonitor
@@ -175,6 +190,7 @@ __all__ = [
     "callbacks",
     "data",
     "diagnostics",
+    "distributions",
     "evaluate",
     "is_model_factory",
     "losses",

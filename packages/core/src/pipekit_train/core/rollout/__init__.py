@@ -16,6 +16,7 @@ from ._plan import (
     first_bad,
     prepare_rollout,
 )
+from ._posterior import PosteriorEnsemble
 from ._step import AffineMap, NonFiniteStateError, RolloutSpec, non_finite_error
 from ._train import check_rollout_loss, evaluates_as_rollout, rollout_loss, rollout_spec
 
@@ -26,6 +27,7 @@ __all__ = [
     "Cycle",
     "NeuralForward",
     "NonFiniteStateError",
+    "PosteriorEnsemble",
     "RolloutPlan",
     "RolloutSpec",
     "check_hook_steps",

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.distributions._heads import head_for_loss, head_options_for_loss
 from pipekit_train.core.metrics import DEFAULT_LEAD_BOUNDS
-from pipekit_train.core.model._heads import head_for_loss, head_options_for_loss
 
 from ._history import History
 from ._rollout_evaluation import artifact_rollout, rollout_options, rollout_window_loss

@@ -22,7 +22,7 @@ from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.data import is_core_dataset, make_batches
 from pipekit_train.core.diagnostics import CalibrationReport, run_calibration
 from pipekit_train.core.diagnostics._posterior import check_calibration_options
-from pipekit_train.core.model._heads import head_for_loss, head_options_for_loss
+from pipekit_train.core.distributions._heads import head_for_loss, head_options_for_loss
 from pipekit_train.core.rollout._cycle import NeuralForward
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 A model trained with `losses.flow_nll(flow_layers=L, flow_bins=K, flow_bound=B,
 flow_hidden=H)` outputs, per sample, every parameter of a normalizing flow over the
-(normalised) target (layout in `pipekit_train.core.losses._flow`; `H > 0`: coupled
+(normalised) target (layout in `_flow_math`; `H > 0`: coupled
 layers whose conditioner weights are part of the output). `Flow` holds that output and evaluates it with the
 same array-API functions the loss trains with, in numpy float64: `log_prob` (the change
 of variables), `sample` (the inverse pass) and a Monte Carlo `mean`, in the target's
@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError, PipekitError
-from pipekit_train.core.losses import _flow as layout
+
+from . import _flow_math as layout
 
 __all__ = ["Flow", "RejectionError", "flow_dim", "flow_from_output"]
 
