@@ -31,7 +31,6 @@ RANKS: dict[str, int] = {
     "data": 1,
     "distributions": 1,
     "diagnostics": 1,
-    "callbacks": 1,
     "writers": 1,
     "losses": 2,
     "metrics": 2,
@@ -39,14 +38,16 @@ RANKS: dict[str, int] = {
     "contract": 4,
     "model": 5,
     "rollout": 6,
-    "run": 7,
-    "train": 8,
-    "": 9,  # pipekit_train.core itself
-    "adapter": 9,
-    "utils": 9,
-    "registry": 9,
-    "cli": 10,
-    "testing": 10,
+    "callbacks": 7,  # above rollout: RolloutMonitor and CalibrationMonitor roll a model out
+    "artifact": 7,
+    "run": 8,
+    "train": 9,
+    "": 10,  # pipekit_train.core itself
+    "adapter": 10,
+    "utils": 10,
+    "registry": 10,
+    "cli": 11,
+    "testing": 11,
 }
 
 

@@ -20,7 +20,9 @@ from . import (
     writers,
 )
 from ._errors import CheckpointError, ConfigError, IntegrityError, PipekitError
+from .artifact import History, TrainingArtifact, evaluate
 from .callbacks import (
+    CalibrationMonitor,
     Callback,
     EarlyStopping,
     LambdaCallback,
@@ -29,6 +31,7 @@ from .callbacks import (
     NonFiniteLossError,
     ProgressBar,
     ReduceLROnPlateau,
+    RolloutMonitor,
 )
 from .checkpoint._engine import TornCheckpointWarning
 from .checkpoint._lease import LeaseError
@@ -76,13 +79,8 @@ from .registry import (
 from .rollout._cycle import Cycle, NeuralForward, NonFiniteStateError
 from .rollout._posterior import PosteriorEnsemble
 from .rollout._validation import RolloutReport, rollout_validation
-from .run._artifact import TrainingArtifact
-from .run._calibration import CalibrationMonitor
 from .run._context import RunState
-from .run._evaluation import evaluate
-from .run._history import History
 from .run._preemption import PREEMPTED_EXIT_STATUS, Preempted
-from .run._rollout_monitor import RolloutMonitor
 from .spec._policies import NonFinitePolicy, Precision
 from .spec._rollout import Rollout, RolloutSchedule
 from .train._lr_find import LRFindResult, lr_find

@@ -7,8 +7,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from pipekit_train.core.artifact._artifact import TrainingArtifact
 from pipekit_train.core.checkpoint._policy import Checkpoint
-from pipekit_train.core.run._artifact import TrainingArtifact
 from pipekit_train.core.spec._policies import NonFinitePolicy
 from pipekit_train.core.spec._rollout import Rollout
 from pipekit_train.core.spec._signals import DEFAULT_PREEMPTION_SIGNALS

@@ -268,7 +268,7 @@ class TrainingArtifact:
         Raises:
             ConfigError: the run's loss implies no distribution.
         """
-        from ._calibration import posterior_forward
+        from pipekit_train.core.rollout._posterior import posterior_forward
 
         return posterior_forward(
             self.model, self.normalizer, self.plan.get("loss"), state_ndim=state_ndim
@@ -309,8 +309,11 @@ class TrainingArtifact:
                 fewer than 20 simulations or draws.
         """
         from pipekit_train.core.diagnostics import run_calibration
-
-        from ._calibration import check_posterior_loss, posterior_forward, simulations_of
+        from pipekit_train.core.rollout._posterior import (
+            check_posterior_loss,
+            posterior_forward,
+            simulations_of,
+        )
 
         loss = self.plan.get("loss")
         check_posterior_loss(loss)
