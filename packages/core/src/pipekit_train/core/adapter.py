@@ -62,7 +62,7 @@ from .model._operators import ModelOpBase
 from .model._trust import model_factory
 from .rollout._loops import jax_rollout, torch_rollout
 from .rollout._noise import NOISE_KEY
-from .rollout._plan import prepare_rollout
+from .rollout._segments import prepare_rollout
 from .rollout._step import RolloutSpec
 from .rollout._train import evaluates_as_rollout, rollout_loss, rollout_spec
 from .run._lifecycle import RunLifecycle

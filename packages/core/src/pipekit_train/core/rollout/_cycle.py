@@ -21,7 +21,7 @@ from pipekit_train.core.distributions._gaussian import Gaussian
 from pipekit_train.core.distributions._heads import check_head, check_head_options
 from pipekit_train.core.distributions._mixture import Mixture, mixture_from_output
 
-from ._plan import check_hook_steps, drive, prepare_rollout
+from ._segments import check_hook_steps, drive, prepare_rollout
 from ._step import NonFiniteStateError, RolloutSpec, non_finite_error
 
 __all__ = ["Cycle", "NeuralForward", "NonFiniteStateError"]
@@ -489,7 +489,7 @@ class NeuralForward:
         stochastic: bool,
         seed: int,
     ) -> np.ndarray:
-        spec, x0, single, plan = prepare_rollout(
+        spec, x0, single, segmented = prepare_rollout(
             state,
             n_steps,
             self.rollout_spec(),
@@ -523,7 +523,7 @@ class NeuralForward:
                     stored.append(x)
             return x, np.stack(stored) if stored else x[:0][None], None
 
-        return drive(plan, x0, x0, run, np.asarray, single=single)
+        return drive(segmented, x0, x0, run, np.asarray, single=single)
 
     def get_config(self) -> dict[str, Any]:
         """JSON description: the model's config, the normalizer's JSON and the options."""
