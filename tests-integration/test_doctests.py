@@ -36,7 +36,7 @@ MODULES = _modules_with_examples()
 
 def test_examples_are_found() -> None:
     assert len(MODULES) >= 10, MODULES
-    assert "pipekit_train.core.data._batching" in MODULES
+    assert "pipekit_train.core.data.batching._engine" in MODULES
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -16,7 +16,7 @@ from pipekit_train.core.data import (
     make_batches,
     split,
 )
-from pipekit_train.core.data._batching import chunked_permutation
+from pipekit_train.core.data.batching._engine import chunked_permutation
 
 
 def _dataset(n: int = 100) -> ArrayDataset:

@@ -29,7 +29,7 @@ from pipekit_train.core.data import (  # noqa: E402
     RayBuildExecutor,
     SimulationDataset,
 )
-from pipekit_train.core.data._ray_build import RaySession  # noqa: E402
+from pipekit_train.core.data.cache._ray_build import RaySession  # noqa: E402
 
 BUCKET = "pipekit-cache"
 CREDS = {

@@ -14,7 +14,7 @@ import pytest
 from pipekit_train.core import Flow, LocalModelRegistry, NeuralForward, RejectionError, losses
 from pipekit_train.core._errors import ConfigError, IntegrityError
 from pipekit_train.core.data import Normalizer
-from pipekit_train.core.losses._flow import flow_layer_width
+from pipekit_train.core.distributions._flow_math import flow_layer_width
 from pipekit_train.core.testing._numpy_model import NumpyLinearOp
 
 FACTORY = "pipekit_train.core.testing._numpy_model:linear"
@@ -224,7 +224,7 @@ def test_one_flow_scores_many_values_without_copies(
     flow = Flow(pred[:, 0], **opts, loc=[1.0, -1.0, 0.0], scale=[2.0, 0.5, 1.0])
     points = values.transpose(1, 0, 2)  # (7, 5, 3): seven values per flow
     one_by_one = np.stack([flow.log_prob(p) for p in points])  # one value per flow
-    monkeypatch.setattr("pipekit_train.core.model._flow._CHUNK", 3 * width)
+    monkeypatch.setattr("pipekit_train.core.distributions._flow._CHUNK", 3 * width)
     np.testing.assert_array_equal(flow.log_prob(points), one_by_one)
     z = np.random.default_rng(3).standard_normal((7, 5, 3))
     draws = flow.sample(np.random.default_rng(3), n=7)

@@ -111,6 +111,6 @@ def test_other_metrics_are_labelled_as_values_and_unknown_names_are_refused() ->
     ],
 )
 def test_loss_labels(loss: losses.Loss, label: str) -> None:
-    from pipekit_train.core.run._history import loss_label
+    from pipekit_train.core.artifact._history import loss_label
 
     assert loss_label(loss.describe()) == label

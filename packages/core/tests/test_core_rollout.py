@@ -1,4 +1,4 @@
-"""The rollout pieces in core: `RolloutSpec`'s step, `RolloutPlan`, `NeuralForward.rollout`
+"""The rollout pieces in core: `RolloutSpec`'s step, `SegmentedRollout`, `NeuralForward.rollout`
 on the host, and `Cycle`'s hook at given steps (the device paths are tested per backend
 with `pipekit_train.core.testing.check_device_rollout`)."""
 
@@ -20,6 +20,7 @@ from pipekit_train.core.rollout import (
     NonFiniteStateError,
     RolloutPlan,
     RolloutSpec,
+    SegmentedRollout,
     check_hook_steps,
 )
 from pipekit_train.core.testing import (
@@ -87,23 +88,24 @@ def test_a_custom_affine_normalizer_is_probed_and_a_non_affine_one_refused() -> 
         AffineMap.probe(Squashing(), "x", (3,), invert=False)
 
 
-def test_the_plan_stores_what_keep_asks_and_cuts_segments() -> None:
-    plan = RolloutPlan.create(10, keep=3, chunk=6)
-    assert plan.kept_steps.tolist() == [0, 3, 6, 9]
-    assert plan.segments() == [(0, 6, 3), (6, 4, 3)]
-    last = RolloutPlan.create(10, keep="last", chunk=4)
+def test_the_segmented_rollout_stores_what_keep_asks_and_cuts_segments() -> None:
+    segmented = SegmentedRollout.create(10, keep=3, chunk=6)
+    assert segmented.kept_steps.tolist() == [0, 3, 6, 9]
+    assert segmented.segments() == [(0, 6, 3), (6, 4, 3)]
+    last = SegmentedRollout.create(10, keep="last", chunk=4)
     assert last.kept_steps.tolist() == [10] and [s[1] for s in last.segments()] == [4, 4, 2]
-    assert RolloutPlan.create(5).chunk == 5  # small states: one segment
-    bounded = RolloutPlan.create(100_000, keep="last", batch_bytes=2**20)
+    assert SegmentedRollout.create(5).chunk == 5  # small states: one segment
+    bounded = SegmentedRollout.create(100_000, keep="last", batch_bytes=2**20)
     assert bounded.chunk == 64  # SEGMENT_BYTES / batch_bytes states per segment
     with pytest.raises(ConfigError, match=r"Received: keep=0"):
-        RolloutPlan.create(10, keep=0)
+        SegmentedRollout.create(10, keep=0)
     with pytest.raises(ConfigError, match=r"Received: keep='every'"):
-        RolloutPlan.create(10, keep="every")
+        SegmentedRollout.create(10, keep="every")
     with pytest.raises(ConfigError, match=r"Received: chunk=5, keep=3. Use chunk=3"):
-        RolloutPlan.create(10, keep=3, chunk=5)
+        SegmentedRollout.create(10, keep=3, chunk=5)
     with pytest.raises(ConfigError, match=r"Received: n_steps=0"):
-        RolloutPlan.create(0)
+        SegmentedRollout.create(0)
+    assert RolloutPlan is SegmentedRollout  # the former name still imports
 
 
 def test_host_rollout_of_an_operator_without_a_device_path() -> None:

@@ -48,6 +48,7 @@ See the "Writing an adapter" page of the docs for a walk-through.
 from ._checks import check_seed, positive_int
 from ._errors import CheckpointError, ConfigError
 from ._imports import object_path, optional_import
+from .artifact._artifact import TrainingArtifact
 from .checkpoint._engine import DirectoryCheckpointer, Restored
 from .checkpoint._policy import Checkpoint
 from .checkpoint._snapshot import HostBuffers
@@ -62,10 +63,9 @@ from .model._operators import ModelOpBase
 from .model._trust import model_factory
 from .rollout._loops import jax_rollout, torch_rollout
 from .rollout._noise import NOISE_KEY
-from .rollout._plan import prepare_rollout
+from .rollout._segments import prepare_rollout
 from .rollout._step import RolloutSpec
 from .rollout._train import evaluates_as_rollout, rollout_loss, rollout_spec
-from .run._artifact import TrainingArtifact
 from .run._lifecycle import RunLifecycle
 from .run._prefetch import prefetch_depth
 from .spec._lr_scale import adjusts_learning_rate

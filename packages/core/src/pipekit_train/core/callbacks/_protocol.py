@@ -1,4 +1,4 @@
-"""The `Callback` protocol and the read-only run view its hooks receive.
+"""The `Callback` protocol and the handle on the run its hooks receive (`RunStateView`).
 
 Callbacks are duck-typed: the runtime dispatches with `getattr(cb, hook, None)`, so a
 callback implements any subset of the hooks. `Callback` is therefore a plain (not
@@ -15,7 +15,8 @@ __all__ = ["Callback", "RunStateView"]
 
 
 class RunStateView(Protocol):
-    """What a hook may read and do (the runtime's `RunState` provides it).
+    """What a hook may read, and the three requests it may make (`set_lr_scale`, `log`,
+    `request_stop`); the runtime's `RunState` provides it.
 
     `metrics` may force a device→host fetch: read it only when needed.
     """

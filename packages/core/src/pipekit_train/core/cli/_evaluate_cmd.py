@@ -68,8 +68,8 @@ def evaluate_command(
     as_json: bool = False,
 ) -> int:
     """Evaluate a registered model on the dataset `data` builds; print the numbers."""
+    from pipekit_train.core.artifact._evaluation import evaluate
     from pipekit_train.core.data import Normalizer
-    from pipekit_train.core.run._evaluation import evaluate
 
     from ._registry_cmd import open_registry
 

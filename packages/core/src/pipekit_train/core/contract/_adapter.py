@@ -39,8 +39,8 @@ from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.spec._policies import Precision
 
 if TYPE_CHECKING:
+    from pipekit_train.core.artifact._artifact import TrainingArtifact
     from pipekit_train.core.checkpoint._engine import Checkpointer
-    from pipekit_train.core.run._artifact import TrainingArtifact
     from pipekit_train.core.spec._plan import Plan
 
 __all__ = ["Adapter", "Capabilities", "NotSupportedError", "StepBackend"]

@@ -1,33 +1,45 @@
-"""Layer 0, data: datasets, caches, splits, normalisation and the batching engine.
+"""Data: datasets, trajectories and windows, the cache, normalisation and the batching engine.
 
 A *sample* is a `dict[str, np.ndarray]` (inputs under `"x"`, targets under `"y"`;
 `as_supervised` renames other keys to those); a *batch* is the same dict with a leading batch axis. `make_batches` turns any
 dataset here into a checkpointable `BatchIterator` built on grain.
 
+The room is grouped by idea: `datasets/` (the dataset contract, in-memory and simulated
+datasets, splits and views, fingerprints), `trajectories/` (trajectories and the windows
+cut out of them), `cache/` (`CachedDataset` in zarr, its builds), `batching/` (the
+batching engine), and the `Normalizer` (`_normalizer`). Every public name is re-exported
+here; import from `pipekit_train.core.data`.
+
 Importing this package is cheap: zarr and grain are imported on first use.
 """
 
-from ._batching import make_batches
-from ._cached import CachedDataset
-from ._dataset import (
+from ._normalizer import Normalizer
+from .batching import BatchIterator, make_batches
+from .cache import CachedDataset, RayBuildExecutor
+from .datasets import (
     ArrayDataset,
     ArraySpec,
     Batch,
     Dataset,
     IterableDataset,
     Sample,
+    SimulationDataset,
+    SimulationError,
+    Subset,
+    Supervised,
+    as_supervised,
     gather_batch,
     is_core_dataset,
+    simulator_seed,
+    split,
 )
-from ._iterator import BatchIterator
-from ._normalizer import Normalizer
-from ._ray_build import RayBuildExecutor
-from ._simulation import SimulationDataset, SimulationError, simulator_seed
-from ._split import Subset, split
-from ._supervised import Supervised, as_supervised
-from ._trajectories import Trajectories, TrajectoryRows
-from ._trajectory_stats import fit_trajectory_normalizer
-from ._windows import TrajectoryWindows, split_trajectories
+from .trajectories import (
+    Trajectories,
+    TrajectoryRows,
+    TrajectoryWindows,
+    fit_trajectory_normalizer,
+    split_trajectories,
+)
 
 __all__ = [
     "ArrayDataset",

@@ -11,7 +11,7 @@ import numpy as np
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core._json import to_json_value
 
-from ._dataset import IterableDataset, gather_batch, stack_samples
+from .datasets._dataset import IterableDataset, gather_batch, stack_samples
 
 __all__ = ["Normalizer", "normalizer_to_dict"]
 

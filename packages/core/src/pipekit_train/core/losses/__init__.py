@@ -11,8 +11,18 @@ True
 
 Every loss is a `Loss` with a JSON `describe()`; compose with `Loss.weighted(...)` or
 `losses.mse + 0.1 * losses.mae` (the same object), and `Loss.per_key(...)` for dict
-outputs.
+outputs. The mixture's and the flow's layout and log-density (`mixture_width`,
+`flow_log_prob`, ...) live beside their distributions in `pipekit_train.core.distributions`
+and are re-exported here.
 """
+
+from pipekit_train.core.distributions._flow_math import (
+    flow_inverse,
+    flow_log_prob,
+    flow_transform,
+    flow_width,
+)
+from pipekit_train.core.distributions._mixture_math import mixture_log_prob, mixture_width
 
 from ._compose import (
     Loss,
@@ -24,7 +34,6 @@ from ._compose import (
     names,
     register,
 )
-from ._flow import flow_inverse, flow_log_prob, flow_transform, flow_width
 from ._losses import (
     binary_cross_entropy,
     cross_entropy,
@@ -35,7 +44,6 @@ from ._losses import (
     mixture_nll,
     mse,
 )
-from ._mixture import mixture_log_prob, mixture_width
 
 __all__ = [
     "Loss",

@@ -28,13 +28,12 @@ from typing import Any
 import array_api_compat
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.distributions._flow_math import FLOW_DEFAULTS, flow_log_prob
+from pipekit_train.core.distributions._flow_math import check_params as _check_flow
+from pipekit_train.core.distributions._mixture_math import check_params as _check_mixture
+from pipekit_train.core.distributions._mixture_math import mixture_log_prob
 
 from ._compose import Loss, register
-from ._flow import FLOW_DEFAULTS
-from ._flow import check_params as _check_flow
-from ._flow import flow_nll as _flow_nll
-from ._mixture import check_params as _check_mixture
-from ._mixture import mixture_nll as _mixture_nll
 
 __all__ = [
     "binary_cross_entropy",
@@ -253,6 +252,47 @@ def _binary_cross_entropy(pred: Any, target: Any) -> Any:
     return xp.mean(relu - pred * target + xp.log1p(xp.exp(-xp.abs(pred))))
 
 
+def _mixture_nll(pred: Any, target: Any, *, n_components: int = 1, covariance: str = "diag") -> Any:
+    """Gaussian-mixture negative log-likelihood, averaged over samples.
+
+    `pred` holds `mixture_width(n_components, d, covariance)` values per sample: weight
+    logits, means and log-scales (and, for `covariance="full"`, the strictly-lower
+    Cholesky entries), see `pipekit_train.core.distributions._mixture_math`; `target` has
+    `d` values on its last axis and `pred`'s other axes. The result is
+    `-mean(mixture_log_prob(pred, target))`, the exact NLL (with the `0.5*d*log(2*pi)`
+    constant).
+    """
+    lp = mixture_log_prob(pred, target, n_components=n_components, covariance=covariance)
+    return -array_api_compat.array_namespace(lp).mean(lp)
+
+
+def _flow_nll(
+    pred: Any,
+    target: Any,
+    *,
+    flow_layers: int = 4,
+    flow_bins: int = 8,
+    flow_bound: float = 3.0,
+    flow_hidden: int = 0,
+) -> Any:
+    """Conditional normalizing-flow negative log-likelihood, averaged over samples.
+
+    `pred` holds `flow_width(d, flow_layers, flow_bins, flow_hidden)` values per sample
+    (layout in `pipekit_train.core.distributions._flow_math`); `target` has `d` values on
+    its last axis and `pred`'s other axes. The result is
+    `-mean(flow_log_prob(pred, target))`, the exact NLL.
+    """
+    lp = flow_log_prob(
+        pred,
+        target,
+        flow_layers=flow_layers,
+        flow_bins=flow_bins,
+        flow_bound=flow_bound,
+        flow_hidden=flow_hidden,
+    )
+    return -array_api_compat.array_namespace(lp).mean(lp)
+
+
 # --------------------------------------------------------------------------- registered
 
 mse: Loss = register("mse", _mse)
@@ -276,7 +316,7 @@ mixture_nll: Loss = register(
 """Gaussian-mixture NLL; `mixture_nll(n_components=5)` (diagonal) or `covariance="full"`.
 
 The network's output layout (weight logits, means, log-scales, Cholesky entries) is
-documented in `pipekit_train.core.losses._mixture`; `losses.mixture_width` gives its size.
+documented in `pipekit_train.core.distributions._mixture_math`; `losses.mixture_width` gives its size.
 """
 
 flow_nll: Loss = register(
@@ -285,7 +325,7 @@ flow_nll: Loss = register(
 """Conditional normalizing-flow NLL; `flow_nll(flow_layers=4, flow_bins=8, flow_bound=3.0)`.
 
 The network outputs every parameter of the flow (splines and mixing maps, layer by
-layer); the layout is documented in `pipekit_train.core.losses._flow` and
+layer); the layout is documented in `pipekit_train.core.distributions._flow_math` and
 `losses.flow_width` gives its size. `flow_nll(flow_hidden=32)` couples the values inside
 each layer (the second half's splines conditioned on the first half by a small network
 whose weights are part of the output); the default 0 is the element-wise flow.

@@ -45,7 +45,7 @@ from pipekit_train.core._errors import ConfigError, IntegrityError, PipekitError
 from pipekit_train.core._imports import optional_import
 from pipekit_train.core._json import to_json_value
 from pipekit_train.core.data._normalizer import normalizer_to_dict
-from pipekit_train.core.model._heads import check_head, check_head_options
+from pipekit_train.core.distributions._heads import check_head, check_head_options
 from pipekit_train.core.model._operators import model_op_from_config
 from pipekit_train.core.model._trust import TrustedList
 

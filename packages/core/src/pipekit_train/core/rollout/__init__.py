@@ -1,16 +1,29 @@
-"""Rollouts: a trained emulator used as a forward operator (`NeuralForward`), the closed
-loop that advances a state with one (`Cycle`), and the pieces of a device rollout: the
-per-step function written once against the array API (`RolloutSpec`) and the segment
-plan every backend's `model_op.rollout` runs (`RolloutPlan`, `drive`), and the
-rollout-training loss every backend's step minimises (`rollout_loss`) with its input
-noise (`rollout_noise`, drawn by core's feed)."""
+"""Trained networks used as forward operators and posteriors, and rolled out.
+
+- `NeuralForward` (`_cycle`): a trained model as a forward operator (state → next state)
+  and as a posterior (`distribution(x)`); `Cycle`, the closed loop that advances a state
+  with any forward operator. `posterior_forward` and `PosteriorEnsemble` (`_posterior`):
+  one run's model, and several trained posteriors, read as one posterior.
+- The device rollout every backend's `model_op.rollout` runs: the per-step function
+  written once against the array API (`RolloutSpec`, `_step`), the steps it keeps and its
+  segments (`SegmentedRollout`, formerly `RolloutPlan`, and `drive`: `_segments`) and the
+  device loops for jax and torch (`_loops`).
+- Rollout training: the loss every backend's step minimises (`rollout_loss`, `_train`)
+  and its input noise (`rollout_noise`, `_noise`, drawn by core's feed); rollout
+  validation on held-out trajectories (`rollout_validation`, `_validation`).
+
+The model operator itself is `pipekit_train.core.model`'s and what its output means
+`pipekit_train.core.distributions`'; this room imports neither `model` nor anything above.
+"""
 
 from ._cycle import Cycle, NeuralForward
 from ._loops import jax_rollout, torch_rollout
 from ._noise import NOISE_KEY, rollout_noise
-from ._plan import (
+from ._posterior import PosteriorEnsemble
+from ._segments import (
     SEGMENT_BYTES,
     RolloutPlan,
+    SegmentedRollout,
     check_hook_steps,
     drive,
     first_bad,
@@ -26,8 +39,10 @@ __all__ = [
     "Cycle",
     "NeuralForward",
     "NonFiniteStateError",
+    "PosteriorEnsemble",
     "RolloutPlan",
     "RolloutSpec",
+    "SegmentedRollout",
     "check_hook_steps",
     "check_rollout_loss",
     "evaluates_as_rollout",

@@ -16,11 +16,12 @@ import numpy as np
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core._imports import object_path
 from pipekit_train.core.data._normalizer import normalizer_to_dict
-from pipekit_train.core.model._flow import Flow, flow_from_output
-from pipekit_train.core.model._heads import Gaussian, check_head, check_head_options
-from pipekit_train.core.model._mixture import Mixture, mixture_from_output
+from pipekit_train.core.distributions._flow import Flow, flow_from_output
+from pipekit_train.core.distributions._gaussian import Gaussian
+from pipekit_train.core.distributions._heads import check_head, check_head_options
+from pipekit_train.core.distributions._mixture import Mixture, mixture_from_output
 
-from ._plan import check_hook_steps, drive, prepare_rollout
+from ._segments import check_hook_steps, drive, prepare_rollout
 from ._step import NonFiniteStateError, RolloutSpec, non_finite_error
 
 __all__ = ["Cycle", "NeuralForward", "NonFiniteStateError"]
@@ -73,7 +74,7 @@ class NeuralForward:
 
     **Mixture head.** With `head="mixture"` (and `n_components=K`, `covariance="diag"` or
     `"full"`, as the model was trained with `losses.mixture_nll`) the output holds a
-    Gaussian mixture in normalised units (layout in `pipekit_train.core.losses._mixture`).
+    Gaussian mixture in normalised units (layout in `pipekit_train.core.distributions._mixture_math`).
     `distribution(state)` returns a `Mixture` in original units: the component means
     de-normalised, each Cholesky factor's rows scaled by the normalizer's scale (so the
     covariances are `diag(s) L L^T diag(s)`), the weights unchanged. Calling the forward
@@ -82,7 +83,7 @@ class NeuralForward:
     **Flow head.** With `head="flow"` (and `flow_layers`, `flow_bins`, `flow_bound`,
     `flow_hidden` as the model was trained with `losses.flow_nll`; left out, `flow_nll`'s
     defaults) the output holds every parameter of a conditional normalizing flow in normalised units
-    (layout in `pipekit_train.core.losses._flow`). `distribution(state)` returns a `Flow`
+    (layout in `pipekit_train.core.distributions._flow_math`). `distribution(state)` returns a `Flow`
     in original units: its `loc`/`scale` are the normalizer's affine map of the output
     (`invert(0)` and `invert(1) - invert(0)`; plus the state with `residual=True`), so
     `log_prob` carries the `-sum(log|scale|)` Jacobian. Calling the forward returns the
@@ -488,7 +489,7 @@ class NeuralForward:
         stochastic: bool,
         seed: int,
     ) -> np.ndarray:
-        spec, x0, single, plan = prepare_rollout(
+        spec, x0, single, segmented = prepare_rollout(
             state,
             n_steps,
             self.rollout_spec(),
@@ -522,7 +523,7 @@ class NeuralForward:
                     stored.append(x)
             return x, np.stack(stored) if stored else x[:0][None], None
 
-        return drive(plan, x0, x0, run, np.asarray, single=single)
+        return drive(segmented, x0, x0, run, np.asarray, single=single)
 
     def get_config(self) -> dict[str, Any]:
         """JSON description: the model's config, the normalizer's JSON and the options."""

@@ -2,7 +2,7 @@
 
 Core imports no backend, so these functions take the library as an argument: the
 Equinox and Keras-on-jax rollouts call `jax_rollout(jax, ...)`, the Lightning/`Torch()`
-and Keras-on-torch rollouts call `torch_rollout(torch, ...)`. Each runs a `RolloutPlan`'s
+and Keras-on-torch rollouts call `torch_rollout(torch, ...)`. Each runs a `SegmentedRollout`'s
 segments through `drive`, with the step `RolloutSpec.bind` gives for the library's
 arrays:
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ._plan import RolloutPlan, drive, first_bad
+from ._segments import SegmentedRollout, drive, first_bad
 from ._step import RolloutSpec
 
 __all__ = ["jax_rollout", "torch_rollout"]
@@ -36,7 +36,7 @@ def jax_rollout(
     params: Any,
     spec: RolloutSpec,
     x0: np.ndarray,
-    plan: RolloutPlan,
+    segmented: SegmentedRollout,
     *,
     dtype: Any,
     cache: dict,
@@ -45,7 +45,7 @@ def jax_rollout(
     stochastic: bool = False,
     seed: int = 0,
 ) -> np.ndarray:
-    """Run `plan` with jax: one jitted loop per segment.
+    """Run `segmented` with jax: one jitted loop per segment.
 
     Args:
         jax: the `jax` module.
@@ -53,7 +53,7 @@ def jax_rollout(
         params: the model's arrays (a pytree; passed to the compiled loop, not captured).
         spec: the step's spec.
         x0: the initial batch of states (numpy).
-        plan: the rollout's plan.
+        segmented: the rollout's steps and segments.
         dtype: the model's floating dtype (the states' dtype on the device).
         cache: where compiled segments are kept.
         cache_key: what else the compiled segment depends on (the model's structure).
@@ -116,7 +116,7 @@ def jax_rollout(
 
         segment = jax.jit(run_segment, static_argnames=("rows", "stride"))
         cache[key] = (spec, segment)
-    rows = 0 if plan.keep == "last" else plan.chunk // plan.stride
+    rows = 0 if segmented.keep == "last" else segmented.chunk // segmented.stride
     rng = jax.random.key(seed) if stochastic else None  # no key to make per call
 
     def run(x: Any, first: int, length: int, stride: int) -> Any:
@@ -130,7 +130,7 @@ def jax_rollout(
         return None if step == 0 else (step, member)
 
     return drive(
-        plan,
+        segmented,
         x0,
         jnp.asarray(x0, dtype),
         run,
@@ -145,7 +145,7 @@ def torch_rollout(
     model_fn: Callable[[Any], Any],
     spec: RolloutSpec,
     x0: np.ndarray,
-    plan: RolloutPlan,
+    segmented: SegmentedRollout,
     *,
     dtype: Any,
     device: Any,
@@ -153,14 +153,14 @@ def torch_rollout(
     stochastic: bool = False,
     seed: int = 0,
 ) -> np.ndarray:
-    """Run `plan` with torch: one `inference_mode` loop per segment on `device`.
+    """Run `segmented` with torch: one `inference_mode` loop per segment on `device`.
 
     Args:
         torch: the `torch` module.
         model_fn: `model_fn(batch) -> raw output` on tensors (the model in eval mode).
         spec: the step's spec.
         x0: the initial batch of states (numpy).
-        plan: the rollout's plan.
+        segmented: the rollout's steps and segments.
         dtype: the model's floating dtype (a `torch.dtype`).
         device: the model's device.
         single: the caller passed one state.
@@ -219,4 +219,4 @@ def torch_rollout(
             finite = torch.isfinite(stacked).reshape(stacked.shape[0], n, -1).all(dim=-1)
             return first_bad(finite.cpu().numpy())
 
-        return drive(plan, x0, x, run, to_numpy, to_bad=to_bad, single=single)
+        return drive(segmented, x0, x, run, to_numpy, to_bad=to_bad, single=single)

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError, PipekitError
-from pipekit_train.core.losses import _mixture as layout
-from pipekit_train.core.model._heads import check_head, check_head_options
-from pipekit_train.core.model._mixture import mixture_dim
+from pipekit_train.core.distributions import _mixture_math as layout
+from pipekit_train.core.distributions._heads import check_head, check_head_options
+from pipekit_train.core.distributions._mixture import mixture_dim
 
 __all__ = ["AffineMap", "NonFiniteStateError", "RolloutSpec", "non_finite_error"]
 

@@ -22,7 +22,7 @@ import numpy as np
 from pipekit_train.core._checks import is_int, positive_int
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core._imports import optional_import
-from pipekit_train.core.data._trajectories import Trajectories
+from pipekit_train.core.data.trajectories._trajectories import Trajectories
 from pipekit_train.core.metrics._field_errors import nrmse, vrmse
 from pipekit_train.core.metrics._lead_time import (
     DEFAULT_LEAD_BOUNDS,

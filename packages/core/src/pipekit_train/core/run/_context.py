@@ -25,20 +25,20 @@ from typing import Any
 
 import numpy as np
 
+from pipekit_train.core.artifact._artifact import TrainingArtifact
+from pipekit_train.core.artifact._history import History, loss_label
+from pipekit_train.core.artifact._versions import library_versions
 from pipekit_train.core.spec._lr_scale import adjusts_learning_rate
 from pipekit_train.core.spec._plan import Plan
 
-from ._artifact import TrainingArtifact
 from ._checkpoint_schedule import CheckpointSchedule
 from ._dispatch import Callbacks
-from ._history import History, loss_label
 from ._lr_scale import LearningRateScale
 from ._metrics import MetricLog, default_fetch
 from ._progress import Progress
 from ._rollout_noise import NoisyBatches
 from ._state import RunState
 from ._validation import Validation
-from ._versions import library_versions
 
 __all__ = ["RunContext"]
 

@@ -23,7 +23,7 @@ class Callbacks:
 
     Args:
         callbacks: the plan's callbacks (and any the run adds, e.g. a progress bar).
-        state: the read-only `RunState` every hook receives first.
+        state: the `RunState` every hook receives first (reads and three requests).
     """
 
     def __init__(self, callbacks: Sequence[Any], state: Any):

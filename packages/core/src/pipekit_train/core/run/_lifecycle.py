@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core._errors import CheckpointError
+from pipekit_train.core.artifact._artifact import TrainingArtifact
 from pipekit_train.core.checkpoint._engine import Checkpointer, Restored
 from pipekit_train.core.checkpoint._lease import (
     LeaseError,
@@ -54,7 +55,6 @@ from pipekit_train.core.checkpoint._store import open_store
 from pipekit_train.core.data import is_core_dataset
 from pipekit_train.core.spec._plan import Plan
 
-from ._artifact import TrainingArtifact
 from ._context import RunContext
 from ._feed import Feed
 from ._preemption import Preempted, SignalFlag

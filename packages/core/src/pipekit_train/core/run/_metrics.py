@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pipekit_train.core.artifact._history import History
 from pipekit_train.core.metrics._grad_norm import reduce_micro
-
-from ._history import History
 
 if TYPE_CHECKING:
     from pipekit_train.core.spec._plan import Plan

@@ -1,4 +1,11 @@
-"""`RunState`, the read-only view of a run that callbacks receive."""
+"""`RunState`: the callbacks' handle on a run.
+
+A hook reads the run through it (progress, metrics, the learning rate, the plan, the
+normalizer, predictions with the current weights) and may ask three things of it: a new
+learning-rate scale (`set_lr_scale`), extra metrics for the writers (`log`) and a stop
+after the current step (`request_stop`). Nothing else of the run can be changed from a
+callback: the requests go through the run's own parts, which apply them at the step's end.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +22,13 @@ __all__ = ["RunState"]
 
 
 class RunState:
-    """The read-only view of a run that callbacks receive."""
+    """The callbacks' handle on a run: what they read, and three requests.
+
+    Reads: `step`, `epoch`, `max_steps`, `metrics`, `learning_rate`, `lr_scale`,
+    `stop_requested`, `stop_reason`, `is_tty`, `backend`, `plan`, `normalizer` and
+    `predict(batch)`. Requests: `set_lr_scale(scale)`, `log(metrics)` and
+    `request_stop(reason)`.
+    """
 
     def __init__(self, ctx: RunContext):
         self._ctx = ctx
@@ -76,7 +89,8 @@ class RunState:
 
     @property
     def plan(self) -> dict[str, Any]:
-        """The JSON plan."""
+        """The run's `Plan` in its JSON form (`Plan.to_json()`, what checkpoints and the
+        artifact record)."""
         return self._ctx.plan_json
 
     @property

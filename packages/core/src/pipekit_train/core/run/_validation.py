@@ -95,7 +95,7 @@ class Validation:
             )
         else:
             it = batches
-        from ._evaluation import aggregate_batches
+        from pipekit_train.core.artifact._evaluation import aggregate_batches
 
         metrics = aggregate_batches(it, eval_batch, plan.metrics, normalizer=plan.normalizer)
         return self.record(metrics)

@@ -5,6 +5,10 @@
 learning-rate scale (`_lr_scale`) and the preemption signals and time budget a plan
 names (`_signals`). Validated here once; each adapter only translates.
 
+A *spec* in core is always such a description: frozen, validated once, translated by a
+backend (the run's here; an optimizer's `OptimizerSpec`; a rollout step's `RolloutSpec`
+in `pipekit_train.core.rollout`; an array's `ArraySpec` in `pipekit_train.core.data`).
+
 The public names: `Plan`, `OptimizerSpec`/`optimizer_spec` with the table of optimizer
 names and hyperparameters `OPTIMIZERS`, the schedules `SCHEDULES` with `check_schedule`
 and `learning_rate_at` (a schedule's curve in plain Python), the precisions `PRECISIONS`

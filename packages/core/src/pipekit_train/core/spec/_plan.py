@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pipekit_train.core.checkpoint._policy import Checkpoint
-from pipekit_train.core.data._dataset import is_core_dataset, is_stream
+from pipekit_train.core.data.datasets._dataset import is_core_dataset, is_stream
 from pipekit_train.core.spec._signals import DEFAULT_PREEMPTION_SIGNALS
 
 from ._policies import NonFinitePolicy

@@ -39,7 +39,7 @@ from pipekit_train.core.checkpoint._engine import TornCheckpointWarning, step_di
 from pipekit_train.core.checkpoint._lease import LEASE_DIR, LeaseError, read_lease
 from pipekit_train.core.checkpoint._policy import Checkpoint
 from pipekit_train.core.checkpoint._store import FencedStepWarning
-from pipekit_train.core.losses._flow import flow_width
+from pipekit_train.core.distributions._flow_math import flow_width
 from pipekit_train.core.train._training_loop import TrainingLoop
 
 from ._fork_server import run_python, spawn_python

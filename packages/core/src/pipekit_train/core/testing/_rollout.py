@@ -17,7 +17,7 @@ import numpy as np
 
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.data._normalizer import Normalizer
-from pipekit_train.core.losses._mixture import mixture_width
+from pipekit_train.core.distributions._mixture_math import mixture_width
 from pipekit_train.core.rollout._cycle import Cycle, NeuralForward
 from pipekit_train.core.rollout._step import NonFiniteStateError
 

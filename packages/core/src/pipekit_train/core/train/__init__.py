@@ -1,3 +1,3 @@
 """The drivers: `TrainingLoop` (`_training_loop`), `OnlineTrainer` (`_online`), the step
 loop for backends that expose a train step (`_step_loop`), `lr_find` (`_lr_find`), and
-the checks that turn a training description into a `Plan` (`_describe`, `_shapes`)."""
+the checks that turn a training description into a `Plan` (`_build_plan`, `_shapes`)."""

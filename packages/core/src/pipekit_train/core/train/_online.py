@@ -12,7 +12,7 @@ from pipekit_train.core.checkpoint._policy import Checkpoint
 from pipekit_train.core.run._lifecycle import RunLifecycle
 from pipekit_train.core.spec._signals import DEFAULT_PREEMPTION_SIGNALS
 
-from ._describe import check_online, online_plan
+from ._build_plan import check_online, online_plan
 
 __all__ = ["OnlineTrainer"]
 

@@ -238,10 +238,9 @@ def _input_error(
 
 def _mixture_params(loss: Any) -> dict[str, Any] | None:
     """`mixture_nll`'s parameters when `loss` is that built-in loss, else None."""
-    from pipekit_train.core.losses import Loss
-    from pipekit_train.core.losses import _mixture as mixture
+    from pipekit_train.core.losses import Loss, mixture_nll
 
-    if isinstance(loss, Loss) and loss.fn is mixture.mixture_nll:
+    if isinstance(loss, Loss) and loss.fn is mixture_nll.fn:
         return loss.params
     return None
 
@@ -268,10 +267,9 @@ def _check_mixture(
 
 def _flow_params(loss: Any) -> dict[str, Any] | None:
     """`flow_nll`'s parameters when `loss` is that built-in loss, else None."""
-    from pipekit_train.core.losses import Loss
-    from pipekit_train.core.losses import _flow as flow
+    from pipekit_train.core.losses import Loss, flow_nll
 
-    if isinstance(loss, Loss) and loss.fn is flow.flow_nll:
+    if isinstance(loss, Loss) and loss.fn is flow_nll.fn:
         return loss.params
     return None
 
@@ -279,8 +277,8 @@ def _flow_params(loss: Any) -> dict[str, Any] | None:
 def _check_flow(
     model: Any, params: dict[str, Any], name: str, pred: tuple[int, ...], target: tuple[int, ...]
 ) -> None:
+    from pipekit_train.core.distributions._flow_math import check_coupling
     from pipekit_train.core.losses import flow_width
-    from pipekit_train.core.losses._flow import check_coupling
 
     layers, bins = params["flow_layers"], params["flow_bins"]
     hidden = params.get("flow_hidden", 0)

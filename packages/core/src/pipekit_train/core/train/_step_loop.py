@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from pipekit_train.core.artifact._artifact import TrainingArtifact
 from pipekit_train.core.contract._adapter import Adapter, Capabilities, StepBackend
-from pipekit_train.core.run._artifact import TrainingArtifact
 from pipekit_train.core.run._lifecycle import RunLifecycle
 from pipekit_train.core.run._prefetch import Prefetcher
 from pipekit_train.core.spec._plan import Plan

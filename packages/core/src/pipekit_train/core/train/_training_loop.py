@@ -7,13 +7,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from pipekit_train.core.artifact._artifact import TrainingArtifact
 from pipekit_train.core.checkpoint._policy import Checkpoint
-from pipekit_train.core.run._artifact import TrainingArtifact
 from pipekit_train.core.spec._policies import NonFinitePolicy
 from pipekit_train.core.spec._rollout import Rollout
 from pipekit_train.core.spec._signals import DEFAULT_PREEMPTION_SIGNALS
 
-from ._describe import build_plan, check_plan
+from ._build_plan import build_plan, check_plan
 from ._shapes import check_shapes
 
 __all__ = ["TrainingLoop"]

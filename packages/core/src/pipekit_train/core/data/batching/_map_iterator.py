@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.data.datasets._dataset import Batch, gather_batch
 
-from ._dataset import Batch, gather_batch
 from ._grain import import_grain
 from ._iterator import BatchIterator
 from ._order import epoch_order, order_kind

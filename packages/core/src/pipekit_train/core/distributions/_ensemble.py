@@ -1,11 +1,13 @@
-"""`Ensemble` and `PosteriorEnsemble`: several trained networks read as one distribution.
+"""`Ensemble`: several trained networks' distributions read as one.
 
 Networks trained on the same simulations from different seeds make different errors; their
 equal-weight mixture is a common way to get a better and less over-confident amortized
 posterior (`sbi`'s `NeuralPosteriorEnsemble`, BayesFlow's ensembles). Here the mixture is
 formed from what each network already predicts (`Gaussian`, `Mixture`, `Flow`, or anything
 with `sample(rng, n)` and `log_prob(value)`), in numpy, so it is the same for every backend
-and needs no weights of its own:
+and needs no weights of its own. `PosteriorEnsemble` (`pipekit_train.core.rollout`, beside
+`NeuralForward`) reads several trained posteriors as one and returns an `Ensemble` per
+observation:
 
 ```python
 posteriors = [artifact.posterior(state_ndim=2) for artifact in artifacts]
@@ -13,16 +15,10 @@ ensemble = PosteriorEnsemble(posteriors)
 dist = ensemble.distribution(x_o).within(low, high)   # the mixture truncated to the box
 draws = dist.sample(np.random.default_rng(0), 10_000)
 ```
-
-`PosteriorEnsemble` has the `distribution(x)` of a posterior, so `diagnostics`
-(`run_calibration`, `posterior_samples`) take it like a single network's. Registered
-members (each network a version of one name) load back as one ensemble with
-`PosteriorEnsemble.from_registry(registry, name, versions)`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,10 +26,10 @@ import numpy as np
 
 from pipekit_train.core._errors import ConfigError
 
-__all__ = ["Ensemble", "PosteriorEnsemble"]
+__all__ = ["Ensemble", "member_weights"]
 
 
-def _weights(weights: Any, k: int) -> np.ndarray:
+def member_weights(weights: Any, k: int) -> np.ndarray:
     """The members' weights `(K, ...)`, normalised over the members (default: equal)."""
     if weights is None:
         return np.full(k, 1.0 / k)
@@ -55,7 +51,7 @@ def _weights(weights: Any, k: int) -> np.ndarray:
 def _joint_log_prob(dist: Any, value: np.ndarray) -> np.ndarray:
     """One log-density per point: a `Gaussian`'s per-element densities are summed over the
     values (as is any member's whose `log_prob` has the value's own shape)."""
-    from ._heads import Gaussian
+    from ._gaussian import Gaussian
 
     lp = np.asarray(dist.log_prob(value), dtype=np.float64)
     if isinstance(dist, Gaussian) or lp.shape == value.shape:
@@ -106,7 +102,7 @@ class Ensemble:
                 f"n)` (Gaussian, Mixture, Flow). Received: members={self.members!r}."
             )
         object.__setattr__(self, "members", members)
-        object.__setattr__(self, "weights", _weights(self.weights, len(members)))
+        object.__setattr__(self, "weights", member_weights(self.weights, len(members)))
         object.__setattr__(self, "acceptance", np.asarray(self.acceptance, dtype=np.float64))
 
     def _choice(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -176,97 +172,3 @@ class Ensemble:
 
     def __len__(self) -> int:
         return len(self.members[0])
-
-
-class PosteriorEnsemble:
-    """Several posteriors (`artifact.posterior()`, a `NeuralForward`, or any object with
-    `distribution(x)`) read as one: `distribution(x)` is their `Ensemble`.
-
-    Args:
-        posteriors: the members, at least one; typically networks of the same
-            architecture trained on the same simulations from different seeds.
-        weights: `(K,)` member weights (normalised); None: equal.
-    """
-
-    def __init__(self, posteriors: Sequence[Any], weights: Any = None):
-        members = tuple(posteriors) if isinstance(posteriors, Sequence) else ()
-        if not members or not all(callable(getattr(p, "distribution", None)) for p in members):
-            raise ConfigError(
-                "`posteriors` must be a non-empty sequence of posteriors with `distribution(x)` "
-                f"(e.g. artifact.posterior()). Received: posteriors={posteriors!r}."
-            )
-        self.posteriors = members
-        self.weights = _weights(weights, len(members))
-        if self.weights.ndim != 1:
-            raise ConfigError(
-                f"`weights` must be one weight per posterior, shape ({len(members)},). "
-                f"Received: shape {self.weights.shape}."
-            )
-
-    @classmethod
-    def from_registry(
-        cls,
-        registry: Any,
-        name: str,
-        versions: Sequence[int],
-        *,
-        weights: Any = None,
-        trusted: Any = None,
-        **forward_options: Any,
-    ) -> PosteriorEnsemble:
-        """The registered members `versions` of `name`, read as one posterior.
-
-        Register each member as a version of one name (`artifact.register(registry,
-        name)` per trained network); this loads each as
-        `NeuralForward.from_record(*registry.load_record_and_model(name, v))`: the manifest,
-        the weights and the factory are verified before anything is rebuilt, and nothing is
-        unpickled. Every record is read first, and members that are not one posterior's
-        networks (different heads or head options) are refused before any model loads.
-
-        Args:
-            registry: a `ModelRegistry` (e.g. `LocalModelRegistry(root)`).
-            name: the registered name of the members.
-            versions: the members' version numbers, at least one, each once.
-            weights: `(K,)` member weights (normalised); None: equal.
-            trusted: as for `registry.load`: code trusted beyond `@model_factory`.
-            **forward_options: passed to `NeuralForward.from_record` (`state_ndim`, ...).
-
-        Raises:
-            ConfigError: bad `versions`, a missing version, or members with different heads.
-        """
-        from pipekit_train.core.rollout._cycle import NeuralForward
-
-        chosen = list(versions) if isinstance(versions, Sequence) else None
-        if (
-            not chosen
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in chosen)
-            or len(set(chosen)) != len(chosen)
-        ):
-            raise ConfigError(
-                "`versions` must be a non-empty list of distinct version numbers of "
-                f"{name!r}, e.g. [1, 2, 3]. Received: versions={versions!r}."
-            )
-        records = [registry.record(name, v) for v in chosen]
-        first = records[0]
-        for record in records[1:]:
-            if (record.head, record.head_options) != (first.head, first.head_options):
-                raise ConfigError(
-                    f"The members of an ensemble must share a head. Received: version "
-                    f"{first.version} of {name!r} has head={first.head!r} "
-                    f"{first.head_options or ''}, but version {record.version} has "
-                    f"head={record.head!r} {record.head_options or ''}."
-                )
-        members = [
-            NeuralForward.from_record(
-                *registry.load_record_and_model(name, v, trusted=trusted), **forward_options
-            )
-            for v in chosen
-        ]
-        return cls(members, weights)
-
-    def distribution(self, x: Any) -> Ensemble:
-        """The members' predicted distributions at `x` (one observation or a batch), mixed."""
-        return Ensemble(tuple(p.distribution(x) for p in self.posteriors), self.weights)
-
-    def __repr__(self) -> str:
-        return f"PosteriorEnsemble({len(self.posteriors)} members)"

@@ -2,7 +2,7 @@
 
 A model trained with `losses.mixture_nll(n_components=K, covariance=...)` outputs, per
 sample, weight logits, means and a Cholesky factor per component (layout in
-`pipekit_train.core.losses._mixture`). `mixture_from_output` decodes that output into a
+`_mixture_math`). `mixture_from_output` decodes that output into a
 `Mixture` in numpy, and `NeuralForward(..., head="mixture").distribution(x)` returns it
 in the target's original units.
 """
@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError
-from pipekit_train.core.losses import _mixture as layout
+
+from . import _mixture_math as layout
 
 __all__ = ["Mixture", "mixture_dim", "mixture_from_output"]
 

@@ -9,7 +9,7 @@ the layout and whether the build completed.
 Reading is chunk-aware: each zarr read call costs ~1 ms, so rows are never read one
 by one. A cache whose arrays fit in `memory_budget_bytes` is loaded whole when
 opened (one read per key); a larger one keeps an LRU cache of whole chunks
-(`_chunk_cache`: one `take` per gather), reads chunks straight from their files
+(`_chunk_lru`: one `take` per gather), reads chunks straight from their files
 (`_chunk_files`), and declares a chunk-aware shuffle (`chunk_size`,
 `shuffle_window`) that `make_batches` uses, so a shuffled epoch reads each chunk
 about once.
@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.data.datasets._dataset import ArraySpec, Batch, Sample, block_rows
 
-from ._chunk_cache import ChunkCache
 from ._chunk_files import ChunkFiles
-from ._dataset import ArraySpec, Batch, Sample, block_rows
+from ._chunk_lru import ChunkCache
 from ._zarr_store import (
     DONE_KEY,
     FORMAT_VERSION,
@@ -288,7 +288,7 @@ class CachedDataset:
             ConfigError: invalid arguments, a stale cache, a non-cache at `uri`, or a
                 sample that does not match the element spec.
         """
-        from ._cache_build import build_cache
+        from ._build import build_cache
 
         check_read_options(memory_budget_bytes, shuffle_window)
         build_cache(

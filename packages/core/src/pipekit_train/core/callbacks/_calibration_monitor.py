@@ -1,105 +1,29 @@
-"""Calibration of a trained posterior: on held-out simulations, and during training.
+"""`CalibrationMonitor`: a posterior's calibration, measured during training.
 
-- `posterior_forward(model, normalizer, loss)`: the `NeuralForward` a run's model is as a
-  posterior (the head read from the loss: `gaussian_nll` → Gaussian, `mixture_nll` →
-  mixture), for `pipekit_train.core.diagnostics.run_calibration`.
-- `CalibrationMonitor`: a callback that runs every diagnostic on a fixed set of
-  simulations every `n` optimizer updates, with the current weights (through the
-  evaluator validation uses), and logs the scalars to the metric writers.
-
-`TrainingArtifact.calibration` / `evaluate(..., calibration=True)` use the first.
+A callback that runs every diagnostic on a fixed set of simulations every `n` optimizer
+updates, with the current weights (through the evaluator validation uses), and logs the
+scalars to the metric writers. The run's model is read as a posterior by
+`posterior_forward` (`pipekit_train.core.rollout`), as `TrainingArtifact.calibration` reads
+the trained one.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError
-from pipekit_train.core.data import is_core_dataset, make_batches
 from pipekit_train.core.diagnostics import CalibrationReport, run_calibration
 from pipekit_train.core.diagnostics._posterior import check_calibration_options
-from pipekit_train.core.model._heads import head_for_loss, head_options_for_loss
-from pipekit_train.core.rollout._cycle import NeuralForward
+from pipekit_train.core.rollout._posterior import (
+    check_posterior_loss,
+    posterior_forward,
+    simulations_of,
+)
 
-__all__ = [
-    "CalibrationMonitor",
-    "check_posterior_loss",
-    "posterior_forward",
-    "simulations_of",
-]
-
-
-def simulations_of(data: Any, *, field: str = "data") -> tuple[np.ndarray, np.ndarray]:
-    """`(x, theta)` of a sized pipekit dataset whose samples hold `x` (the observation)
-    and `y` (the parameters it was simulated from), read in order."""
-    if not is_core_dataset(data) or not hasattr(data, "__len__") or len(data) == 0:
-        raise ConfigError(
-            f"`{field}` must be a non-empty sized pipekit dataset of simulations with 'x' "
-            "(observations) and 'y' (parameters), e.g. as_supervised(sims, input='x', "
-            f"target='theta'). Received: {field}={type(data).__name__}."
-        )
-    keys = set(data[0])
-    if not {"x", "y"} <= keys:
-        raise ConfigError(
-            f"`{field}` samples must hold 'x' and 'y'. Received: keys {sorted(keys)}. "
-            "Use as_supervised(data, input=..., target=...) to name them."
-        )
-    xs, ys = [], []
-    for batch in make_batches(
-        data, 1024, seed=0, shuffle=False, drop_remainder=False, num_epochs=1
-    ):
-        xs.append(np.asarray(batch["x"]))
-        ys.append(np.asarray(batch["y"]))
-    return np.concatenate(xs), np.concatenate(ys)
-
-
-def _head(loss: Any, head: str | None, head_options: Mapping[str, Any] | None) -> tuple[str, dict]:
-    head = head or head_for_loss(loss)
-    if head not in ("gaussian", "mixture", "flow"):
-        raise ConfigError(
-            "Calibration needs a posterior: a model trained with `gaussian_nll`, "
-            f"`mixture_nll` or `flow_nll`. Received: loss={loss!r}, head={head!r}. Train with "
-            "one of those losses, or pass head='gaussian', head='mixture' or head='flow' (with "
-            "head_options)."
-        )
-    options = dict(head_options or head_options_for_loss(loss) or {})
-    return head, options
-
-
-def check_posterior_loss(loss: Any) -> None:
-    """Refuse a run loss that implies no posterior (not `gaussian_nll`, `mixture_nll` or
-    `flow_nll`)."""
-    _head(loss, None, None)
-
-
-def posterior_forward(
-    model: Callable[[np.ndarray], Any],
-    normalizer: Any,
-    loss: Any,
-    *,
-    state_ndim: int = 1,
-    head: str | None = None,
-    head_options: Mapping[str, Any] | None = None,
-) -> NeuralForward:
-    """A run's model as a posterior `x -> distribution` in the parameters' units.
-
-    Args:
-        model: the model operator (raw output in the normalised units).
-        normalizer: the run's `Normalizer` (or None).
-        loss: the run's loss description (names the head).
-        state_ndim: the axes of one observation (2 for a set of points `(n, d)`).
-        head: override the head the loss implies.
-        head_options: override the mixture's options.
-
-    Raises:
-        ConfigError: the loss implies no distribution (`head="point"`).
-    """
-    name, options = _head(loss, head, head_options)
-    return NeuralForward(model, normalizer=normalizer, head=name, state_ndim=state_ndim, **options)
+__all__ = ["CalibrationMonitor"]
 
 
 class CalibrationMonitor:
@@ -184,7 +108,7 @@ class CalibrationMonitor:
     def on_train_start(self, state: Any) -> None:
         """Check that the run's loss names a posterior head."""
         self._loss = state.plan.get("loss")
-        _head(self._loss, None, None)
+        check_posterior_loss(self._loss)
 
     def on_step_end(self, state: Any) -> None:
         """Run the diagnostics on every `every_n_steps`-th step and log their scalars."""

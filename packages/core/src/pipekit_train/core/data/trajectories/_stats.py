@@ -6,8 +6,8 @@ import numpy as np
 
 from pipekit_train.core._checks import positive_int
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.data._normalizer import Normalizer
 
-from ._normalizer import Normalizer
 from ._trajectories import Trajectories
 
 __all__ = ["fit_trajectory_normalizer"]

@@ -7,8 +7,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.data.datasets._dataset import Batch, IterableDataset, Sample, stack_samples
 
-from ._dataset import Batch, IterableDataset, Sample, stack_samples
 from ._iterator import BatchIterator
 
 __all__ = ["StreamBatchIterator"]

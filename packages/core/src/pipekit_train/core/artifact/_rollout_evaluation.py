@@ -18,8 +18,8 @@ import numpy as np
 
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.data import Trajectories, TrajectoryWindows, make_batches
+from pipekit_train.core.distributions._heads import head_for_loss, head_options_for_loss
 from pipekit_train.core.metrics import DEFAULT_LEAD_BOUNDS, resolve_metrics
-from pipekit_train.core.model._heads import head_for_loss, head_options_for_loss
 from pipekit_train.core.rollout._cycle import NeuralForward
 from pipekit_train.core.rollout._train import rollout_loss, rollout_spec
 from pipekit_train.core.rollout._validation import RolloutReport, rollout_validation

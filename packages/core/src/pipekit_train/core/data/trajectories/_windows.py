@@ -33,9 +33,9 @@ import numpy as np
 
 from pipekit_train.core._checks import is_int
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.data.datasets._dataset import ArraySpec, Batch, Sample, block_rows
+from pipekit_train.core.data.datasets._hashing import Hasher
 
-from ._dataset import ArraySpec, Batch, Sample, block_rows
-from ._hashing import Hasher
 from ._trajectories import Trajectories
 
 __all__ = ["TrajectoryWindows", "split_trajectories"]
@@ -248,7 +248,7 @@ class TrajectoryWindows:
         `"y"` holds increment statistics (over `step`) when `targets="increments"`, else
         state statistics. See `fit_trajectory_normalizer`.
         """
-        from ._trajectory_stats import fit_trajectory_normalizer
+        from ._stats import fit_trajectory_normalizer
 
         return fit_trajectory_normalizer(
             self.trajectories,

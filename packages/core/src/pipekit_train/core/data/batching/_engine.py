@@ -25,8 +25,8 @@ from typing import Any, TypedDict
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.data.datasets._dataset import IterableDataset
 
-from ._dataset import IterableDataset
 from ._iterator import BatchIterator
 from ._map_iterator import MapBatchIterator
 from ._order import chunked_permutation, epoch_order

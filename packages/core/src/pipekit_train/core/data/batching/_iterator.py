@@ -6,8 +6,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pipekit_train.core._errors import ConfigError
-
-from ._dataset import Batch
+from pipekit_train.core.data.datasets._dataset import Batch
 
 __all__ = ["BatchIterator"]
 

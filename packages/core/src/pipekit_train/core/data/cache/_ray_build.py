@@ -24,8 +24,7 @@ import numpy as np
 
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core._imports import optional_import
-
-from ._dataset import ArraySpec
+from pipekit_train.core.data.datasets._dataset import ArraySpec
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -160,7 +159,7 @@ class RayBuildExecutor:
 # -- functions that run in Ray workers (module level: imported by name there) -----------
 def _call_with_dataset(dataset: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """Run a worker function of `_workers` with `dataset` as the worker's dataset."""
-    from ._workers import _init_worker
+    from pipekit_train.core.data.datasets._workers import _init_worker
 
     _init_worker(dataset)
     return fn(*args)
@@ -177,8 +176,9 @@ def _build_chunk(
     raw: np.ndarray | None,
 ) -> dict[str, int] | None:
     """Compute chunk `cid` (rows `start:stop`), write it to the cache and mark it done."""
-    from ._cache_chunk import check_batch, open_chunk_arrays, write_chunk
-    from ._workers import run_block
+    from pipekit_train.core.data.datasets._workers import run_block
+
+    from ._write_chunk import check_batch, open_chunk_arrays, write_chunk
     from ._zarr_store import open_store, zarr_module
 
     batch, delta = run_block(dataset, "rows", start, stop, raw)

@@ -11,12 +11,23 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.data.datasets._dataset import (
+    ArraySpec,
+    as_sample,
+    check_key,
+    check_numeric,
+    spec_of,
+)
+from pipekit_train.core.data.datasets._hashing import Hasher
+from pipekit_train.core.data.datasets._workers import (
+    check_workers,
+    compute_blocks,
+    open_pool,
+    raw_indices,
+)
 
-from ._cache_chunk import check_batch, open_chunk_arrays, write_chunk
-from ._dataset import ArraySpec, as_sample, check_key, check_numeric, spec_of
-from ._hashing import Hasher
 from ._ray_build import RayBuildExecutor, RaySession, ray_session
-from ._workers import check_workers, compute_blocks, open_pool, raw_indices
+from ._write_chunk import check_batch, open_chunk_arrays, write_chunk
 from ._zarr_store import (
     DONE_KEY,
     FORMAT_VERSION,

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.distributions._heads import head_for_loss, head_options_for_loss
 from pipekit_train.core.metrics import DEFAULT_LEAD_BOUNDS
-from pipekit_train.core.model._heads import head_for_loss, head_options_for_loss
 from pipekit_train.core.rollout._cycle import NeuralForward
 from pipekit_train.core.rollout._validation import RolloutReport, rollout_validation
 

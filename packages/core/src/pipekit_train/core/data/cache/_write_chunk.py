@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.data.datasets._dataset import ArraySpec
 
-from ._dataset import ArraySpec
 from ._zarr_store import DONE_KEY
 
 __all__ = ["check_batch", "open_chunk_arrays", "write_chunk"]

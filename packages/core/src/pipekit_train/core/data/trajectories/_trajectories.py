@@ -26,11 +26,17 @@ import numpy as np
 
 from pipekit_train.core._checks import positive_int
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.data.datasets._dataset import (
+    ArrayDataset,
+    ArraySpec,
+    Batch,
+    Sample,
+    block_rows,
+)
+from pipekit_train.core.data.datasets._hashing import Hasher
+from pipekit_train.core.data.datasets._split import split
 
-from ._dataset import ArrayDataset, ArraySpec, Batch, Sample, block_rows
-from ._hashing import Hasher
-from ._split import split
-from ._trajectory_sources import ArraySource, DatasetSource, RowSource, check_keys
+from ._sources import ArraySource, DatasetSource, RowSource, check_keys
 
 __all__ = ["TrajectoryRows", "Trajectories"]
 

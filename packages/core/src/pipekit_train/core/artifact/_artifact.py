@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.distributions._heads import head_for_loss, head_options_for_loss
 from pipekit_train.core.metrics import DEFAULT_LEAD_BOUNDS
-from pipekit_train.core.model._heads import head_for_loss, head_options_for_loss
 
 from ._history import History
 from ._rollout_evaluation import artifact_rollout, rollout_options, rollout_window_loss
@@ -268,7 +268,7 @@ class TrainingArtifact:
         Raises:
             ConfigError: the run's loss implies no distribution.
         """
-        from ._calibration import posterior_forward
+        from pipekit_train.core.rollout._posterior import posterior_forward
 
         return posterior_forward(
             self.model, self.normalizer, self.plan.get("loss"), state_ndim=state_ndim
@@ -309,8 +309,11 @@ class TrainingArtifact:
                 fewer than 20 simulations or draws.
         """
         from pipekit_train.core.diagnostics import run_calibration
-
-        from ._calibration import check_posterior_loss, posterior_forward, simulations_of
+        from pipekit_train.core.rollout._posterior import (
+            check_posterior_loss,
+            posterior_forward,
+            simulations_of,
+        )
 
         loss = self.plan.get("loss")
         check_posterior_loss(loss)

@@ -1,4 +1,7 @@
-"""`RolloutPlan`: what a device rollout stores and how it is cut into segments.
+"""`SegmentedRollout`: what a device rollout stores and how it is cut into segments.
+
+(Named `RolloutPlan` before; that name is kept as an alias. A *plan* in core is the
+frozen description of a training run, `pipekit_train.core.spec.Plan`.)
 
 A backend's device rollout (`model_op.rollout`) advances a batch of states on the
 model's device in *segments* of at most `chunk` steps: one compiled scan (jax) or one
@@ -27,6 +30,7 @@ from ._step import non_finite_error
 __all__ = [
     "SEGMENT_BYTES",
     "RolloutPlan",
+    "SegmentedRollout",
     "check_hook_steps",
     "drive",
     "first_bad",
@@ -44,7 +48,7 @@ def _positive_int(value: Any, name: str, fix: str) -> int:
 
 
 @dataclass(frozen=True)
-class RolloutPlan:
+class SegmentedRollout:
     """The steps of a rollout, what it stores and its segments.
 
     Attributes:
@@ -62,7 +66,7 @@ class RolloutPlan:
     @classmethod
     def create(
         cls, n_steps: Any, keep: Any = "all", chunk: Any = None, *, batch_bytes: int = 0
-    ) -> RolloutPlan:
+    ) -> SegmentedRollout:
         """Validate the options (before any work) and choose the segment length.
 
         Args:
@@ -159,6 +163,9 @@ def check_hook_steps(hook_steps: Any, n_steps: int) -> list[int]:
     return steps
 
 
+RolloutPlan = SegmentedRollout
+"""The former name of `SegmentedRollout`, kept for code that imports it."""
+
 #: `run_segment(x, first_step, length, stride) -> (x_after, stored, bad)`: advance the
 #: device batch `x` by `length` steps; `stored` holds the states at the segment's steps
 #: `stride, 2*stride, ...` (`length // stride` rows, any array the backend's `to_numpy`
@@ -168,7 +175,7 @@ SegmentRunner = Callable[[Any, int, int, int], tuple[Any, Any, Any]]
 
 
 def drive(
-    plan: RolloutPlan,
+    segmented: SegmentedRollout,
     x0: np.ndarray,
     device_x0: Any,
     run_segment: SegmentRunner,
@@ -178,10 +185,10 @@ def drive(
     single: bool = False,
     dtype: Any = None,
 ) -> np.ndarray:
-    """Run `plan`'s segments through `run_segment`; return the stored states on the host.
+    """Run `segmented`'s segments through `run_segment`; return the stored states on the host.
 
     Args:
-        plan: the rollout's plan.
+        segmented: the rollout's steps and segments.
         x0: the initial batch of states (numpy, `(n, *state)`).
         device_x0: the same batch on the model's device.
         run_segment: the backend's segment (see `SegmentRunner`).
@@ -191,24 +198,24 @@ def drive(
         dtype: the dtype of the result (default: the device's).
 
     Returns:
-        The states at `plan.kept_steps`, shape `(len(kept_steps), n, *state)` (without
+        The states at `segmented.kept_steps`, shape `(len(kept_steps), n, *state)` (without
         `n` when `single`).
 
     Raises:
         NonFiniteStateError: a state became NaN or infinite; the message names the first
             bad step and ensemble member.
     """
-    kept = plan.kept_steps
+    kept = segmented.kept_steps
     out: np.ndarray | None = None
-    row = 0 if plan.keep == "last" else 1
+    row = 0 if segmented.keep == "last" else 1
     x = device_x0
-    for first, length, stride in plan.segments():
+    for first, length, stride in segmented.segments():
         x, stored, bad = run_segment(x, first, length, stride)
         where = to_bad(bad)
         if where is not None:
             step, member = where
             raise non_finite_error(first + int(step), "forward", int(member))
-        if plan.keep == "last" and first + length < plan.n_steps:
+        if segmented.keep == "last" and first + length < segmented.n_steps:
             continue
         if length // stride:
             block = np.asarray(to_numpy(stored))
@@ -218,7 +225,7 @@ def drive(
             row += len(block)
     if out is None:
         out = np.empty((len(kept), *x0.shape), dtype=dtype or x0.dtype)
-    if plan.keep != "last":
+    if segmented.keep != "last":
         out[0] = x0
     assert row == len(kept), (row, len(kept))
     return out[:, 0] if single else out
@@ -242,15 +249,15 @@ def prepare_rollout(
     itemsize: int = 4,
     stochastic: Any = False,
     seed: Any = 0,
-) -> tuple[Any, np.ndarray, bool, RolloutPlan]:
+) -> tuple[Any, np.ndarray, bool, SegmentedRollout]:
     """Validate a device rollout's arguments before any work.
 
     `stochastic` must be a bool (True: sample each step; refused on a point head) and
     `seed` a valid seed.
 
     Returns:
-        `(spec, x0, single, plan)`: the `RolloutSpec` (a plain one for `spec=None`), the
-        initial states as a batch `(n, *state)`, whether one state was passed, the plan.
+        `(spec, x0, single, segmented)`: the `RolloutSpec` (a plain one for `spec=None`), the
+        initial states as a batch `(n, *state)`, whether one state was passed, its `SegmentedRollout`.
 
     Raises:
         ConfigError: a bad spec, state, `n_steps`, `keep` or `chunk`.
@@ -273,5 +280,5 @@ def prepare_rollout(
     check_seed(seed)
     x0 = spec.check_state(state)
     single = x0.shape[0] == 1 and np.ndim(state) == spec.state_ndim
-    plan = RolloutPlan.create(n_steps, keep, chunk, batch_bytes=int(x0.size) * itemsize)
-    return spec, x0, single, plan
+    segmented = SegmentedRollout.create(n_steps, keep, chunk, batch_bytes=int(x0.size) * itemsize)
+    return spec, x0, single, segmented

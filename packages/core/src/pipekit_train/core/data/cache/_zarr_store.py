@@ -1,7 +1,7 @@
 """The zarr v3 store of a `CachedDataset`: its location, its metadata keys, opening it.
 
-Shared by reading (`_cached`), building (`_cache_build`, `_ray_build`) and the chunk
-writer (`_cache_chunk`).
+Shared by reading (`_cached`), building (`_build`, `_ray_build`) and the chunk
+writer (`_write_chunk`).
 """
 
 from __future__ import annotations

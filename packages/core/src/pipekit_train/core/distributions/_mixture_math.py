@@ -1,4 +1,4 @@
-"""`mixture_nll`: the negative log-likelihood of a Gaussian mixture, written against the array API.
+"""A Gaussian mixture's layout and log-density, written once against the array API.
 
 A mixture density network predicts, per sample, a mixture of `K` Gaussians over a target
 of `d` values. The network's output has one last axis holding, in this order
@@ -16,10 +16,11 @@ for `covariance="full"` (`mixture_width`). With the full parametrisation compone
 covariance is `L_k @ L_k.T` with `L_k` lower triangular, `exp(log-scale)` on its diagonal:
 positive definite for any network output.
 
-The loss is the exact NLL (the `0.5*d*log(2*pi)` constant included), averaged over
-samples (every axis but the last): `-mean(logsumexp_k(log_softmax(logits)_k +
-log N(y; mu_k, Sigma_k)))`, with max-shifted log-sum-exp and log-softmax, so a component
-far from the target (a log-density of -1e4) neither underflows nor overflows.
+`mixture_log_prob` is the exact log-density (the `0.5*d*log(2*pi)` constant included),
+per sample: `logsumexp_k(log_softmax(logits)_k + log N(y; mu_k, Sigma_k))`, with
+max-shifted log-sum-exp and log-softmax, so a component far from the target (a
+log-density of -1e4) neither underflows nor overflows. The loss `losses.mixture_nll` is
+its negative mean; `Mixture` (`_mixture`) reads the same layout in numpy.
 """
 
 from __future__ import annotations
@@ -31,7 +32,16 @@ import array_api_compat
 
 from pipekit_train.core._errors import ConfigError
 
-__all__ = ["COVARIANCES", "log_softmax", "logsumexp", "mixture_log_prob", "mixture_width"]
+__all__ = [
+    "COVARIANCES",
+    "check_layout",
+    "check_params",
+    "log_softmax",
+    "logsumexp",
+    "mixture_log_prob",
+    "mixture_width",
+    "split",
+]
 
 #: The covariance parametrisations of `mixture_nll`.
 COVARIANCES = ("diag", "full")
@@ -165,16 +175,3 @@ def mixture_log_prob(pred: Any, target: Any, *, n_components: int, covariance: s
             sq = zi * zi if sq is None else sq + zi * zi
     comp = -0.5 * sq - xp.sum(log_scales, axis=-1) - 0.5 * d * _LOG_2PI  # (..., K)
     return logsumexp(xp, log_softmax(xp, logits) + comp)
-
-
-def mixture_nll(pred: Any, target: Any, *, n_components: int = 1, covariance: str = "diag") -> Any:
-    """Gaussian-mixture negative log-likelihood, averaged over samples.
-
-    `pred` holds `mixture_width(n_components, d, covariance)` values per sample: weight
-    logits, means and log-scales (and, for `covariance="full"`, the strictly-lower
-    Cholesky entries), see the module docstring; `target` has `d` values on its last
-    axis and `pred`'s other axes. The result is `-mean(mixture_log_prob(pred, target))`,
-    the exact NLL (with the `0.5*d*log(2*pi)` constant).
-    """
-    lp = mixture_log_prob(pred, target, n_components=n_components, covariance=covariance)
-    return -array_api_compat.array_namespace(lp).mean(lp)

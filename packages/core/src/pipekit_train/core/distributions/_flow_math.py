@@ -1,4 +1,4 @@
-"""`flow_nll`: a conditional normalizing flow's negative log-likelihood, against the array API.
+"""A conditional normalizing flow's mathematics, written once against the array API.
 
 A *flow head* predicts, per sample, every parameter of a normalizing flow over a target
 of `d` values (`d >= 1`): the network maps `x` to one output vector, and the flow's
@@ -41,7 +41,8 @@ values (`K = flow_bins`), layer 1 first; within a block, in this order:
 | last `d`                                         | the shift `b`                                    |
 
 So a block is `d*(3K - 1) + d*d + d` values and the width `flow_width(d, L, K) =
-L * (d*(3K - 1) + d*d + d)`. The loss `flow_nll` is `-mean(flow_log_prob)` over samples.
+L * (d*(3K - 1) + d*d + d)`. The loss `losses.flow_nll` is `-mean(flow_log_prob)` over
+samples; `Flow` (`_flow`) reads the same layout in numpy.
 
 **Coupling (`flow_hidden = H > 0`, `d >= 2`).** The element-wise splines carry no
 dependence *between* values; with `flow_hidden` each layer also couples them, still as a
@@ -87,7 +88,7 @@ import array_api_compat
 
 from pipekit_train.core._errors import ConfigError
 
-from ._mixture import log_softmax
+from ._mixture_math import log_softmax
 
 __all__ = [
     "FLOW_DEFAULTS",
@@ -95,7 +96,6 @@ __all__ = [
     "flow_inverse",
     "flow_layer_width",
     "flow_log_prob",
-    "flow_nll",
     "flow_transform",
     "flow_width",
 ]
@@ -565,29 +565,3 @@ def flow_log_prob(
     xp = array_api_compat.array_namespace(z)
     d = int(z.shape[-1])
     return -0.5 * xp.sum(z * z, axis=-1) - 0.5 * d * _LOG_2PI + log_det
-
-
-def flow_nll(
-    pred: Any,
-    target: Any,
-    *,
-    flow_layers: int = 4,
-    flow_bins: int = 8,
-    flow_bound: float = 3.0,
-    flow_hidden: int = 0,
-) -> Any:
-    """Conditional normalizing-flow negative log-likelihood, averaged over samples.
-
-    `pred` holds `flow_width(d, flow_layers, flow_bins, flow_hidden)` values per sample
-    (layout in the module docstring); `target` has `d` values on its last axis and
-    `pred`'s other axes. The result is `-mean(flow_log_prob(pred, target))`, the exact NLL.
-    """
-    lp = flow_log_prob(
-        pred,
-        target,
-        flow_layers=flow_layers,
-        flow_bins=flow_bins,
-        flow_bound=flow_bound,
-        flow_hidden=flow_hidden,
-    )
-    return -array_api_compat.array_namespace(lp).mean(lp)

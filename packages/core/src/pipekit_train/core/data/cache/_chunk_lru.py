@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ._dataset import ArraySpec, Batch
+from pipekit_train.core.data.datasets._dataset import ArraySpec, Batch
 
 __all__ = ["ChunkCache"]
 

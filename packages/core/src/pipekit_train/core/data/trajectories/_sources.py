@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError
-
-from ._dataset import ArraySpec, Batch, check_key, gather_batch
-from ._hashing import Hasher
+from pipekit_train.core.data.datasets._dataset import ArraySpec, Batch, check_key, gather_batch
+from pipekit_train.core.data.datasets._hashing import Hasher
 
 __all__ = ["ArraySource", "DatasetSource", "RowSource", "check_keys"]
 
