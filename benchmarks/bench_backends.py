@@ -29,7 +29,6 @@ dispatch cost, and this shows by how much on this machine.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -38,20 +37,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _shared import apply_quick, row, write_rows
+from _shared import (
+    apply_quick,
+    child_env,
+    make_parser,
+    print_result,
+    read_result,
+    registered_name,
+    row,
+    write_rows,
+)
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "examples"
-BACKENDS = {
-    "equinox": ("equinox", None),
-    "lightning": ("lightning", None),
-    "keras-jax": ("keras", "jax"),
-    "keras-torch": ("keras", "torch"),
-}
+BACKENDS = ("equinox", "lightning", "keras-jax", "keras-torch")
 
 
-def child(args: argparse.Namespace) -> None:
-    """Build the loop once per run, run it `repeats` times, print timings as JSON."""
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the loop once per run, run it `repeats` times; the timings."""
     t_start = time.perf_counter()
     sys.path.insert(0, str(EXAMPLES))
     import numpy as np
@@ -61,7 +64,7 @@ def child(args: argparse.Namespace) -> None:
     from pipekit_train.core import TrainingLoop
     from pipekit_train.core.data import split
 
-    backend = BACKENDS[args.child][0]
+    backend = registered_name(args.child)  # keras-jax: Keras, on the KERAS_BACKEND of child_env
     train, val, test = split(make_data(), (0.8, 0.1, 0.1), seed=0)
     walls: list[float] = []
     norm_walls: list[float] = []
@@ -90,55 +93,46 @@ def child(args: argparse.Namespace) -> None:
     batch = test.get_batch(np.arange(len(test)))
     pred = np.asarray(artifact.model(batch["x"]))
     rmse = float(np.sqrt(np.mean((pred - batch["y"]) ** 2)))
-    print(
-        "RESULT "
-        + json.dumps(
-            {
-                "backend": args.child,
-                "first_s": walls[0],
-                "best_s": min(walls[1:]) if len(walls) > 1 else walls[0],
-                "val_loss": float(artifact.final_metrics.get("val_loss", float("nan"))),
-                "test_rmse": rmse,
-                "child_s": time.perf_counter() - t_start,
-                "norm_best_s": min(norm_walls[1:]) if len(norm_walls) > 1 else None,
-            }
-        ),
-        flush=True,
-    )
+    return {
+        "backend": args.child,
+        "first_s": walls[0],
+        "best_s": min(walls[1:]) if len(walls) > 1 else walls[0],
+        "val_loss": float(artifact.final_metrics.get("val_loss", float("nan"))),
+        "test_rmse": rmse,
+        "child_s": time.perf_counter() - t_start,
+        "norm_best_s": min(norm_walls[1:]) if len(norm_walls) > 1 else None,
+    }
 
 
 def _run_child(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
-    env = dict(os.environ)
-    keras_backend = BACKENDS[name][1]
-    if keras_backend:
-        env["KERAS_BACKEND"] = keras_backend
     cmd = [sys.executable, __file__, "--child", name, "--steps", str(args.steps)]
     cmd += ["--repeats", str(args.repeats)] + (["--grad-norm"] if args.grad_norm else [])
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
+    proc = subprocess.run(cmd, env=child_env(name), capture_output=True, text=True)
+    out = read_result(proc.stdout)
+    if proc.returncode != 0 or out is None:
         print(f"# {name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}", flush=True)
         return None
-    out = json.loads(lines[-1][len("RESULT ") :])
     out["process_s"] = time.perf_counter() - t0
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = make_parser(
+        __doc__,
+        quick_help="1000 steps, 2 runs per backend",
+        repeats=3,
+        repeats_help="runs per backend (the first warms up)",
+    )
     parser.add_argument("--steps", type=int, default=3000, help="optimizer steps per run")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per backend (first warms up)")
-    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS))
-    parser.add_argument("--quick", action="store_true", help="1000 steps, 2 runs per backend")
-    parser.add_argument("--json", help="also write the result rows (run_all format) to this path")
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     parser.add_argument(
         "--grad-norm", action="store_true", help="also time log_grad_norm=True (on/off ratio)"
     )
-    parser.add_argument("--child", choices=list(BACKENDS), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=BACKENDS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args)
+        print_result(child(args))
         return
     apply_quick(parser, args, {"steps": 1000, "repeats": 2})
     if args.repeats < 2:

@@ -58,8 +58,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _shared import make_parser, write_rows
 from _shared import row as row_of
-from _shared import write_rows
 
 from pipekit_train.core import Checkpoint
 from pipekit_train.core.adapter import DirectoryCheckpointer, HostBuffers
@@ -265,8 +265,12 @@ row = functools.partial(row_of, "checkpoint", digits=None, ratio_digits=None)
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 rounds of 3 saves, 40 steps apart")
+    parser = make_parser(
+        __doc__,
+        quick_help="2 rounds of 3 saves, 40 steps apart",
+        repeats=3,
+        repeats_help="interleaved rounds",
+    )
     parser.add_argument("--mb", type=float, default=50.0, help="state size in MB")
     parser.add_argument("--step-ms", type=float, default=20.0, help="simulated step time (ms)")
     parser.add_argument(
@@ -276,7 +280,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         help="steps between saves (leave the background write time to finish)",
     )
     parser.add_argument("--saves", type=int, default=4, help="saves per loop")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--no-orbax", action="store_true")
     parser.add_argument(
         "--location",
@@ -284,7 +287,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         default="local",
         help="a local folder, s3:// on a loopback moto server, or both",
     )
-    parser.add_argument("--json", dest="json_path", default=None, help="write the rows here")
     args = parser.parse_args(argv)
     if args.quick:
         args.saves, args.repeats, args.every = 3, 2, 40
@@ -405,8 +407,8 @@ def _run(args: argparse.Namespace, s3: dict[str, Any] | None) -> list[dict[str, 
         rows.append(row("Orbax (equinox)", "skipped", None, "", note=orbax_note))
         print(f"Orbax skipped: {orbax_note}")
 
-    if args.json_path:
-        write_rows(args.json_path, rows)
+    if args.json:
+        write_rows(args.json, rows)
     return rows
 
 

@@ -61,17 +61,27 @@ tabulates).
 from __future__ import annotations
 
 import argparse
-import ctypes
-import json
 import math
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _shared import row, write_rows
+from _shared import (
+    NO_GPU,
+    Clock,
+    NoGpu,
+    build_adapter,
+    child_env,
+    child_main,
+    cuda_devices,
+    keras_epoch_ticks,
+    make_parser,
+    mlp_op,
+    row,
+    run_child,
+    write_rows,
+)
 
 HERE = Path(__file__).resolve().parent
 BACKENDS = ("equinox", "torch", "keras-jax", "keras-torch")
@@ -86,7 +96,6 @@ TARGET_VS_HAND = 0.95
 TARGET_K10 = 0.95
 TARGET_PEAK = {"equinox": 0.60, "keras-jax": 0.60, "torch": 0.50}
 FUSED = ("equinox", "torch")  # the backends with a K=10 row
-NO_GPU = 2
 LABELS = {
     "equinox": ("Equinox", "hand filter_jit + optax"),
     "torch": ("Torch()", "hand torch loop"),
@@ -117,52 +126,47 @@ def host_arrays(rows: int) -> tuple[Any, Any]:
     return x, y
 
 
-def factory_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "in_size": IN_OUT,
-        "out_size": IN_OUT,
-        "width": args.width,
-        "depth": args.depth,
-        "activation": "relu",
-        "seed": SEED,
-    }
+def model_op(args: argparse.Namespace) -> Any:
+    """The MLP 64 → width ×depth → 64 (ReLU) as `args.child`'s model operator."""
+    return mlp_op(
+        args.child, IN_OUT, args.width, args.depth, out_size=IN_OUT, seed=SEED, activation="relu"
+    )
 
 
-class _Marks:
-    """Wall-clock times at the boundary steps, after a sync (the caller's)."""
-
-    def __init__(self, warmup: int, total: int):
-        self.warmup, self.total = warmup, total
-        self.times: dict[int, float] = {}
-
-    def rate(self) -> float:
-        return (self.total - self.warmup) / (self.times[self.total] - self.times[self.warmup])
+def clock(args: argparse.Namespace) -> Clock:
+    """A clock of the steady state: steps `warmup+1 .. warmup+steps`."""
+    return Clock(args.warmup, args.warmup + args.steps)
 
 
-def library_run(adapter: Any, op: Any, x: Any, y: Any, args: argparse.Namespace) -> float:
-    """Steps/s of `TrainingLoop(...).run()` between the boundary steps."""
+def library_run(
+    args: argparse.Namespace, x: Any, y: Any, precision: str, k: int, **options: Any
+) -> float:
+    """Steps/s of `TrainingLoop(...).run()` on `args.child`'s adapter (`precision`,
+    `steps_per_execution=k` and `options`) between the boundary steps."""
     from pipekit_train.core import ArrayDataset, LambdaCallback, TrainingLoop
 
-    marks = _Marks(args.warmup, args.warmup + args.steps)
+    timed = clock(args)
 
     def on_step_end(state: Any) -> None:
-        if state.step in (marks.warmup, marks.total):
+        if timed.reads_at(state.step):
             state.metrics  # noqa: B018 - fetches the pending loss: waits for the device
-            marks.times[state.step] = time.perf_counter()
+            timed.tick(state.step)
 
+    op = model_op(args)
+    adapter = build_adapter(args.child, precision=precision, steps_per_execution=k, **options)
     TrainingLoop(
         model=op,
         data=ArrayDataset(x=x, y=y),
         loss="mse",
         optimizer_config={"name": "adam", "lr": LR},
         batch_size=args.batch,
-        max_steps=marks.total,
+        max_steps=timed.total,
         seed=SEED,
         progress=False,
         adapter=adapter,
         callbacks=[LambdaCallback(on_step_end=on_step_end)],
     ).run()
-    return marks.rate()
+    return timed.rate()
 
 
 # -- Equinox -----------------------------------------------------------------------------------
@@ -172,9 +176,6 @@ def equinox_cases(args: argparse.Namespace, x: Any, y: Any) -> dict[str, Any]:
     import jax.numpy as jnp
     import optax
 
-    from pipekit_train.equinox import Equinox, EquinoxModelOp
-
-    factory = "pipekit_train.equinox.testing:mlp"
     b = args.batch
     staged = [
         (jax.device_put(x[i * b : (i + 1) * b]), jax.device_put(y[i * b : (i + 1) * b]))
@@ -184,7 +185,7 @@ def equinox_cases(args: argparse.Namespace, x: Any, y: Any) -> dict[str, Any]:
     def hand(precision: str) -> float:
         bf16 = precision == "bfloat16-mixed"
         optim = optax.adam(LR)
-        model = EquinoxModelOp(factory, **factory_kwargs(args)).model
+        model = model_op(args).model
         opt_state = optim.init(eqx.filter(model, eqx.is_array))
 
         def loss_fn(model: Any, xb: Any, yb: Any) -> Any:
@@ -202,17 +203,13 @@ def equinox_cases(args: argparse.Namespace, x: Any, y: Any) -> dict[str, Any]:
             updates, opt_state = optim.update(grads, opt_state, eqx.filter(model, eqx.is_array))
             return eqx.apply_updates(model, updates), opt_state, loss
 
-        marks = _Marks(args.warmup, args.warmup + args.steps)
-        for s in range(1, marks.total + 1):
+        timed = clock(args)
+        for s in range(1, timed.total + 1):
             model, opt_state, loss = step(staged[(s - 1) % len(staged)], model, opt_state)
-            if s in (marks.warmup, marks.total):
+            if timed.reads_at(s):
                 loss.block_until_ready()
-                marks.times[s] = time.perf_counter()
-        return marks.rate()
-
-    def lib(precision: str, k: int) -> float:
-        op = EquinoxModelOp(factory, **factory_kwargs(args))
-        return library_run(Equinox(precision=precision, steps_per_execution=k), op, x, y, args)
+                timed.tick(s)
+        return timed.rate()
 
     device = jax.devices()[0]
     return {
@@ -220,7 +217,7 @@ def equinox_cases(args: argparse.Namespace, x: Any, y: Any) -> dict[str, Any]:
         f"{device.device_kind} ({device.platform})",
         "platform": device.platform,
         "hand": hand,
-        "lib": lib,
+        "adapter_options": {},
     }
 
 
@@ -229,9 +226,6 @@ def torch_cases(args: argparse.Namespace, x: Any, y: Any) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    from pipekit_train.lightning import LightningModelOp, Torch
-
-    factory = "pipekit_train.lightning.testing:mlp"
     dev = torch.device(args.device)
     if dev.type == "cpu":
         torch.set_num_threads(1)  # as bench_torch: an idle OpenMP team's spinning slows a loop
@@ -249,32 +243,27 @@ def torch_cases(args: argparse.Namespace, x: Any, y: Any) -> dict[str, Any]:
 
     def hand(precision: str) -> float:
         bf16 = precision == "bfloat16-mixed"
-        net = LightningModelOp(factory, **factory_kwargs(args)).model.to(dev).train()
+        net = model_op(args).model.to(dev).train()
         opt = torch.optim.Adam(net.parameters(), lr=LR)
-        marks = _Marks(args.warmup, args.warmup + args.steps)
-        for s in range(1, marks.total + 1):
+        timed = clock(args)
+        for s in range(1, timed.total + 1):
             xb, yb = staged[(s - 1) % len(staged)]
             opt.zero_grad(set_to_none=True)
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
                 loss = F.mse_loss(net(xb), yb)
             loss.backward()
             opt.step()
-            if s in (marks.warmup, marks.total):
+            if timed.reads_at(s):
                 sync(loss)
-                marks.times[s] = time.perf_counter()
-        return marks.rate()
-
-    def lib(precision: str, k: int) -> float:
-        op = LightningModelOp(factory, **factory_kwargs(args))
-        adapter = Torch(precision=precision, steps_per_execution=k, device=args.device)
-        return library_run(adapter, op, x, y, args)
+                timed.tick(s)
+        return timed.rate()
 
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     return {
         "framework": f"torch {torch.__version__}: {where} ({dev.type})",
         "platform": "gpu" if dev.type == "cuda" else "cpu",
         "hand": hand,
-        "lib": lib,
+        "adapter_options": {"device": args.device},
     }
 
 
@@ -282,22 +271,7 @@ def torch_cases(args: argparse.Namespace, x: Any, y: Any) -> dict[str, Any]:
 def keras_cases(args: argparse.Namespace, x: Any, y: Any) -> dict[str, Any]:
     import keras
 
-    from pipekit_train.keras import Keras, KerasModelOp
-
-    factory = "pipekit_train.keras.testing:mlp"
     n = args.batches  # steps per epoch of `fit`
-
-    class EpochTimer(keras.callbacks.Callback):
-        """Times the end of each epoch (keeps Keras's default batch dispatch)."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.times: list[float] = []
-
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-            # nothing else waits for the device: fetch a weight
-            keras.ops.convert_to_numpy(self.model.trainable_variables[-1].value)
-            self.times.append(time.perf_counter())
 
     def hand(precision: str) -> float:
         previous = keras.config.dtype_policy()
@@ -305,27 +279,21 @@ def keras_cases(args: argparse.Namespace, x: Any, y: Any) -> dict[str, Any]:
             "mixed_bfloat16" if precision == "bfloat16-mixed" else "float32"
         )
         try:
-            model = KerasModelOp(factory, **factory_kwargs(args)).model
+            model = model_op(args).model
         finally:
             keras.config.set_dtype_policy(previous)
         model.compile(optimizer=keras.optimizers.Adam(LR), loss="mse")
-        timer = EpochTimer()
-        total = args.warmup + args.steps
+        timed = clock(args)
         model.fit(
             x[: n * args.batch],
             y[: n * args.batch],
             batch_size=args.batch,
-            epochs=total // n,
+            epochs=timed.total // n,
             shuffle=True,
             verbose=0,
-            callbacks=[timer],
+            callbacks=[keras_epoch_ticks(timed, n)],
         )
-        # times[e] is the end of epoch e + 1, i.e. of step (e + 1) * n
-        return args.steps / (timer.times[total // n - 1] - timer.times[args.warmup // n - 1])
-
-    def lib(precision: str, k: int) -> float:
-        op = KerasModelOp(factory, **factory_kwargs(args))
-        return library_run(Keras(precision=precision, steps_per_execution=k), op, x, y, args)
+        return timed.rate()
 
     backend = keras.backend.backend()
     if backend == "jax":
@@ -345,7 +313,7 @@ def keras_cases(args: argparse.Namespace, x: Any, y: Any) -> dict[str, Any]:
         "framework": f"keras {keras.__version__} on {backend}: {where}",
         "platform": platform,
         "hand": hand,
-        "lib": lib,
+        "adapter_options": {},
     }
 
 
@@ -356,10 +324,14 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     make = {"equinox": equinox_cases, "torch": torch_cases}.get(args.child, keras_cases)
     cases = make(args, x, y)
     if args.device == "cuda" and cases["platform"] != "gpu":
-        raise _NoGpu(f"{cases['framework']}: the framework sees no GPU")
-    loops: list[tuple[str, Any]] = [("hand", cases["hand"]), ("k1", lambda p: cases["lib"](p, 1))]
+        raise NoGpu(f"{cases['framework']}: the framework sees no GPU")
+
+    def lib(k: int) -> Any:
+        return lambda p: library_run(args, x, y, p, k, **cases["adapter_options"])
+
+    loops: list[tuple[str, Any]] = [("hand", cases["hand"]), ("k1", lib(1))]
     if args.child in FUSED:
-        loops.append(("k10", lambda p: cases["lib"](p, 10)))
+        loops.append(("k10", lib(10)))
     rates: dict[str, dict[str, list[float]]] = {
         p: {key: [] for key, _ in loops} for p in args.precisions
     }
@@ -379,37 +351,14 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-class _NoGpu(RuntimeError):
-    pass
-
-
 # -- the parent --------------------------------------------------------------------------------
 def cuda_gpu() -> str | None:
     """The first CUDA GPU's name (via libcuda, no framework imported), or None."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    count = ctypes.c_int(0)
-    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or not count.value:
-        return None
-    device, name = ctypes.c_int(0), ctypes.create_string_buffer(256)
-    cuda.cuDeviceGet(ctypes.byref(device), 0)
-    cuda.cuDeviceGetName(name, 256, device)
-    return name.value.decode(errors="replace")
+    names, _ = cuda_devices()
+    return names[0] if names else None
 
 
-def child_env(backend: str, device: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if backend.startswith("keras-"):
-        env["KERAS_BACKEND"] = backend.split("-", 1)[1]
-    if device == "cpu":
-        env["JAX_PLATFORMS"] = "cpu"
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
-
-
-def run_child(backend: str, args: argparse.Namespace) -> dict[str, Any]:
+def measure(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", backend]
     cmd += ["--device", args.device, "--width", str(args.width), "--depth", str(args.depth)]
     cmd += ["--batch", str(args.batch), "--batches", str(args.batches)]
@@ -417,28 +366,11 @@ def run_child(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd += ["--repeats", str(args.repeats), "--precisions", *args.precisions]
     print(f"== {backend}", flush=True)
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            cmd,
-            env=child_env(backend, args.device),
-            capture_output=True,
-            text=True,
-            timeout=args.timeout,
-            cwd=HERE.parent,
-        )
-    except subprocess.TimeoutExpired:
-        return {"backend": backend, "error": f"timed out after {args.timeout:.0f} s"}
-    results = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    if proc.returncode == 0 and results:
-        out = json.loads(results[-1][len("RESULT ") :])
-        print(f"   {backend}: {time.perf_counter() - t0:.0f} s", flush=True)
-        return out
-    nogpu = [x for x in proc.stdout.splitlines() if x.startswith("NOGPU ")]
-    if nogpu:
-        return {"backend": backend, "error": nogpu[-1][len("NOGPU ") :], "no_gpu": True}
-    tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-    print(proc.stderr[-3000:], file=sys.stderr, flush=True)
-    return {"backend": backend, "error": f"exit {proc.returncode}: {tail}"}
+    out = run_child(cmd, env=child_env(backend, args.device), timeout=args.timeout, cwd=HERE.parent)
+    if "error" in out:
+        return {"backend": backend, **out}
+    print(f"   {backend}: {time.perf_counter() - t0:.0f} s", flush=True)
+    return out
 
 
 def _extra(
@@ -603,8 +535,11 @@ def print_targets(results: list[dict[str, Any]], args: argparse.Namespace) -> No
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    p = make_parser(
+        __doc__,
+        quick_help="CPU sizes: width 128, batch 256, 30 steps",
+        repeats=1,
+        repeats_help="best of this many runs per loop",
     )
     p.add_argument(
         "--device",
@@ -614,7 +549,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
     p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
-    p.add_argument("--quick", action="store_true", help="CPU sizes: width 128, batch 256, 30 steps")
     p.add_argument("--width", type=int, default=None, help="hidden width (4096; CPU/quick 128)")
     p.add_argument("--depth", type=int, default=3, help="hidden layers (3)")
     p.add_argument("--batch", type=int, default=None, help="rows per batch (4096; CPU/quick 256)")
@@ -623,12 +557,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (10)")
     p.add_argument("--steps", type=int, default=None, help="timed steps (100; CPU/quick 20)")
-    p.add_argument("--repeats", type=int, default=1, help="best of this many runs per loop (1)")
     p.add_argument(
         "--peak-tflops", type=float, default=790.0, help="bf16 peak for the share (790: H200)"
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per backend (900)")
-    p.add_argument("--json", help="also write the result rows (run_all format) to this path")
     p.add_argument("--child", choices=BACKENDS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.explicit_device = args.device is not None
@@ -660,13 +592,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.child:
-        try:
-            result = child(args)
-        except _NoGpu as exc:
-            print(f"NOGPU {exc}", flush=True)
-            return NO_GPU
-        print("RESULT " + json.dumps(result), flush=True)
-        return 0
+        return child_main(lambda: child(args))
     if args.device == "cuda":
         gpu = cuda_gpu()
         if gpu is None:
@@ -679,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"device: {gpu}", flush=True)
     elif not args.explicit_device:
         print("device: cpu (no CUDA GPU seen; the CPU sizes, targets not judged)", flush=True)
-    results = [run_child(b, args) for b in args.backends]
+    results = [measure(b, args) for b in args.backends]
     if args.explicit_device and any(r.get("no_gpu") for r in results):
         for r in results:
             if r.get("no_gpu"):

@@ -28,7 +28,6 @@ the same bytes as the serial one (a row per `mp_context`); the other rates have 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import shutil
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _shared import apply_quick, write_rows
+from _shared import apply_quick, make_parser, write_rows
 from _shared import row as row_of
 
 from pipekit_train.core.data import ArrayDataset, CachedDataset, SimulationDataset, make_batches
@@ -151,18 +150,15 @@ result = functools.partial(row_of, "data")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(
+        __doc__,
+        quick_help="best of 3 rounds of 2 epochs, 1000 simulated items (explicit values win)",
+        repeats=7,
+    )
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--sim-items", type=int, default=3_000)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="best of 3 rounds of 2 epochs, 1000 simulated items (explicit values win)",
-    )
-    parser.add_argument("--json", dest="json_path", default=None, help="write the rows here")
     args = parser.parse_args()
     apply_quick(parser, args, QUICK)
     rows: list[dict[str, Any]] = []
@@ -462,8 +458,8 @@ def main() -> None:
                 ),
             ]
         print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
-        if args.json_path:
-            write_rows(args.json_path, rows)
+        if args.json:
+            write_rows(args.json, rows)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

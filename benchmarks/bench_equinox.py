@@ -40,9 +40,7 @@ metric history of about 70 B a step).
 
 from __future__ import annotations
 
-import argparse
 import functools
-import resource
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +49,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
-from _shared import apply_quick, make_data, row, write_rows
+from _shared import Clock, apply_quick, make_data, make_parser, mlp_op, row, write_rows
 
 from pipekit_train.core import TrainingLoop
 from pipekit_train.core.data import ArrayDataset, make_batches
@@ -70,37 +68,16 @@ LOOPS = {
 
 def make_op(in_size: int, width: int, depth: int) -> EquinoxModelOp:
     """The benchmark MLP as a model operator (ReLU, `eqx.nn.MLP`)."""
-    return EquinoxModelOp(
-        "pipekit_train.equinox.testing:mlp",
-        in_size=in_size,
-        out_size=1,
-        width=width,
-        depth=depth,
-        activation="relu",
-        seed=SEED,
-    )
+    return mlp_op("equinox", in_size, width, depth, seed=SEED, activation="relu")
 
 
 # -- the adapter ---------------------------------------------------------------------------
-class _Clock:
-    """A metric writer that timestamps the flush of two given steps and samples peak RSS."""
-
-    def __init__(self, marks: tuple[int, ...]):
-        self.marks = set(marks)
-        self.times: dict[int, float] = {}
-        self.rss: dict[int, int] = {}
-
-    def write(self, step: int, metrics: dict[str, float]) -> None:
-        if step in self.marks:
-            self.times[step] = time.perf_counter()
-            self.rss[step] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
 def run_adapter(
     data: ArrayDataset, op: EquinoxModelOp, batch: int, warmup: int, total: int, k: int = 1
-) -> tuple[float, _Clock]:
-    """Steps/s of `TrainingLoop.run()` over steps `warmup+1 .. total`."""
-    clock = _Clock((warmup, total))
+) -> tuple[float, Clock]:
+    """Steps/s of `TrainingLoop.run()` over steps `warmup+1 .. total`; its clock (a metric
+    writer: it reads itself when the metrics of steps `warmup` and `total` are flushed)."""
+    clock = Clock(warmup, total)
     TrainingLoop(
         model=op,
         data=data,
@@ -114,7 +91,7 @@ def run_adapter(
         log_every_n_steps=50,
         progress=False,
     ).run()
-    return (total - warmup) / (clock.times[total] - clock.times[warmup]), clock
+    return clock.rate(), clock
 
 
 # -- hand-written loops --------------------------------------------------------------------
@@ -264,8 +241,11 @@ def case_rows(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = make_parser(
+        __doc__,
+        quick_help="best of 2, 30%% of the steps, a 4000-step RSS run (explicit values win)",
+        repeats=3,
+    )
     parser.add_argument(
         "--steps-scale",
         type=float,
@@ -274,12 +254,6 @@ def main() -> None:
     )
     parser.add_argument("--rss-steps", type=int, default=20_000)
     parser.add_argument("--skip-rss", action="store_true")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="best of 2, 30%% of the steps, a 4000-step RSS run (explicit values win)",
-    )
-    parser.add_argument("--json", dest="json_path", default=None, help="write the rows here")
     args = parser.parse_args()
     apply_quick(parser, args, QUICK)
 
@@ -346,8 +320,8 @@ def main() -> None:
         rows.append(
             result("(a) long run: peak RSS", "not measured", None, "MiB", note="--skip-rss")
         )
-    if args.json_path:
-        write_rows(args.json_path, rows)
+    if args.json:
+        write_rows(args.json, rows)
 
 
 if __name__ == "__main__":

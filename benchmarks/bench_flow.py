@@ -20,14 +20,13 @@ numbers (bit for bit) and report the speed-up; the target is on the 4-point case
 
 from __future__ import annotations
 
-import argparse
 import functools
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _shared import apply_quick, row, write_rows
+from _shared import apply_quick, make_parser, row, write_rows
 
 from pipekit_train.core import Flow, losses
 from pipekit_train.core.model import _flow
@@ -63,11 +62,8 @@ def best(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = make_parser(__doc__, quick_help="2000 flows, best of 3", repeats=5)
     parser.add_argument("--flows", type=int, default=10_000, help="flows in the batch")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", default=None)
     args = parser.parse_args()
     apply_quick(parser, args, QUICK)
     rng = np.random.default_rng(0)

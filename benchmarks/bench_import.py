@@ -16,7 +16,6 @@ Rows follow the convention in `benchmarks/run_all.py`.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -24,8 +23,8 @@ import subprocess
 import sys
 from typing import Any
 
+from _shared import make_parser, write_rows
 from _shared import row as row_of
-from _shared import write_rows
 
 BACKENDS = (
     "jax",
@@ -112,12 +111,9 @@ row = functools.partial(row_of, "import", digits=None, ratio_digits=None)
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="best of 5 for core, best of 2 for the adapters"
+    parser = make_parser(
+        __doc__, quick_help="best of 5 for core, best of 2 for the adapters", repeats=5
     )
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", dest="json_path", default=None, help="write the rows here")
     args = parser.parse_args(argv)
 
     rows: list[dict[str, Any]] = []
@@ -180,8 +176,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             rows.append(row(case, metric, seconds, "s", ratio=ratio, note=note))
         print(f"{case:<28} {seconds * 1e3:8.1f} ms" + (f"   ({note})" if note else ""))
 
-    if args.json_path:
-        write_rows(args.json_path, rows)
+    if args.json:
+        write_rows(args.json, rows)
     return rows
 
 

@@ -30,23 +30,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from typing import Any
 
-from _shared import apply_quick, row, write_rows
+from _shared import Clock, apply_quick, keras_epoch_ticks, make_parser, mlp_op, row, write_rows
 
 
 def parse() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Keras adapter vs plain model.fit")
+    p = make_parser(__doc__, quick_help="best of 2 runs of 3 epochs instead of 3 of 4", repeats=3)
     p.add_argument(
         "--backend", default=os.environ.get("KERAS_BACKEND", "jax"), choices=["jax", "torch"]
     )
-    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--epochs", type=int, default=4, help="passes per run (the first is warm-up)")
-    p.add_argument(
-        "--quick", action="store_true", help="best of 2 runs of 3 epochs instead of 3 of 4"
-    )
-    p.add_argument("--json", help="also write the result rows (run_all format) to this path")
     args = p.parse_args()
     apply_quick(p, args, {"repeats": 2, "epochs": 3})
     return args
@@ -60,9 +54,7 @@ import numpy as np  # noqa: E402
 
 from pipekit_train.core import TrainingLoop  # noqa: E402
 from pipekit_train.core.data import ArrayDataset  # noqa: E402
-from pipekit_train.keras import Keras, KerasModelOp  # noqa: E402
-
-FACTORY = "pipekit_train.keras.testing:mlp"  # ReLU MLP in → width × depth → out
+from pipekit_train.keras import Keras  # noqa: E402
 
 CASES = [
     # name, factory kwargs, steps per epoch, batch
@@ -81,33 +73,9 @@ CASES = [
 ]
 
 
-class EpochTimer(keras.callbacks.Callback):
-    """Times at the end of each epoch (keeps Keras's default batch dispatch)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.times: list[float] = []
-
-    def on_epoch_end(self, epoch, logs=None):  # noqa: D102
-        # wait for the device: without a per-step callback nothing else blocks
-        keras.ops.convert_to_numpy(self.model.trainable_variables[0].value)
-        self.times.append(time.perf_counter())
-
-
 class NoOp(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):  # noqa: D102
         pass
-
-
-class StepTimer:
-    """A core callback: time at the end of the warm-up pass and at the last step."""
-
-    def __init__(self, warm: int, total: int) -> None:
-        self.warm, self.total, self.times = warm, total, []
-
-    def on_step_end(self, state) -> None:  # noqa: D102
-        if state.step in (self.warm, self.total):
-            self.times.append(time.perf_counter())
 
 
 def data(rows: int, in_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -120,31 +88,31 @@ def data(rows: int, in_size: int) -> tuple[np.ndarray, np.ndarray]:
 def run_plain(
     kwargs: dict, x: np.ndarray, y: np.ndarray, batch: int, spe: int, k: int, cb: bool
 ) -> float:
-    model = KerasModelOp(FACTORY, seed=0, **kwargs).model
+    model = mlp_op("keras", **kwargs).model  # testing:mlp, in → width × depth → out
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse", steps_per_execution=k)
-    timer = EpochTimer()
-    callbacks = [timer, NoOp()] if cb else [timer]
+    clock = Clock(spe, ARGS.epochs * spe)  # the first epoch warms up
+    ticks = keras_epoch_ticks(clock, spe)
+    callbacks = [ticks, NoOp()] if cb else [ticks]
     model.fit(
         x, y, batch_size=batch, epochs=ARGS.epochs, shuffle=True, verbose=0, callbacks=callbacks
     )
-    return (ARGS.epochs - 1) * spe / (timer.times[-1] - timer.times[0])
+    return clock.rate()
 
 
 def run_adapter(kwargs: dict, x: np.ndarray, y: np.ndarray, batch: int, spe: int, k: int) -> float:
-    total = ARGS.epochs * spe
-    timer = StepTimer(spe, total)
+    clock = Clock(spe, ARGS.epochs * spe)  # the first pass warms up
     TrainingLoop(
-        model=KerasModelOp(FACTORY, seed=0, **kwargs),
+        model=mlp_op("keras", **kwargs),
         data=ArrayDataset(x=x, y=y),
         loss="mse",
         optimizer_config={"name": "adam", "lr": 1e-3},
         batch_size=batch,
-        max_steps=total,
+        max_steps=clock.total,
         adapter=Keras(steps_per_execution=k),
-        callbacks=[timer],
+        callbacks=[clock],
         progress=False,
     ).run()
-    return (total - spe) / (timer.times[-1] - timer.times[0])
+    return clock.rate()
 
 
 def result_rows(

@@ -49,7 +49,6 @@ equal to plain `Trainer.fit` within noise.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import cProfile
 import functools
@@ -61,7 +60,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from _shared import apply_quick, make_data, row, write_rows
+from _shared import Clock, apply_quick, make_data, make_parser, mlp_op, row, write_rows
 
 from pipekit_train.core import TrainingLoop
 from pipekit_train.core.data import ArrayDataset, make_batches
@@ -75,34 +74,21 @@ ACCELERATOR = "cpu"  # set by --accelerator
 
 def make_op(in_size: int, width: int, depth: int) -> LightningModelOp:
     """The benchmark MLP as a model operator."""
-    return LightningModelOp(
-        "pipekit_train.lightning.testing:mlp",
-        in_size=in_size,
-        out_size=1,
-        width=width,
-        depth=depth,
-        seed=SEED,
-    )
+    return mlp_op("lightning", in_size, width, depth, seed=SEED)
 
 
 class Timer(L.Callback):
-    """Wall and process-CPU timestamps at the end of optimizer step `warmup` and of the last."""
+    """A `Clock` of optimizer steps `warmup+1 .. total`, ticked at the end of each."""
 
     def __init__(self, warmup: int, total: int):
-        self.warmup, self.total = warmup, total
-        self.t0 = self.t1 = self.c0 = self.c1 = 0.0
+        self.clock = Clock(warmup, total)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        step = trainer.global_step
-        if step == self.warmup:
-            self.t0, self.c0 = time.perf_counter(), time.process_time()
-        elif step == self.total:
-            self.t1, self.c1 = time.perf_counter(), time.process_time()
+        self.clock.tick(trainer.global_step)
 
     def rate(self) -> tuple[float, float]:
         """`(steps/s by the wall clock, CPU µs per step of this process)`."""
-        n = self.total - self.warmup
-        return n / (self.t1 - self.t0), (self.c1 - self.c0) / n * 1e6
+        return self.clock.rate(), self.clock.cpu_us()
 
 
 # -- the three loops -------------------------------------------------------------------------
@@ -322,14 +308,11 @@ def result_rows(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = make_parser(
+        __doc__, quick_help="3 repeats of 400 steps instead of 5 of 2000", repeats=5
+    )
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument(
-        "--quick", action="store_true", help="3 repeats of 400 steps instead of 5 of 2000"
-    )
-    parser.add_argument("--json", help="also write the result rows (run_all format) to this path")
     parser.add_argument(
         "--accelerator", choices=["cpu", "gpu"], default="cpu", help="where all loops train"
     )

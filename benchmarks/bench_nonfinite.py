@@ -45,13 +45,29 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from _shared import apply_quick, make_data, row, write_rows
+from _shared import (
+    Clock,
+    apply_quick,
+    build_adapter,
+    make_data,
+    make_parser,
+    mlp_op,
+    row,
+    write_rows,
+)
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 POLICIES = ("ignore", "stop", "skip")
 BACKENDS = ("equinox", "equinox-fused", "lightning", "keras")
 SCALE = {"equinox": 1.0, "equinox-fused": 4.0, "lightning": 0.25, "keras": 0.5}
+#: Each case's adapter options (Keras: on its configured backend).
+ADAPTER_OPTIONS: dict[str, dict[str, Any]] = {
+    "equinox": {"steps_per_execution": 1},
+    "equinox-fused": {"steps_per_execution": 10},
+    "lightning": {"accelerator": "cpu"},
+    "keras": {},
+}
 QUICK = {"steps": 2000, "repeats": 3}
 CORE_STEPS = 100_000
 STOP_TARGET_US = 1.0  # the default check may add at most this to core's per-step cost
@@ -59,43 +75,14 @@ STOP_TARGET_US = 1.0  # the default check may add at most this to core's per-ste
 result = functools.partial(row, "nonfinite", digits=1)
 
 
-class _Clock:
-    """A metric writer that timestamps (wall and process CPU time) the flush of two steps."""
-
-    def __init__(self, marks: tuple[int, int]):
-        self.marks = set(marks)
-        self.times: dict[int, tuple[float, float]] = {}
-
-    def write(self, step: int, metrics: dict[str, float]) -> None:
-        if step in self.marks and step not in self.times:
-            self.times[step] = (time.perf_counter(), time.process_time())
-
-
-def _model_and_adapter(backend: str) -> tuple[Any, Any]:
-    kwargs = {"in_size": 2, "out_size": 1, "width": 32, "depth": 1, "seed": 0}
-    if backend.startswith("equinox"):
-        from pipekit_train.equinox import Equinox, EquinoxModelOp
-
-        k = 10 if backend == "equinox-fused" else 1
-        op = EquinoxModelOp("pipekit_train.equinox.testing:mlp", **kwargs)
-        return op, Equinox(steps_per_execution=k)
-    if backend == "lightning":
-        from pipekit_train.lightning import Lightning, LightningModelOp
-
-        op = LightningModelOp("pipekit_train.lightning.testing:mlp", **kwargs)
-        return op, Lightning(accelerator="cpu")
-    from pipekit_train.keras import Keras, KerasModelOp
-
-    return KerasModelOp("pipekit_train.keras.testing:mlp", **kwargs), Keras()
-
-
 def run_once(backend: str, policy: str, data: Any, steps: int, warmup: int) -> tuple[float, float]:
     """`(steps per wall second, CPU microseconds per step)` of one `TrainingLoop.run()`
-    over steps `warmup+1 .. steps`."""
+    over steps `warmup+1 .. steps` (its clock reads itself when their metrics are flushed)."""
     from pipekit_train.core import TrainingLoop
 
-    model, adapter = _model_and_adapter(backend)
-    clock = _Clock((warmup, steps))
+    model = mlp_op(backend, 2, 32, 1)
+    adapter = build_adapter(backend, **ADAPTER_OPTIONS[backend])
+    clock = Clock(warmup, steps)
     TrainingLoop(
         model=model,
         data=data,
@@ -110,8 +97,7 @@ def run_once(backend: str, policy: str, data: Any, steps: int, warmup: int) -> t
         on_nonfinite=policy,
         progress=False,
     ).run()
-    (wall0, cpu0), (wall1, cpu1) = clock.times[warmup], clock.times[steps]
-    return (steps - warmup) / (wall1 - wall0), (cpu1 - cpu0) / (steps - warmup) * 1e6
+    return clock.rate(), clock.cpu_us()
 
 
 def _rotated(repeat: int) -> tuple[str, ...]:
@@ -235,13 +221,10 @@ def case_rows(backend: str, best: dict[str, float], args: argparse.Namespace) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = make_parser(__doc__, quick_help="2000 steps, best of 3", repeats=5)
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
-    parser.add_argument("--quick", action="store_true", help="a short run (run_all)")
-    parser.add_argument("--json", help="also write the result rows to this JSON file")
     args = parser.parse_args()
     apply_quick(parser, args, QUICK)
     if args.warmup % 50 or args.warmup < 50:

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _shared import apply_quick, git_commit, row, write_rows
+from _shared import apply_quick, cpu_model, git_commit, make_parser, mlp_op, row, write_rows
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -75,20 +75,10 @@ def _normalizer() -> Any:
 
 
 def _op(backend: str, device: str = "cpu") -> Any:
-    kw = {"in_size": D, "out_size": D, "width": WIDTH, "depth": DEPTH, "seed": 0}
-    if backend == "equinox":
-        from pipekit_train.equinox import EquinoxModelOp
-
-        return EquinoxModelOp("pipekit_train.equinox.testing:mlp", **kw)
+    op = mlp_op(backend, D, WIDTH, DEPTH, out_size=D)
     if backend == "torch":
-        from pipekit_train.lightning import LightningModelOp
-
-        op = LightningModelOp("pipekit_train.lightning.testing:mlp", **kw)
         op.model.to(device)  # the device rollout runs where the module's parameters are
-        return op
-    from pipekit_train.keras import KerasModelOp
-
-    return KerasModelOp("pipekit_train.keras.testing:mlp", **kw)
+    return op
 
 
 def _hand(backend: str, op: Any, norm: Any, steps: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -275,7 +265,15 @@ def in_subprocesses(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = make_parser(
+        __doc__,
+        quick_help="3 rounds of 200 steps",
+        device="cpu",
+        device_help="torch's device (cuda: the module and the hand loop's tensors on the GPU); "
+        "jax and Keras on jax use jax's default device (set JAX_PLATFORMS=cpu for the CPU)",
+        markdown_help="also write the table, with the machine and the command, to this file "
+        "(benchmarks/rollout.md: run_all puts it on docs/performance.md)",
+    )
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
@@ -285,20 +283,6 @@ def main() -> None:
         type=int,
         default=1,
         help="torch's intra-op threads (default 1: steadier on a shared machine)",
-    )
-    parser.add_argument(
-        "--device",
-        choices=("cpu", "cuda"),
-        default="cpu",
-        help="torch's device (cuda: the module and the hand loop's tensors on the GPU); jax "
-        "and Keras on jax use jax's default device (set JAX_PLATFORMS=cpu for the CPU)",
-    )
-    parser.add_argument("--quick", action="store_true", help="a short run (run_all)")
-    parser.add_argument("--json", help="also write the result rows to this JSON file")
-    parser.add_argument(
-        "--markdown",
-        help="also write the table, with the machine and the command, to this file "
-        "(benchmarks/rollout.md: run_all puts it on docs/performance.md)",
     )
     args = parser.parse_args()
     apply_quick(parser, args, QUICK)
@@ -324,16 +308,8 @@ def main() -> None:
 def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     """The table as a page section: what was run, where and when."""
     import datetime as dt
-    import platform
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     flags = " ".join(
         [f"--steps {args.steps}", f"--rounds {args.rounds}"] + (["--quick"] if args.quick else [])
     )

@@ -45,14 +45,13 @@ larger batches (4 targets) dominate.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _shared import row, write_rows
+from _shared import make_parser, row, write_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
@@ -133,13 +132,11 @@ def _time_runs(backend: str, trajs: Trajectories, norm: Any, rollout: Rollout, n
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__, quick_help="60 updates a case")
     parser.add_argument("--updates", type=int, default=300)
-    parser.add_argument("--quick", action="store_true", help="60 updates a case")
     parser.add_argument(
         "--backend", choices=["equinox", "keras", "both"], default="both", help="default: both"
     )
-    parser.add_argument("--json", help="write run_all rows here")
     args = parser.parse_args()
     n = 60 if args.quick else args.updates
     rng = np.random.default_rng(0)

@@ -33,7 +33,7 @@ Each round is one seed: both sides train `--updates` updates, interleaved in one
 of `--chunk` updates, so the machine's slow and fast seconds hit both alike), and the
 time of updates `--warmup + 1 .. --updates` (set-up and compilation excluded) gives the
 cost of one update. The library's clock reads at its metric flushes (every 50 updates,
-each waits for the device; a metric writer hands the step to the clock); the hand loop
+each waits for the device; the clock is the run's metric writer); the hand loop
 waits for the loss at the same updates. The cost ratio is paired per round (library ÷
 hand seconds per update), median over the rounds; target ≤ 1.1×.
 
@@ -64,12 +64,12 @@ start from different weights: the errors are compared as ranges over the seeds.
 
 **The lightning pair.** `library`: the same `TrainingLoop` with
 `LightningModelOp("pipekit_train.lightning.testing:mlp", ...)` and its default adapter
-(`Lightning()`: a real Lightning `Trainer.fit`, no `adapter=` argument); `hand`: the torch
-pair's plain-torch reference (`hand_torch` again). Both start from the same weights
+(`Lightning()`, the one `TrainingLoop` picks without `adapter=`: a real Lightning
+`Trainer.fit`); `hand`: the torch pair's plain-torch reference (`hand_torch` again). Both start from the same weights
 (`torch.manual_seed(seed)`, as in the torch pair) and run torch on one thread.
 
 **The lightning-trainer pair.** `library`: the lightning pair's library side
-(`library_lightning` again: `Lightning()`, a real `Trainer.fit`); `hand`:
+(`library("lightning")` again: `Lightning()`, a real `Trainer.fit`); `hand`:
 `reference_rollout_lightning.py`, the plain-torch reference's training written by hand as
 a Lightning user writes it (no pipekit code): a `LightningModule` whose `training_step`
 does the k = 4 rollout and returns the loss, `configure_optimizers` returning
@@ -82,10 +82,11 @@ the lightning pair's cost. The hand side's clock reads come from its module's
 `on_train_batch_end` (after the optimizer step; eager on the CPU, no wait), and both run
 torch on one thread.
 
-Every library side is `_library(model, ...)`: the same `TrainingLoop(...)`, only the model
-operator and the adapter differ. On every backend the run's metric log calls each
-writer's `write(step, metrics)` for every step at each flush (every `log_every_n_steps =
-50` updates), so the `_Ticks` writer reads the clock at the same updates on all of them.
+Every library side is `_library(backend, ...)`: the same `TrainingLoop(...)`, only the
+model operator and the adapter differ (`_shared.mlp_op` and `_shared.build_adapter` of the
+backend). On every backend the run's metric log calls each writer's `write(step, metrics)`
+for every step at each flush (every `log_every_n_steps = 50` updates); the round's
+`_shared.Clock` is the writer, so it reads itself at the same updates on all of them.
 
 `--backends torch` runs one pair; with `--markdown` the rows of the other pairs already on
 the page are kept, with the line that says how they were measured. Another backend joins
@@ -106,7 +107,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _shared import apply_quick, interleaved_round, row, write_rows
+from _shared import (
+    apply_quick,
+    build_adapter,
+    cpu_model,
+    interleaved_round,
+    make_parser,
+    mlp_op,
+    row,
+    write_rows,
+)
 
 # Keras fixes its backend at its first import: the keras pair runs on jax (set before anything
 # imports keras; an explicit KERAS_BACKEND is kept)
@@ -130,23 +140,15 @@ QUICK = {"updates": 1000, "warmup": 250, "rounds": 2, "horizon": 26}
 LOAD_AT_START = os.getloadavg()
 
 
-class _Ticks:
-    """A metric writer that hands each flushed step to the round's `ChunkClock`."""
-
-    def __init__(self, clock: Any):
-        self.clock = clock
-
-    def write(self, step: int, metrics: dict[str, float]) -> None:
-        self.clock.tick(step)
-
-
 def _library(
-    model: Any, train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any, adapter: Any
+    backend: str, train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
 ) -> Callable[[np.ndarray, int], np.ndarray]:
-    """Train `model` with `TrainingLoop(rollout=Rollout(...))` on `adapter` (None: the
-    model operator's default); the trained emulator's rollout. Every library side."""
+    """Train the 20 → 128 → 128 → 20 tanh MLP of `backend` (`testing:mlp`) with
+    `TrainingLoop(rollout=Rollout(...))` on the backend's adapter (`torch`: `Torch()` and
+    the Lightning network); the trained emulator's rollout. Every library side."""
     from pipekit_train.core import NeuralForward, Rollout, TrainingLoop, TrajectoryWindows
 
+    model = mlp_op(backend, lorenz96.N, WIDTH, DEPTH, out_size=lorenz96.N, seed=seed)
     windows = TrajectoryWindows(train, k=K, targets="increments")
     normalizer = windows.normalizer()
     artifact = TrainingLoop(
@@ -159,8 +161,8 @@ def _library(
         batch_size=BATCH,
         max_steps=args.updates,
         seed=seed,
-        adapter=adapter,
-        writers=[_Ticks(clock)],
+        adapter=build_adapter(backend),
+        writers=[clock],  # the round's clock reads itself at the flushed steps
         log_every_n_steps=FLUSH,
         progress=False,
     ).run()
@@ -168,34 +170,19 @@ def _library(
     return lambda x0, n: forward.rollout(x0, n)
 
 
-def _mlp(op: Callable[..., Any], backend: str, seed: int) -> Any:
-    """The 20 → 128 → 128 → 20 tanh MLP of `pipekit_train.<backend>.testing:mlp` as `op`."""
-    return op(
-        f"pipekit_train.{backend}.testing:mlp",
-        in_size=lorenz96.N,
-        out_size=lorenz96.N,
-        width=WIDTH,
-        depth=DEPTH,
-        seed=seed,
-    )
+def library(backend: str) -> Callable[..., Callable[[np.ndarray, int], np.ndarray]]:
+    """The library side on `backend`: Equinox (`Equinox()`), Keras on jax (`Keras()`),
+    torch (`Torch()`) or Lightning (`Lightning()`); torch and Lightning on one torch
+    thread."""
 
+    def side(
+        train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
+    ) -> Callable[[np.ndarray, int], np.ndarray]:
+        if backend in ("torch", "lightning"):
+            _torch_one_thread()
+        return _library(backend, train, seed, args, clock)
 
-def library_equinox(
-    train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
-) -> Callable[[np.ndarray, int], np.ndarray]:
-    """The library on Equinox (`EquinoxModelOp`, its default adapter `Equinox()`)."""
-    from pipekit_train.equinox import EquinoxModelOp
-
-    return _library(_mlp(EquinoxModelOp, "equinox", seed), train, seed, args, clock, None)
-
-
-def library_keras(
-    train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
-) -> Callable[[np.ndarray, int], np.ndarray]:
-    """The library on Keras, jax backend (`KerasModelOp`, its default adapter `Keras()`)."""
-    from pipekit_train.keras import KerasModelOp
-
-    return _library(_mlp(KerasModelOp, "keras", seed), train, seed, args, clock, None)
+    return side
 
 
 def hand_equinox(
@@ -233,26 +220,6 @@ def _torch_one_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
-
-
-def library_torch(
-    train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
-) -> Callable[[np.ndarray, int], np.ndarray]:
-    """The library on plain torch (`LightningModelOp`, `adapter=Torch()`)."""
-    _torch_one_thread()
-    from pipekit_train.lightning import LightningModelOp, Torch
-
-    return _library(_mlp(LightningModelOp, "lightning", seed), train, seed, args, clock, Torch())
-
-
-def library_lightning(
-    train: np.ndarray, seed: int, args: argparse.Namespace, clock: Any
-) -> Callable[[np.ndarray, int], np.ndarray]:
-    """The library on Lightning (`LightningModelOp`, its default adapter `Lightning()`)."""
-    _torch_one_thread()
-    from pipekit_train.lightning import LightningModelOp
-
-    return _library(_mlp(LightningModelOp, "lightning", seed), train, seed, args, clock, None)
 
 
 def _hand_torch_loop(
@@ -301,11 +268,11 @@ def hand_lightning(
 
 # (backend, library side, hand-written side)
 SIDES: list[tuple[str, Callable[..., Any], Callable[..., Any]]] = [
-    ("equinox", library_equinox, hand_equinox),
-    ("torch", library_torch, hand_torch),
-    ("keras", library_keras, hand_equinox),
-    ("lightning", library_lightning, hand_torch),
-    ("lightning-trainer", library_lightning, hand_lightning),
+    ("equinox", library("equinox"), hand_equinox),
+    ("torch", library("torch"), hand_torch),
+    ("keras", library("keras"), hand_equinox),
+    ("lightning", library("lightning"), hand_torch),
+    ("lightning-trainer", library("lightning"), hand_lightning),
 ]
 HAND_LABEL = {
     "equinox": "equinox + optax",
@@ -488,14 +455,7 @@ def markdown(
     """The tables as a page: what was run, where and when (and the rows kept from before)."""
     import datetime as dt
 
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     flags = (
         (
             ""
@@ -549,7 +509,11 @@ def markdown(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = make_parser(
+        __doc__,
+        quick_help="1000 updates (250 warm-up), 2 rounds, horizon 26",
+        markdown_help="also write the tables to this file",
+    )
     parser.add_argument("--updates", type=int, default=3000)
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3, help="seeds 0..rounds-1")
@@ -573,9 +537,6 @@ def main() -> None:
         help="the pairs to run (default: all); with --markdown, the rows of the others "
         "already on the page are kept",
     )
-    parser.add_argument("--quick", action="store_true", help="a short run (run_all)")
-    parser.add_argument("--json", help="also write the result rows to this JSON file")
-    parser.add_argument("--markdown", help="also write the tables to this file")
     args = parser.parse_args()
     apply_quick(parser, args, QUICK)
     if (

@@ -104,7 +104,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 
 import sbi_nle  # noqa: E402
-from _shared import row, write_rows  # noqa: E402
+from _shared import backend_package, build_model_op, make_parser, row, write_rows  # noqa: E402
 from sbi_fit import fit, mlp  # noqa: E402
 from sbi_tasks import Task, get_task  # noqa: E402
 
@@ -128,22 +128,13 @@ TARGETS = {("slcp", 10_000): 0.80, ("slcp", 100_000): 0.72, ("two_moons", 10_000
 def _set_model(
     backend: str, out_size: int, seed: int, shared_conditioner: dict[str, int] | None = None
 ) -> Any:
+    """The backend's `deep_set` (torch: Lightning's network, trained by `Torch()`)."""
     options = {"point_size": 2, "out_size": out_size, "embed_size": 64, "width": 128}
     options.update(depth=2, seed=seed)
-    if backend == "equinox":
-        from pipekit_train.equinox import EquinoxModelOp
-
-        if shared_conditioner is not None:  # the experiment of `sbi_conditioner.py`
-            factory = "sbi_conditioner:shared_conditioner_deep_set"
-            return EquinoxModelOp(factory, **options, **shared_conditioner)
-        return EquinoxModelOp("pipekit_train.equinox:deep_set", **options)
-    if backend in ("lightning", "torch"):  # torch: the same network, trained by `Torch()`
-        from pipekit_train.lightning import LightningModelOp
-
-        return LightningModelOp("pipekit_train.lightning:deep_set", **options)
-    from pipekit_train.keras import KerasModelOp
-
-    return KerasModelOp("pipekit_train.keras:deep_set", **options)
+    if shared_conditioner is not None:  # the experiment of `sbi_conditioner.py` (Equinox)
+        factory = "sbi_conditioner:shared_conditioner_deep_set"
+        return build_model_op(backend, factory, **options, **shared_conditioner)
+    return build_model_op(backend, f"{backend_package(backend)}:deep_set", **options)
 
 
 class Setting:
@@ -550,7 +541,11 @@ def score_all(
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(
+        __doc__,
+        quick_help="two_moons and slcp on Equinox, the flow head, 2000 simulations, 400 "
+        "updates, observations 1 and 2, 1000 draws per side",
+    )
     parser.add_argument("--tasks", nargs="+", default=["two_moons", "slcp"])
     parser.add_argument("--heads", nargs="+", default=["flow"], choices=["flow", "mixture"])
     parser.add_argument("--budgets", nargs="+", type=int, default=[10_000])
@@ -629,8 +624,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument(
         "--c2st-samples", type=int, help="with --score-only: score the first N draws per side"
     )
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", help="write the result rows here (run_all convention)")
     args = parser.parse_args(argv)
     if args.quick:
         args.tasks, args.heads, args.budgets = ["two_moons", "slcp"], ["flow"], [2000]

@@ -43,7 +43,6 @@ Target: process (2 workers) <= 0.65 x serial on 8 trials.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -53,7 +52,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _shared import apply_quick, row, write_rows
+from _shared import (
+    apply_quick,
+    child_env,
+    make_parser,
+    print_result,
+    read_result,
+    row,
+    write_rows,
+)
 
 TRIAL = "pipekit_train.sweep.testing:backend_trial"
 
@@ -79,8 +86,8 @@ def _grid(args: argparse.Namespace) -> Any:
     return ParameterGrid(spec)
 
 
-def child(args: argparse.Namespace) -> None:
-    """Run one sweep with one executor and print its timings as JSON."""
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    """Run one sweep with one executor; its timings."""
     from pipekit_train.sweep import HyperSweep
 
     ray_init_s = None
@@ -106,26 +113,20 @@ def child(args: argparse.Namespace) -> None:
         import ray
 
         ray.shutdown()
-    print(
-        "RESULT "
-        + json.dumps(
-            {
-                "executor": args.child,
-                "wall_s": wall,
-                "ray_init_s": ray_init_s,
-                "trials": len(result),
-                "ok": len(result.by_status("ok")),
-                "train_s": sum(t.summary.get("wall_time_s", 0.0) for t in result),
-                "trial_s": sum(t.wall_time_s for t in result),
-                "slowest_s": max(t.wall_time_s for t in result),
-                "best": result.best.params["lr"] if result.ranked() else None,
-                "best_value": result.best.value if result.ranked() else None,
-                "weights": [t.weights_sha256 for t in result],
-                "errors": [t.error for t in result if t.error],
-            }
-        ),
-        flush=True,
-    )
+    return {
+        "executor": args.child,
+        "wall_s": wall,
+        "ray_init_s": ray_init_s,
+        "trials": len(result),
+        "ok": len(result.by_status("ok")),
+        "train_s": sum(t.summary.get("wall_time_s", 0.0) for t in result),
+        "trial_s": sum(t.wall_time_s for t in result),
+        "slowest_s": max(t.wall_time_s for t in result),
+        "best": result.best.params["lr"] if result.ranked() else None,
+        "best_value": result.best.value if result.ranked() else None,
+        "weights": [t.weights_sha256 for t in result],
+        "errors": [t.error for t in result if t.error],
+    }
 
 
 def _run_child(executor: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -149,22 +150,21 @@ def _run_child(executor: str, args: argparse.Namespace, root: Path) -> dict[str,
         "--steps-per-execution",
         str(args.steps_per_execution),
     ]
-    env = dict(os.environ)
+    env = child_env()
     # Under `uv run`, Ray would start each worker through `uv run` again; not wanted here.
     env.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     total = time.perf_counter() - t0
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
+    out = read_result(proc.stdout)
+    if proc.returncode != 0 or out is None:
         raise SystemExit(f"{executor} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    out = json.loads(lines[-1][len("RESULT ") :])
     out["process_s"] = total
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = make_parser(__doc__, quick_help="1500 steps per trial instead of 60000")
     parser.add_argument("--backend", default="equinox", choices=["equinox", "numpy"])
     parser.add_argument(
         "--trials", type=int, default=8, help="grid size (lr x 2 seeds), even, <= 8"
@@ -179,15 +179,11 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=128, help="MLP width (equinox)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-ray", action="store_true")
-    parser.add_argument(
-        "--quick", action="store_true", help="1500 steps per trial instead of 60000"
-    )
-    parser.add_argument("--json", help="also write the result rows (run_all format) to this path")
     parser.add_argument("--child", choices=["serial", "process", "ray"], help=argparse.SUPPRESS)
     parser.add_argument("--directory", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args)
+        print_result(child(args))
         return
     apply_quick(parser, args, {"steps": 1500})
     if args.backend == "equinox":

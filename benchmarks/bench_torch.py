@@ -53,7 +53,6 @@ row also carries `loop`, the loop's key: `k1`, `k10`, `k10f`, `k10c`, `k1c`, `k1
 
 from __future__ import annotations
 
-import argparse
 import copy
 import functools
 import math
@@ -66,10 +65,18 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _shared import ChunkClock, apply_quick, interleaved_round, make_data, row, write_rows
+from _shared import (
+    Clock,
+    apply_quick,
+    interleaved_round,
+    make_data,
+    make_parser,
+    mlp_op,
+    row,
+    write_rows,
+)
 
 from pipekit_train.core import TrainingLoop
-from pipekit_train.core.callbacks import LambdaCallback
 from pipekit_train.core.data import ArrayDataset
 from pipekit_train.lightning import LightningModelOp, Torch
 
@@ -79,14 +86,7 @@ SEED = 0
 
 def make_op(in_size: int, width: int, depth: int) -> LightningModelOp:
     """The benchmark MLP as a model operator."""
-    return LightningModelOp(
-        "pipekit_train.lightning.testing:mlp",
-        in_size=in_size,
-        out_size=1,
-        width=width,
-        depth=depth,
-        seed=SEED,
-    )
+    return mlp_op("torch", in_size, width, depth, seed=SEED)
 
 
 TIMERS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -99,7 +99,7 @@ def paired_ratio(rates: list[float], reference: list[float]) -> float:
 
 # -- hand-written loops ------------------------------------------------------------------------
 def hand_indexed(
-    data: ArrayDataset, op: LightningModelOp, batch: int, clock: ChunkClock, device: str
+    data: ArrayDataset, op: LightningModelOp, batch: int, clock: Clock, device: str
 ) -> None:
     net = copy.deepcopy(op.model).to(device).train()
     opt = torch.optim.Adam(net.parameters(), lr=LR)
@@ -126,7 +126,7 @@ def hand_indexed(
 
 
 def hand_dataloader(
-    data: ArrayDataset, op: LightningModelOp, batch: int, clock: ChunkClock, device: str
+    data: ArrayDataset, op: LightningModelOp, batch: int, clock: Clock, device: str
 ) -> None:
     net = copy.deepcopy(op.model).to(device).train()
     opt = torch.optim.Adam(net.parameters(), lr=LR)
@@ -164,7 +164,7 @@ def adapter_run(
     data: ArrayDataset,
     op: LightningModelOp,
     batch: int,
-    clock: ChunkClock,
+    clock: Clock,
     device: str,
     notes: dict[str, list[float]] | None = None,
     key: str = "",
@@ -180,18 +180,18 @@ def adapter_run(
         seed=SEED,
         progress=False,
         adapter=adapter,
-        callbacks=[LambdaCallback(on_step_end=lambda s: clock.tick(s.step))],
+        callbacks=[clock],  # a core callback: ticks at each step's end
     ).run()
     report = getattr(adapter, "compile_report", None)
     if report and notes is not None and report.get("compile_seconds") is not None:
         notes.setdefault(key, []).append(report["compile_seconds"])
 
 
-def guarded(fn: Callable[[ChunkClock], None], key: str, failures: dict[str, str]) -> Any:
+def guarded(fn: Callable[[Clock], None], key: str, failures: dict[str, str]) -> Any:
     """`fn(clock)`, but an error is kept in `failures[key]` (the loop's rate is NaN)
     instead of stopping the round: the other loops run on."""
 
-    def run(clock: ChunkClock) -> None:
+    def run(clock: Clock) -> None:
         try:
             fn(clock)
         except Exception as exc:  # noqa: BLE001 - reported in the loop's row
@@ -274,7 +274,7 @@ def run_one(
     batch: int,
     device: str,
     notes: dict[str, Any],
-    clock: ChunkClock,
+    clock: Clock,
 ) -> None:
     """One loop of `table` for one round, timed by `clock`."""
     fn = table[key][1]
@@ -285,12 +285,8 @@ def run_one(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = make_parser(__doc__, quick_help="3 repeats of 1000 steps", repeats=5, device="cpu")
     parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--quick", action="store_true", help="3 repeats of 1000 steps")
-    parser.add_argument("--json", help="also write the result rows (run_all format) here")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--no-compile", action="store_true", help="skip the compile=True loop")
     parser.add_argument("--no-lightning", action="store_true", help="skip the Lightning() loop")
     parser.add_argument("--cases", default="large,small", help="large, small or both")

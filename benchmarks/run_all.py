@@ -19,7 +19,9 @@ again. `tests-integration/test_docs_reference.py` fails while the page differs f
 Convention for `benchmarks/bench_*.py` (every script follows it; run_all relies on it):
 
 - Runs standalone: `python benchmarks/bench_<topic>.py`, and prints a human-readable
-  summary on stdout.
+  summary on stdout. Its parser comes from `_shared.make_parser(__doc__, ...)`, which
+  adds `--quick` and `--json PATH` (and, on request, `--repeats`, `--device` and
+  `--markdown`); the script adds its own flags.
 - `--quick`: a short run, seconds to about a minute on a 2-core machine, with the same
   cases and fewer repeats or smaller sizes. run_all passes it when run with `--quick`.
 - `--json PATH`: also write the results to PATH as a JSON list of rows:
@@ -41,9 +43,10 @@ Convention for `benchmarks/bench_*.py` (every script follows it; run_all relies 
 - Measurements that are compared run interleaved in one process, so that machine noise
   hits both sides. The times are wall-clock times on whatever machine runs them.
 
-run_all runs each script with this interpreter and the flags the script supports. It
-finds them by looking for the strings `--quick` and `--json` in the script's source. A
-script without `--json` still runs, and its stdout goes into the page verbatim. A script
+run_all runs each script with this interpreter and the flags the script supports: both
+`--quick` and `--json` when the script imports `make_parser` from `_shared`, else those of
+the two strings its source names. A script without `--json` still runs, and its stdout
+goes into the page verbatim. A script
 that fails or times out gets a row saying so. The page has one results table plus the
 machine it ran on: CPU model, cores, RAM, load, OS, Python, library versions, date and
 git commit.
@@ -52,6 +55,7 @@ git commit.
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime as _dt
 import importlib.metadata
 import json
@@ -66,7 +70,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `_shared`, also when loaded by path
-from _shared import git_commit  # noqa: E402
+from _shared import cpu_model, git_commit  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -107,16 +111,6 @@ LIBRARIES = (
 
 
 # -- machine -----------------------------------------------------------------------------------
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _ram_gb() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -144,7 +138,7 @@ def machine_info() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             continue
     return {
-        "CPU": _cpu_model(),
+        "CPU": cpu_model(),
         "Cores": str(os.cpu_count()),
         "RAM": f"{ram:.0f} GB" if ram else "unknown",
         "OS": platform.platform(),
@@ -176,10 +170,31 @@ def _tail(text: str, lines: int = 3) -> str:
     return " / ".join(line.strip() for line in text.strip().splitlines()[-lines:] if line.strip())
 
 
+def _uses_shared_parser(source: str) -> bool:
+    """Whether a script imports `make_parser` from `_shared` (which adds `--quick` and
+    `--json`)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    return any(
+        isinstance(node, ast.ImportFrom)
+        and node.module == "_shared"
+        and any(alias.name == "make_parser" for alias in node.names)
+        for node in ast.walk(tree)
+    )
+
+
+def supported_flags(source: str) -> tuple[bool, bool]:
+    """`(takes --json, takes --quick)` of a script, from its source (see the docstring)."""
+    if _uses_shared_parser(source):
+        return True, True
+    return "--json" in source, "--quick" in source
+
+
 def run_script(script: Path, *, quick: bool, timeout: float) -> dict[str, Any]:
     """Run one benchmark; return its rows (or its stdout when it has no `--json`)."""
-    source = script.read_text()
-    has_json, has_quick = "--json" in source, "--quick" in source
+    has_json, has_quick = supported_flags(script.read_text())
     topic = script.stem.removeprefix("bench_")
     cmd = [sys.executable, str(script)]
     if quick and has_quick:

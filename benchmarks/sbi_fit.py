@@ -28,14 +28,13 @@ def fit(
     validate_every: int,
     what: str = "",
 ) -> tuple[Any, float]:
-    """Train through `TrainingLoop`; returns `(artifact, seconds)` and prints the losses."""
+    """Train through `TrainingLoop` on `backend`'s adapter (`torch`: `Torch()`); returns
+    `(artifact, seconds)` and prints the losses."""
+    from _shared import build_adapter
+
     from pipekit_train.core import EarlyStopping, TrainingLoop
 
-    adapter = None  # the model operator's own adapter
-    if backend == "torch":
-        from pipekit_train.lightning import Torch
-
-        adapter = Torch()
+    adapter = build_adapter(backend)  # the model operator's own, but on `torch`
     started = time.perf_counter()
     artifact = TrainingLoop(
         model=model,
@@ -70,9 +69,10 @@ def mlp(backend: str, in_size: int, out_size: int, seed: int, **options: Any) ->
     """The benchmark's MLP (`toymodels`, width 128, depth 2) for `backend` (`torch`: the
     Lightning network, trained by `Torch()`)."""
     import toymodels
+    from _shared import backend_entry
 
     return toymodels.model_op(
-        "lightning" if backend == "torch" else backend,
+        backend_entry(backend).model_op_class().backend,  # torch: lightning's
         in_size=in_size,
         out_size=out_size,
         width=128,

@@ -70,7 +70,6 @@ each failed check), 2 no CUDA GPU (or a framework that cannot see it).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime as _dt
 import importlib.metadata
 import json
@@ -86,53 +85,28 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))  # the plumbing the benchmarks share (`_shared`)
+
+from _shared import (  # noqa: E402
+    NO_GPU,
+    NoGpu,
+    build_adapter,
+    child_env,
+    child_main,
+    cuda_devices,
+    git_commit,
+    make_data,
+    make_parser,
+    mlp_op,
+    run_child,
+)
+
 BACKENDS = ("equinox", "lightning", "keras-jax", "keras-torch")
 DEFAULT_BACKENDS = ("equinox", "lightning", "keras-jax")
 INSTALL = "uv run --group gpu python scripts/gpu_check.py"
-NO_GPU = 2
-
-
-# -- the GPU, without importing a framework ----------------------------------------------------
-def cuda_devices() -> tuple[list[str], str]:
-    """The CUDA devices the driver shows (names) and the driver's CUDA version, via libcuda.
-
-    Returns `([], why)` when there is no driver or no device (`CUDA_VISIBLE_DEVICES`
-    is honoured).
-    """
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1" if sys.platform.startswith("linux") else "nvcuda.dll")
-    except OSError:
-        return [], "no NVIDIA driver (libcuda not found)"
-    if cuda.cuInit(0) != 0:
-        return [], "the NVIDIA driver found no usable GPU (cuInit failed)"
-    count, version = ctypes.c_int(0), ctypes.c_int(0)
-    cuda.cuDriverGetVersion(ctypes.byref(version))
-    if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
-        return [], "the NVIDIA driver shows no GPU (check CUDA_VISIBLE_DEVICES)"
-    names = []
-    for i in range(count.value):
-        device, name = ctypes.c_int(0), ctypes.create_string_buffer(256)
-        cuda.cuDeviceGet(ctypes.byref(device), i)
-        cuda.cuDeviceGetName(name, 256, device)
-        names.append(name.value.decode(errors="replace"))
-    v = version.value
-    return names, f"CUDA {v // 1000}.{v % 1000 // 10} driver"
 
 
 # -- one backend, in a child process -----------------------------------------------------------
-def _data(rows: int) -> Any:
-    import numpy as np
-
-    from pipekit_train.core.data import ArrayDataset
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((rows, 8)).astype(np.float32)
-    y = (np.sin(x).sum(axis=1, keepdims=True) + 0.1 * rng.standard_normal((rows, 1))).astype(
-        np.float32
-    )
-    return ArrayDataset(x=x, y=y)
-
-
 def _probe() -> Any:
     """A Lightning callback: parameter devices and a layer's output dtype during `fit`."""
     import lightning as L
@@ -154,39 +128,14 @@ def _probe() -> Any:
     return Probe()
 
 
-def _operator(backend: str, width: int) -> Any:
-    kwargs = {"in_size": 8, "out_size": 1, "width": width, "depth": 2, "seed": 0}
-    if backend == "equinox":
-        from pipekit_train.equinox import EquinoxModelOp
-
-        return EquinoxModelOp("pipekit_train.equinox.testing:mlp", **kwargs)
-    if backend == "lightning":
-        from pipekit_train.lightning import LightningModelOp
-
-        return LightningModelOp("pipekit_train.lightning.testing:mlp", **kwargs)
-    from pipekit_train.keras import KerasModelOp
-
-    return KerasModelOp("pipekit_train.keras.testing:mlp", **kwargs)
-
-
 def _adapter(backend: str, device: str, precision: str, probe: Any) -> Any:
-    if backend == "equinox":
-        from pipekit_train.equinox import Equinox
-
-        return Equinox(precision=precision)
+    """The backend's adapter in `precision`; Lightning's on `device`, deterministic, with
+    the `probe`."""
+    options: dict[str, Any] = {"precision": precision}
     if backend == "lightning":
-        from pipekit_train.lightning import Lightning
-
-        return Lightning(
-            accelerator="gpu" if device == "cuda" else "cpu",
-            devices=1,
-            precision=precision,
-            deterministic=True,
-            callbacks=[probe],
-        )
-    from pipekit_train.keras import Keras
-
-    return Keras(precision=precision)
+        accelerator = "gpu" if device == "cuda" else "cpu"
+        options.update(accelerator=accelerator, devices=1, deterministic=True, callbacks=[probe])
+    return build_adapter(backend, **options)
 
 
 def _placement(backend: str, op: Any, probe: Any) -> set[str]:
@@ -239,7 +188,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.perf_counter()
     from pipekit_train.core import Checkpoint, TrainingLoop
 
-    data = _data(args.rows)
+    data = make_data(8, args.rows)
     if device == "cpu":
         expected = {"cpu"}
     else:  # jax names the platform "gpu", torch the device type "cuda"
@@ -253,7 +202,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         probe = _probe() if backend == "lightning" else None
         adapter = _adapter(backend, device, precision, probe)
         loop = TrainingLoop(
-            model=_operator(backend, args.width),
+            model=mlp_op(backend, 8, args.width, 2),
             data=data,
             loss="mse",
             optimizer_config={"name": "adam", "lr": 1e-3},
@@ -312,18 +261,18 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _framework_devices(backend: str, device: str) -> str:
-    """What the framework sees; raises `_NoGpu` when it sees no GPU and one was asked for."""
+    """What the framework sees; raises `NoGpu` when it sees no GPU and one was asked for."""
     if backend in ("equinox", "keras-jax"):
         import jax
 
         try:
             devices = jax.devices()
         except RuntimeError as exc:  # e.g. a broken CUDA plugin
-            raise _NoGpu(
+            raise NoGpu(
                 f"jax cannot start its CUDA backend ({exc}). Install it: {INSTALL}"
             ) from exc
         if device == "cuda" and devices[0].platform != "gpu":
-            raise _NoGpu(
+            raise NoGpu(
                 f"jax sees no GPU (devices: {devices}). Install jax's CUDA plugin: {INSTALL}"
             )
         return f"jax {jax.__version__}: {devices[0].device_kind} ({devices[0].platform})"
@@ -331,31 +280,12 @@ def _framework_devices(backend: str, device: str) -> str:
 
     if device == "cuda":
         if not torch.cuda.is_available():
-            raise _NoGpu(
+            raise NoGpu(
                 f"torch {torch.__version__} sees no GPU (a CPU-only build?). Install the CUDA "
                 f"build from PyPI: {INSTALL}"
             )
         return f"torch {torch.__version__}: {torch.cuda.get_device_name(0)} (cuda)"
     return f"torch {torch.__version__}: cpu"
-
-
-class _NoGpu(RuntimeError):
-    pass
-
-
-def _child_env(backend: str, device: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if backend.startswith("keras"):
-        env["KERAS_BACKEND"] = backend.split("-", 1)[1]
-    if device == "cpu":
-        env["JAX_PLATFORMS"] = "cpu"
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    else:  # jax picks the GPU by default; the child checks that it did
-        flags = env.get("XLA_FLAGS", "")
-        if "xla_gpu_deterministic_ops" not in flags:
-            env["XLA_FLAGS"] = f"{flags} --xla_gpu_deterministic_ops=true".strip()
-        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    return env
 
 
 def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -364,28 +294,12 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd += ["--steps", str(args.steps), "--stop-at", str(args.stop_at), "--width", str(args.width)]
     cmd += ["--batch", str(args.batch), "--rows", str(args.rows)]
     print(f"== {backend}: {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
-    try:
-        proc = subprocess.run(
-            cmd,
-            env=_child_env(backend, args.device),
-            capture_output=True,
-            text=True,
-            timeout=args.timeout,
-            cwd=ROOT,
-        )
-    except subprocess.TimeoutExpired:
-        return {"backend": backend, "error": f"timed out after {args.timeout:.0f} s"}
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    if proc.returncode == 0 and lines:
-        result = json.loads(lines[-1][len("RESULT ") :])
-        print(f"   {backend}: {result['child_s']:.0f} s", file=sys.stderr, flush=True)
-        return result
-    nogpu = [x for x in proc.stdout.splitlines() if x.startswith("NOGPU ")]
-    if nogpu:
-        return {"backend": backend, "error": nogpu[-1][len("NOGPU ") :], "no_gpu": True}
-    tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-    print(proc.stderr[-3000:], file=sys.stderr)
-    return {"backend": backend, "error": f"exit {proc.returncode}: {tail}"}
+    env = child_env(backend, args.device, deterministic=True)
+    result = run_child(cmd, env=env, timeout=args.timeout, cwd=ROOT)
+    if "error" in result:
+        return {"backend": backend, **result}
+    print(f"   {backend}: {result['child_s']:.0f} s", file=sys.stderr, flush=True)
+    return result
 
 
 # -- Torch(compile="cuda-graphs"): resume and agreement with eager ---------------------------
@@ -426,7 +340,7 @@ def run_graphs(args: argparse.Namespace) -> list[dict[str, Any]]:
     try:
         proc = subprocess.run(
             [sys.executable, "-c", code, json.dumps(cases)],
-            env=_child_env("lightning", "cuda"),
+            env=child_env("lightning", "cuda", deterministic=True),
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -563,7 +477,7 @@ def run_benchmarks(args: argparse.Namespace) -> list[dict[str, Any]]:
         os.close(fd)
         cmd = [sys.executable, str(BENCHMARKS / f"{name}.py"), *flags, "--json", path]
         print(f"== {name} {' '.join(flags)}", file=sys.stderr, flush=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
+        env = {**child_env(), **extra}
         try:
             proc = subprocess.run(
                 cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=args.bench_timeout
@@ -626,20 +540,12 @@ def machine_line(device: str, gpus: list[str], driver: str) -> str:
 
 
 def commit() -> str:
-    """The checkout's commit (`git`), or the one `scripts/gpu_bundle.sh` built the bundle at
-    (`.gpu/MANIFEST.txt`, on a node without git), or `unknown`."""
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        if sha:
-            return sha
-    except (OSError, subprocess.SubprocessError):
-        pass
+    """The checkout's commit (`git`, see `_shared.git_commit`), or the one
+    `scripts/gpu_bundle.sh` built the bundle at (`.gpu/MANIFEST.txt`, on a node without
+    git), or `unknown`."""
+    sha = git_commit()
+    if sha != "unknown":
+        return sha
     manifest = ROOT / ".gpu" / "MANIFEST.txt"
     if manifest.exists():
         for line in manifest.read_text().splitlines():
@@ -905,12 +811,13 @@ def report(
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = make_parser(
+        __doc__,
+        quick_help="small sizes: 20 steps, width 32",
+        json_help="also write every result as JSON to PATH",
+        device="cuda",
+        device_help="cuda, or cpu: the same checks on the CPU",
     )
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    p.add_argument("--quick", action="store_true", help="small sizes: 20 steps, width 32")
     p.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(DEFAULT_BACKENDS))
     p.add_argument("--skip-bench", action="store_true", help="only the backend checks")
     p.add_argument(
@@ -931,7 +838,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per backend")
     p.add_argument("--bench-timeout", type=float, default=600.0, help="seconds per benchmark")
     p.add_argument("--output", type=Path, default=None, help="also write the Markdown here")
-    p.add_argument("--json", type=Path, default=None, help="also write every result as JSON")
     p.add_argument("--child", choices=BACKENDS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -960,13 +866,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.child:
-        try:
-            result = child(args)
-        except _NoGpu as exc:
-            print(f"NOGPU {exc}", flush=True)
-            return NO_GPU
-        print("RESULT " + json.dumps(result), flush=True)
-        return 0
+        return child_main(lambda: child(args))
     gpus, driver = cuda_devices() if args.device == "cuda" else ([], "")
     if args.device == "cuda" and not gpus:
         print(
@@ -995,7 +895,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.output:
         args.output.write_text(text)
     if args.json:
-        args.json.write_text(
+        Path(args.json).write_text(
             json.dumps(
                 {
                     "machine": machine,
