@@ -29,7 +29,7 @@ import numpy as np
 from _shared import apply_quick, make_parser, row, write_rows
 
 from pipekit_train.core import Flow, losses
-from pipekit_train.core.model import _flow
+from pipekit_train.core.distributions import _flow
 
 OPTS = {"flow_layers": 5, "flow_bins": 8}
 QUICK = {"flows": 2000, "repeats": 3}

@@ -64,7 +64,7 @@ from _shared import Clock, apply_quick, make_data, make_parser, mlp_op, row, wri
 
 from pipekit_train.core import TrainingLoop
 from pipekit_train.core.data import ArrayDataset, make_batches
-from pipekit_train.lightning import Lightning, LightningModelOp
+from pipekit_train.lightning import Lightning, TorchModelOp
 
 LR = 1e-3
 SEED = 0
@@ -72,7 +72,7 @@ NVML = "PYTORCH_NVML_BASED_CUDA_CHECK"
 ACCELERATOR = "cpu"  # set by --accelerator
 
 
-def make_op(in_size: int, width: int, depth: int) -> LightningModelOp:
+def make_op(in_size: int, width: int, depth: int) -> TorchModelOp:
     """The benchmark MLP as a model operator."""
     return mlp_op("lightning", in_size, width, depth, seed=SEED)
 
@@ -93,7 +93,7 @@ class Timer(L.Callback):
 
 # -- the three loops -------------------------------------------------------------------------
 def run_adapter(
-    data: ArrayDataset, op: LightningModelOp, batch: int, warmup: int, total: int
+    data: ArrayDataset, op: TorchModelOp, batch: int, warmup: int, total: int
 ) -> tuple[float, float]:
     timer = Timer(warmup, total)
     TrainingLoop(
@@ -136,7 +136,7 @@ class Batches:
 
 
 def run_fit(
-    data: ArrayDataset, op: LightningModelOp, batch: int, warmup: int, total: int, *, nvml: bool
+    data: ArrayDataset, op: TorchModelOp, batch: int, warmup: int, total: int, *, nvml: bool
 ) -> tuple[float, float]:
     timer = Timer(warmup, total)
     trainer = L.Trainer(
@@ -165,7 +165,7 @@ def run_fit(
 
 
 def run_raw(
-    data: ArrayDataset, op: LightningModelOp, batch: int, warmup: int, total: int
+    data: ArrayDataset, op: TorchModelOp, batch: int, warmup: int, total: int
 ) -> tuple[float, float]:
     device = torch.device("cuda" if ACCELERATOR == "gpu" else "cpu")
     net = copy.deepcopy(op.model).to(device)
@@ -194,7 +194,7 @@ def run_raw(
 
 
 # -- profile ---------------------------------------------------------------------------------
-def time_layer(data: ArrayDataset, op: LightningModelOp, batch: int, steps: int) -> None:
+def time_layer(data: ArrayDataset, op: TorchModelOp, batch: int, steps: int) -> None:
     """Wall time inside the adapter's own per-step code, measured with perf_counter."""
     from pipekit_train.lightning import _bridge, _data
 
@@ -238,7 +238,7 @@ def time_layer(data: ArrayDataset, op: LightningModelOp, batch: int, steps: int)
     print(f"  {wall / steps * 1e6:7.1f} µs/step  whole run() incl. Trainer set-up")
 
 
-def profile_adapter(data: ArrayDataset, op: LightningModelOp, batch: int, steps: int) -> None:
+def profile_adapter(data: ArrayDataset, op: TorchModelOp, batch: int, steps: int) -> None:
     """cProfile of one adapter run, grouped."""
     prof = cProfile.Profile()
     prof.enable()

@@ -44,7 +44,7 @@ The table gives the mean and the range (min–max) over the seeds of each side; 
 "equal within the spread of three seeds" when the two ranges overlap.
 
 **The torch pair.** `library`: the same `TrainingLoop` with
-`LightningModelOp("pipekit_train.lightning.testing:mlp", ...)` and `adapter=Torch()`;
+`TorchModelOp("pipekit_train.lightning.testing:mlp", ...)` and `adapter=Torch()`;
 `hand`: `reference_rollout_torch.py`, plain torch + numpy (no pipekit code), the same
 windows, statistics, step, loss and batch order as the optax reference. Both torch sides
 build the MLP under `torch.manual_seed(seed)` with torch's default initialisation, so
@@ -63,7 +63,7 @@ generator (the same uniform `±1/sqrt(fan_in)` family, other numbers), so the tw
 start from different weights: the errors are compared as ranges over the seeds.
 
 **The lightning pair.** `library`: the same `TrainingLoop` with
-`LightningModelOp("pipekit_train.lightning.testing:mlp", ...)` and its default adapter
+`TorchModelOp("pipekit_train.lightning.testing:mlp", ...)` and its default adapter
 (`Lightning()`, the one `TrainingLoop` picks without `adapter=`: a real Lightning
 `Trainer.fit`); `hand`: the torch pair's plain-torch reference (`hand_torch` again). Both start from the same weights
 (`torch.manual_seed(seed)`, as in the torch pair) and run torch on one thread.

@@ -78,13 +78,13 @@ from _shared import (
 
 from pipekit_train.core import TrainingLoop
 from pipekit_train.core.data import ArrayDataset
-from pipekit_train.lightning import LightningModelOp, Torch
+from pipekit_train.lightning import Torch, TorchModelOp
 
 LR = 1e-3
 SEED = 0
 
 
-def make_op(in_size: int, width: int, depth: int) -> LightningModelOp:
+def make_op(in_size: int, width: int, depth: int) -> TorchModelOp:
     """The benchmark MLP as a model operator."""
     return mlp_op("torch", in_size, width, depth, seed=SEED)
 
@@ -99,7 +99,7 @@ def paired_ratio(rates: list[float], reference: list[float]) -> float:
 
 # -- hand-written loops ------------------------------------------------------------------------
 def hand_indexed(
-    data: ArrayDataset, op: LightningModelOp, batch: int, clock: Clock, device: str
+    data: ArrayDataset, op: TorchModelOp, batch: int, clock: Clock, device: str
 ) -> None:
     net = copy.deepcopy(op.model).to(device).train()
     opt = torch.optim.Adam(net.parameters(), lr=LR)
@@ -126,7 +126,7 @@ def hand_indexed(
 
 
 def hand_dataloader(
-    data: ArrayDataset, op: LightningModelOp, batch: int, clock: Clock, device: str
+    data: ArrayDataset, op: TorchModelOp, batch: int, clock: Clock, device: str
 ) -> None:
     net = copy.deepcopy(op.model).to(device).train()
     opt = torch.optim.Adam(net.parameters(), lr=LR)
@@ -162,7 +162,7 @@ def hand_dataloader(
 def adapter_run(
     make_adapter: Callable[[], Any],
     data: ArrayDataset,
-    op: LightningModelOp,
+    op: TorchModelOp,
     batch: int,
     clock: Clock,
     device: str,
@@ -270,7 +270,7 @@ def run_one(
     table: dict[str, tuple[str, Any]],
     key: str,
     data: ArrayDataset,
-    op: LightningModelOp,
+    op: TorchModelOp,
     batch: int,
     device: str,
     notes: dict[str, Any],

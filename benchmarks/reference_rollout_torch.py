@@ -20,7 +20,7 @@ numpy for the data and statistics, a `torch.nn.Sequential` of `Linear` and `Tanh
   (backpropagation through all of them).
 - **The model.** `d -> width x depth -> d` with tanh, built under `torch.manual_seed(seed)`
   with torch's default initialisation (uniform `±1/sqrt(fan_in)`), layers created in
-  order: the same initial weights as `LightningModelOp("pipekit_train.lightning.testing:
+  order: the same initial weights as `TorchModelOp("pipekit_train.lightning.testing:
   mlp", ..., seed=seed)`. They differ from the optax reference's (`PRNGKey(seed)`), which
   draws from another generator.
 

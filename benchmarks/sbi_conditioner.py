@@ -10,7 +10,7 @@ is one hidden layer on `[y_A, embedding of x]` with weights of its own: the desi
 neural spline flow, written as a network whose output the unchanged flow head reads (same
 loss, same `Flow`, same sampling).
 
-The output layout is `losses.flow_nll`'s (see `pipekit_train.core.losses._flow`); this
+The output layout is `losses.flow_nll`'s (see `pipekit_train.core.distributions._flow_math`); this
 module only decides which slots are constants.
 """
 
