@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import pipekit_train.core as core
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -88,3 +90,26 @@ def test_ruff_bans_backend_imports_in_core() -> None:
     config = (ROOT / "packages" / "core" / "pyproject.toml").read_text()
     for name in ("jax", "torch", "keras", "equinox", "lightning", "tensorflow"):
         assert f'"{name}".msg' in config
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "home"),
+    [
+        ("pipekit_train.core.adapter", "OPTIMIZERS", "pipekit_train.core.spec"),
+        ("pipekit_train.core.adapter", "CheckpointStore", "pipekit_train.core.checkpoint"),
+        ("pipekit_train.core.adapter", "NotSupportedError", "pipekit_train.core"),
+        ("pipekit_train.core.utils", "fit_with_ray_trainer", "pipekit_train.core.adapter"),
+    ],
+)
+def test_names_that_left_a_public_module_still_import_with_a_warning(
+    module: str, name: str, home: str
+) -> None:
+    import importlib
+
+    old = importlib.import_module(module)
+    assert name not in old.__all__
+    with pytest.warns(DeprecationWarning, match=f"import it from `{home}`"):
+        value = getattr(old, name)
+    assert value is getattr(importlib.import_module(home), name)
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        old.no_such_name  # noqa: B018

@@ -9,7 +9,7 @@ from typing import Any
 
 from ._errors import ConfigError
 
-__all__ = ["import_string", "object_path", "optional_import", "split_import_path"]
+__all__ = ["import_string", "moved_names", "object_path", "optional_import", "split_import_path"]
 
 
 def split_import_path(path: Any, *, field: str = "factory") -> tuple[str, str]:
@@ -97,3 +97,33 @@ def optional_import(module: str, *, extra: str, package: str) -> ModuleType:
             f"`{module}` is required for this feature but is not installed. "
             f"Install it with `pip install '{package}[{extra}]'`."
         ) from exc
+
+
+def moved_names(module: str, moves: dict[str, tuple[str, str]]) -> Callable[[str], Any]:
+    """A module `__getattr__` that still serves names which moved elsewhere, with a warning.
+
+    A public module that stops exporting a name keeps old imports working this way,
+    without holding the name in its `__all__`.
+
+    Args:
+        module: the dotted name of the module the names left.
+        moves: name → (the module that holds it now, the public module to import it from).
+
+    Returns:
+        The `__getattr__` to assign in `module`.
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name not in moves:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        holder, public = moves[name]
+        import warnings
+
+        warnings.warn(
+            f"`{module}.{name}` moved: import it from `{public}`.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(holder), name)
+
+    return __getattr__

@@ -42,12 +42,16 @@ no adapter using it.
 - **Ray Train**: `fit_with_ray_trainer`, `ray_train_worker`, `check_ray_fit` (what each
   adapter's `ray` module builds on).
 
-See the "Writing an adapter" page of the docs for a walk-through.
+See the "Writing an adapter" page of the docs for a walk-through. Names this module held
+before and no adapter uses (`OPTIMIZERS`, `SCHEDULES`, `PRECISIONS`, `NonFinitePolicy`,
+`Checkpointer`, `CheckpointStore`, `TornCheckpointWarning`, `NotSupportedError`,
+`PREFETCH_MIN_BYTES`) still import from here, with a `DeprecationWarning` naming their
+home.
 """
 
 from ._checks import check_seed, positive_int
 from ._errors import CheckpointError, ConfigError
-from ._imports import object_path, optional_import
+from ._imports import moved_names, object_path, optional_import
 from .artifact._artifact import TrainingArtifact
 from .checkpoint._engine import DirectoryCheckpointer, Restored
 from .checkpoint._policy import Checkpoint
@@ -135,3 +139,21 @@ __all__ = [
     "torch_rollout",
     "translate_precision",
 ]
+
+__getattr__ = moved_names(
+    __name__,
+    {
+        "OPTIMIZERS": ("pipekit_train.core.spec", "pipekit_train.core.spec"),
+        "PRECISIONS": ("pipekit_train.core.spec", "pipekit_train.core.spec"),
+        "SCHEDULES": ("pipekit_train.core.spec", "pipekit_train.core.spec"),
+        "NonFinitePolicy": ("pipekit_train.core.spec", "pipekit_train.core.spec"),
+        "Checkpointer": ("pipekit_train.core.checkpoint", "pipekit_train.core.checkpoint"),
+        "CheckpointStore": ("pipekit_train.core.checkpoint", "pipekit_train.core.checkpoint"),
+        "TornCheckpointWarning": ("pipekit_train.core.checkpoint", "pipekit_train.core.checkpoint"),
+        "NotSupportedError": ("pipekit_train.core", "pipekit_train.core"),
+        "PREFETCH_MIN_BYTES": (
+            "pipekit_train.core.run._prefetch",
+            "pipekit_train.core.run._prefetch",
+        ),
+    },
+)

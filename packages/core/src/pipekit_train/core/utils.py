@@ -10,11 +10,12 @@
   create and file lock every package writes local files through.
 
 Adapter authors find everything they take from core (the Ray Train drivers included) in
-`pipekit_train.core.adapter`.
+`pipekit_train.core.adapter`; `fit_with_ray_trainer`, `ray_train_worker`, `check_ray_fit`
+and `RayTrainReport` still import from here, with a `DeprecationWarning`.
 """
 
 from ._atomic import ExclusiveLock, create_exclusive, write_atomic
-from ._imports import import_string, object_path, optional_import
+from ._imports import import_string, moved_names, object_path, optional_import
 from .contract._backends import GROUP as BACKENDS_GROUP
 from .contract._backends import backend_names, load_backend
 
@@ -29,3 +30,17 @@ __all__ = [
     "optional_import",
     "write_atomic",
 ]
+
+__getattr__ = moved_names(
+    __name__,
+    {
+        **{
+            name: ("pipekit_train.core.adapter", "pipekit_train.core.adapter")
+            for name in ("check_ray_fit", "fit_with_ray_trainer", "ray_train_worker")
+        },
+        "RayTrainReport": (
+            "pipekit_train.core.train._ray_train",
+            "pipekit_train.core.train._ray_train",
+        ),
+    },
+)
