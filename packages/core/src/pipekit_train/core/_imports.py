@@ -99,7 +99,7 @@ def optional_import(module: str, *, extra: str, package: str) -> ModuleType:
         ) from exc
 
 
-def moved_names(module: str, moves: dict[str, tuple[str, str]]) -> Callable[[str], Any]:
+def moved_names(module: str, moves: dict[str, str]) -> Callable[[str], Any]:
     """A module `__getattr__` that still serves names which moved elsewhere, with a warning.
 
     A public module that stops exporting a name keeps old imports working this way,
@@ -107,7 +107,7 @@ def moved_names(module: str, moves: dict[str, tuple[str, str]]) -> Callable[[str
 
     Args:
         module: the dotted name of the module the names left.
-        moves: name → (the module that holds it now, the public module to import it from).
+        moves: name → the module to import it from now.
 
     Returns:
         The `__getattr__` to assign in `module`.
@@ -116,14 +116,13 @@ def moved_names(module: str, moves: dict[str, tuple[str, str]]) -> Callable[[str
     def __getattr__(name: str) -> Any:
         if name not in moves:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        holder, public = moves[name]
         import warnings
 
         warnings.warn(
-            f"`{module}.{name}` moved: import it from `{public}`.",
+            f"`{module}.{name}` moved: import it from `{moves[name]}`.",
             DeprecationWarning,
             stacklevel=2,
         )
-        return getattr(importlib.import_module(holder), name)
+        return getattr(importlib.import_module(moves[name]), name)
 
     return __getattr__

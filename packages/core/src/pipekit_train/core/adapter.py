@@ -143,17 +143,14 @@ __all__ = [
 __getattr__ = moved_names(
     __name__,
     {
-        "OPTIMIZERS": ("pipekit_train.core.spec", "pipekit_train.core.spec"),
-        "PRECISIONS": ("pipekit_train.core.spec", "pipekit_train.core.spec"),
-        "SCHEDULES": ("pipekit_train.core.spec", "pipekit_train.core.spec"),
-        "NonFinitePolicy": ("pipekit_train.core.spec", "pipekit_train.core.spec"),
-        "Checkpointer": ("pipekit_train.core.checkpoint", "pipekit_train.core.checkpoint"),
-        "CheckpointStore": ("pipekit_train.core.checkpoint", "pipekit_train.core.checkpoint"),
-        "TornCheckpointWarning": ("pipekit_train.core.checkpoint", "pipekit_train.core.checkpoint"),
-        "NotSupportedError": ("pipekit_train.core", "pipekit_train.core"),
-        "PREFETCH_MIN_BYTES": (
-            "pipekit_train.core.run._prefetch",
-            "pipekit_train.core.run._prefetch",
-        ),
+        "OPTIMIZERS": "pipekit_train.core.spec",
+        "PRECISIONS": "pipekit_train.core.spec",
+        "SCHEDULES": "pipekit_train.core.spec",
+        "NonFinitePolicy": "pipekit_train.core.spec",
+        "Checkpointer": "pipekit_train.core.checkpoint",
+        "CheckpointStore": "pipekit_train.core.checkpoint",
+        "TornCheckpointWarning": "pipekit_train.core.checkpoint",
+        "NotSupportedError": "pipekit_train.core",
+        "PREFETCH_MIN_BYTES": "pipekit_train.core.run._prefetch",
     },
 )

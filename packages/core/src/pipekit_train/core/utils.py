@@ -35,12 +35,9 @@ __getattr__ = moved_names(
     __name__,
     {
         **{
-            name: ("pipekit_train.core.adapter", "pipekit_train.core.adapter")
+            name: "pipekit_train.core.adapter"
             for name in ("check_ray_fit", "fit_with_ray_trainer", "ray_train_worker")
         },
-        "RayTrainReport": (
-            "pipekit_train.core.train._ray_train",
-            "pipekit_train.core.train._ray_train",
-        ),
+        "RayTrainReport": "pipekit_train.core.train._ray_train",
     },
 )
