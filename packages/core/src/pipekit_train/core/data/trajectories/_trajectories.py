@@ -181,6 +181,41 @@ class Trajectories:
         check_keys(state_key, static, forcings)
         return cls._view(RowSource(dataset, length, state_key, static, forcings), state_key, None)
 
+    @classmethod
+    def from_source(cls, source: Any, *, state_key: str = "x") -> Trajectories:
+        """Trajectories read from a trajectory source (a field reader, or your own).
+
+        A source has `n` trajectories of `length` states and answers
+        `gather(traj (B,), times (B, L)) -> (states (B, L, *state_shape),
+        static {key: (B, ...)}, forcings {key: (B, L, ...)})`, `spec() -> (state spec,
+        static specs, forcing specs)` (`ArraySpec`s of one state / trajectory value /
+        time step), `chunk_states()` (`(states per storage chunk, shuffle window)` of
+        an out-of-core layout, or None) and `fingerprint(hasher)`. The readers of
+        `pipekit_train.core.data.readers` (The Well's HDF5, xarray) are sources.
+
+        Args:
+            source: the trajectory source.
+            state_key: the key of the states in an item.
+
+        Raises:
+            ConfigError: `source` lacks part of the protocol, or its keys clash.
+        """
+        missing = [
+            name
+            for name in ("n", "length", "spec", "gather", "chunk_states", "fingerprint")
+            if not hasattr(source, name)
+        ]
+        if missing:
+            raise ConfigError(
+                "`source` must be a trajectory source (n, length, spec(), gather(traj, "
+                "times), chunk_states(), fingerprint(h)). Received: "
+                f"source={type(source).__name__}, which lacks {missing}. Use a reader of "
+                "pipekit_train.core.data.readers, or Trajectories(states) for arrays."
+            )
+        _, static, forcings = source.spec()
+        check_keys(state_key, tuple(static), tuple(forcings))
+        return cls._view(source, state_key, None)
+
     # -- shape and content -------------------------------------------------------------
     @property
     def length(self) -> int:
