@@ -69,19 +69,85 @@ def test_k1_gives_the_next_state_and_increments_give_residual_targets() -> None:
     )
 
 
-def test_static_and_forcing_inputs_are_carried_along() -> None:
-    states = _states(3, 10)
+def test_static_inputs_forcings_and_history_reach_the_model_input() -> None:
+    states = _states(3, 10)  # (3, 10, 3)
     theta = np.arange(6.0).reshape(3, 2)
     forcing = np.arange(30.0).reshape(3, 10, 1)
     trajs = Trajectories(states, static={"theta": theta}, forcings={"f": forcing})
-    windows = TrajectoryWindows(trajs, k=2, step=2)
-    batch = windows.get_batch(np.array([0, 7]))  # 6 windows each: (0, t=0) and (1, t=1)
-    np.testing.assert_array_equal(batch["theta"], theta[[0, 1]])
-    np.testing.assert_array_equal(batch["f"][0], forcing[0, [0, 2]])
-    np.testing.assert_array_equal(batch["f"][1], forcing[1, [1, 3]])
-    assert windows.keys == ("x", "y", "theta", "f")
+    windows = TrajectoryWindows(trajs, k=2, step=2, history=2)
+    # 4 windows each (span 7 of 10): (0, t=0) and (1, t=3): the current times are 2 and 5
+    batch = windows.get_batch(np.array([0, 7]))
+    assert windows.keys == ("x", "y", "forcing")
+    assert windows.inputs.in_channels == 2 * 3 + 1 + 2
+    for row, (i, t) in enumerate([(0, 2), (1, 5)]):
+        want = np.concatenate([states[i, t - 2], states[i, t], forcing[i, t], theta[i]])
+        np.testing.assert_array_equal(batch["x"][row], want)
+        np.testing.assert_array_equal(batch["y"][row], states[i, [t + 2, t + 4]])
+        # each unrolled step's forcing, at the time the step starts from
+        np.testing.assert_array_equal(batch["forcing"][row], forcing[i, [t, t + 2]])
     one_step = TrajectoryWindows(trajs, k=1)
-    np.testing.assert_array_equal(one_step[12]["f"], forcing[1, 3])
+    assert one_step.keys == ("x", "y")  # step 0's forcing is in "x"
+    np.testing.assert_array_equal(
+        one_step[12]["x"], np.concatenate([states[1, 3], forcing[1, 3], theta[1]])
+    )
+    # a state alone: the input is the state, as before
+    assert TrajectoryWindows(states, k=2).element_spec["x"].shape == (3,)
+
+
+def test_extras_on_a_grid_are_broadcast_or_taken_as_fields() -> None:
+    rng = np.random.default_rng(0)
+    states = rng.normal(size=(2, 6, 4, 5, 2)).astype(np.float32)
+    nu = rng.normal(size=(2, 1))
+    mask = rng.normal(size=(2, 4, 5, 1))
+    windows = TrajectoryWindows(Trajectories(states, static={"nu": nu, "mask": mask}))
+    x = windows[1]["x"]  # trajectory 0, t = 1
+    assert x.shape == (4, 5, 4) and x.dtype == np.float32
+    np.testing.assert_array_equal(x[..., :2], states[0, 1])
+    np.testing.assert_allclose(x[..., 2], np.full((4, 5), nu[0, 0], np.float32))
+    np.testing.assert_allclose(x[..., 3], mask[0, ..., 0].astype(np.float32))
+    with pytest.raises(ConfigError, match=r"static 'bad' with shape \(3, 5, 1\) for states .* \(4, 5, C\)"):
+        TrajectoryWindows(Trajectories(states, static={"bad": np.zeros((2, 3, 5, 1))}))
+
+
+def test_the_windows_normalizer_covers_every_input_channel() -> None:
+    rng = np.random.default_rng(1)
+    states = rng.normal(3.0, 2.0, size=(4, 30, 2))
+    theta = rng.normal(-1.0, 0.5, size=(4, 1))
+    f = rng.normal(10.0, 4.0, size=(4, 30, 1))
+    trajs = Trajectories(states, static={"theta": theta}, forcings={"f": f})
+    norm = TrajectoryWindows(trajs, k=1, history=2, targets="increments").normalizer()
+    want_mean = np.concatenate([states.mean((0, 1))] * 2 + [f.mean((0, 1)), theta.mean(0)])
+    want_std = np.concatenate([states.std((0, 1))] * 2 + [f.std((0, 1)), theta.std(0)])
+    np.testing.assert_allclose(norm.mean["x"], want_mean, rtol=1e-12)
+    np.testing.assert_allclose(norm.std["x"], want_std, rtol=1e-12)
+    inc = states[:, 1:] - states[:, :-1]
+    np.testing.assert_allclose(norm.mean["y"], inc.mean((0, 1)), rtol=1e-12)
+    # normalising the whole input equals normalising each piece by its own statistics
+    x = TrajectoryWindows(trajs, k=1, history=2).get_batch(np.arange(5))["x"]
+    pieces = (x - want_mean) / want_std
+    np.testing.assert_allclose(norm.apply({"x": x})["x"], pieces, rtol=1e-12)
+
+
+def test_a_long_trajectory_is_fitted_in_pieces_along_time(monkeypatch) -> None:
+    from pipekit_train.core.data.trajectories import _stats
+
+    rng = np.random.default_rng(2)
+    states = rng.normal(size=(2, 50, 3)).cumsum(axis=1)
+    whole = fit_trajectory_normalizer(Trajectories(states), step=3)
+    monkeypatch.setattr(_stats, "_READ_ELEMENTS", 20)  # 3 states per read, in pieces
+    pieces = fit_trajectory_normalizer(Trajectories(states), step=3)
+    for key in ("x", "y"):
+        np.testing.assert_allclose(pieces.mean[key], whole.mean[key], rtol=1e-12)
+        np.testing.assert_allclose(pieces.std[key], whole.std[key], rtol=1e-12)
+    inc = states[:, 3:] - states[:, :-3]
+    np.testing.assert_allclose(pieces.std["y"], inc.reshape(-1, 3).std(0), rtol=1e-12)
+
+
+def test_history_longer_than_the_trajectories_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"history=6.*T=6.*shorter history"):
+        TrajectoryWindows(_states(2, 6), k=1, history=6)
+    with pytest.raises(ConfigError, match=r"`history` must be an int >= 1.*history=0"):
+        TrajectoryWindows(_states(2, 6), history=0)
 
 
 # -- sources: a simulator and caches ----------------------------------------------------
@@ -160,6 +226,8 @@ def test_mismatched_extra_inputs_are_refused() -> None:
         Trajectories(states, forcings={"f": np.zeros((5, 11))})
     with pytest.raises(ConfigError, match=r"'y'"):
         TrajectoryWindows(Trajectories(states, static={"y": np.zeros((5, 1))}))
+    with pytest.raises(ConfigError, match=r"'forcing'"):
+        TrajectoryWindows(Trajectories(states, forcings={"forcing": np.zeros((5, 12, 1))}))
     with pytest.raises(ConfigError, match=r"states\[\.\.\., None\]"):
         Trajectories(np.zeros((5, 12)))
 

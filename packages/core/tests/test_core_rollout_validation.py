@@ -142,7 +142,7 @@ def test_one_step_training_on_windows_then_rollout_validation() -> None:
     train, val = TrajectoryWindows(trajs, k=1, targets="increments").split((0.75, 0.25), seed=0)
     norm = train.normalizer()
     artifact = TrainingLoop(
-        model=NumpyLinearOp("pipekit_train.core.testing:linear", in_size=2, out_size=2),
+        model=NumpyLinearOp("pipekit_train.core.testing:linear", in_size=3, out_size=2),
         data=train,
         validation=val,
         normalizer=norm,
@@ -151,7 +151,8 @@ def test_one_step_training_on_windows_then_rollout_validation() -> None:
         max_steps=400,
         progress=False,
     ).run()
-    forward = NeuralForward(artifact.model, norm, residual=True)
+    # the static phase reaches the model as a third input channel
+    forward = NeuralForward(artifact.model, norm, residual=True, inputs=artifact.inputs)
     held_out = val.trajectories
     report = rollout_validation(forward, held_out, 30)
     persistence = rollout_validation(lambda x: x, held_out, 30)

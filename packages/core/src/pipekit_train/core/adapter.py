@@ -33,7 +33,7 @@ no adapter using it.
 - **The step's metrics**: `GRAD_NORM`, `global_grad_norm` (one definition of the
   `grad_norm` metric for every backend).
 - **Rollout training**: `RolloutSpec`, `rollout_spec`, `prepare_rollout`, `rollout_loss`,
-  `evaluates_as_rollout`, `NOISE_KEY`, and the two device loops `jax_rollout` and
+  `evaluates_as_rollout`, `NOISE_KEY`, `FORCING_KEY`, and the two device loops `jax_rollout` and
   `torch_rollout`.
 - **Embedding networks**: `check_deep_set_options` and `deep_set_shape_error`, the checks
   every backend's `deep_set` shares.
@@ -60,6 +60,7 @@ from .checkpoint._store import TornStepError, open_store
 from .contract._adapter import Adapter, Capabilities, StepBackend
 from .contract._backends import BackendEntry
 from .data import is_core_dataset
+from .data.trajectories._windows import FORCING_KEY
 from .metrics._grad_norm import GRAD_NORM, global_grad_norm
 from .model._embeddings import check_deep_set_options
 from .model._embeddings import set_shape_error as deep_set_shape_error
@@ -90,6 +91,7 @@ from .train._step_loop import StepAdapter, run_step_loop
 __all__ = [
     "GRAD_NORM",
     "NOISE_KEY",
+    "FORCING_KEY",
     "Adapter",
     "BackendEntry",
     "Capabilities",

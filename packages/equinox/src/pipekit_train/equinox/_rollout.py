@@ -22,6 +22,7 @@ import numpy as np
 
 import equinox as eqx
 from pipekit_train.core.adapter import (
+    FORCING_KEY,
     NOISE_KEY,
     Rollout,
     RolloutSpec,
@@ -127,6 +128,7 @@ class RolloutLoss:
         seed: the plan's seed.
         accumulate: batches per optimizer update (the counter counts batches).
         state_ndim: the axes of one state.
+        inputs: the model input's layout (`plan.inputs`), None for the state alone.
     """
 
     def __init__(
@@ -138,10 +140,11 @@ class RolloutLoss:
         seed: int,
         accumulate: int = 1,
         state_ndim: int = 1,
+        inputs: Any = None,
     ):
         self.rollout = rollout
         self.normalizer = normalizer
-        self.spec = rollout_spec(normalizer, rollout.residual, state_ndim)
+        self.spec = rollout_spec(normalizer, rollout.residual, state_ndim, inputs)
         self.loss_fn = loss_fn
         self.seed = int(seed)
         self.accumulate = int(accumulate)
@@ -179,6 +182,7 @@ class RolloutLoss:
             self.accumulate,
             self.spec.state_ndim,
             norm,
+            None if self.spec.inputs is None else repr(self.spec.inputs.to_json()),
         )
 
     def predict(
@@ -198,6 +202,7 @@ class RolloutLoss:
             detach=jax.lax.stop_gradient,
             noise=noise,
             constant=lambda a: jnp.asarray(a, x.dtype),
+            forcing=batch.get(FORCING_KEY),
         )
 
     def train_loss(self, model_fn: Callable[[Any], Any], batch: Any, counter: Any) -> Any:

@@ -160,6 +160,7 @@ class EquinoxStepBackend(StepBackend[FlatState]):
             seed=plan.seed,
             accumulate=plan.accumulate_grad_batches,
             state_ndim=ndim,
+            inputs=plan.inputs,
         )
 
     # -- state -------------------------------------------------------------------------

@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core.adapter import (
+    FORCING_KEY,
     NOISE_KEY,
     ConfigError,
     Rollout,
@@ -173,12 +174,14 @@ def check_rollout_model(model: Any, rollout: Rollout) -> None:
 def rollout_targets(batch: Mapping[str, Any]) -> Any:
     """The `y` that `model.fit` gets for a rollout batch: the targets, with the noise.
 
-    Without noise the targets themselves; with `batch["noise"]` a dict
-    `{"y": targets, "noise": noise}` (Keras passes `y` through to `compute_loss` only).
+    Without noise or forcings the targets themselves; with `batch["noise"]` or each
+    step's forcings (`batch["forcing"]`) a dict `{"y": targets, "noise": noise,
+    "forcing": ...}` (Keras passes `y` through to `compute_loss` only).
     """
-    if NOISE_KEY not in batch:
+    extras = [key for key in (NOISE_KEY, FORCING_KEY) if key in batch]
+    if not extras:
         return batch[TARGET_KEY]
-    return {TARGET_KEY: batch[TARGET_KEY], NOISE_KEY: batch[NOISE_KEY]}
+    return {TARGET_KEY: batch[TARGET_KEY], **{key: batch[key] for key in extras}}
 
 
 class RolloutLoss:
@@ -191,6 +194,7 @@ class RolloutLoss:
         loss_fn: core's loss (`"mse"`).
         accumulate: batches per optimizer update.
         state_ndim: the axes of one state.
+        inputs: the model input's layout (`plan.inputs`), None for the state alone.
     """
 
     def __init__(
@@ -202,10 +206,11 @@ class RolloutLoss:
         *,
         accumulate: int = 1,
         state_ndim: int = 1,
+        inputs: Any = None,
     ):
         self.model = model
         self.rollout = rollout
-        self.spec = rollout_spec(normalizer, rollout.residual, state_ndim)
+        self.spec = rollout_spec(normalizer, rollout.residual, state_ndim, inputs)
         self.loss_fn = loss_fn
         self.accumulate = int(accumulate)
         self.stages = rollout.stages()
@@ -217,7 +222,13 @@ class RolloutLoss:
 
     # -- one rollout ---------------------------------------------------------------------
     def predict(
-        self, model_fn: Callable[[Any], Any], x: Any, y: Any, k: int, noise: Any = None
+        self,
+        model_fn: Callable[[Any], Any],
+        x: Any,
+        y: Any,
+        k: int,
+        noise: Any = None,
+        forcing: Any = None,
     ) -> tuple[Any, Any]:
         """`(loss, predicted targets (B, k, ...))` of a `k`-step rollout on device arrays."""
         import array_api_compat
@@ -255,6 +266,7 @@ class RolloutLoss:
             detach=detach,
             noise=noise,
             constant=constant,
+            forcing=forcing,
         )
 
     def _checkpointed(self, model_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -294,7 +306,11 @@ class RolloutLoss:
         """`Model.compute_loss`: the rollout loss of the batch (`y_pred` is not used)."""
         import keras
 
-        target, noise = (y[TARGET_KEY], y.get(NOISE_KEY)) if isinstance(y, Mapping) else (y, None)
+        target, noise, forcing = (
+            (y[TARGET_KEY], y.get(NOISE_KEY), y.get(FORCING_KEY))
+            if isinstance(y, Mapping)
+            else (y, None, None)
+        )
         model = self.model
 
         def model_fn(s: Any) -> Any:
@@ -306,7 +322,7 @@ class RolloutLoss:
             raise RuntimeError("the rollout loss was computed outside the wrapped train step")
         else:
             k = self.k
-        loss = self.predict(model_fn, x, target, k, noise if training else None)[0]
+        loss = self.predict(model_fn, x, target, k, noise if training else None, forcing)[0]
         for extra in model.losses:  # regularizers, as Keras adds them to its loss
             loss = loss + keras.ops.cast(keras.ops.sum(extra), loss.dtype)
         return loss
@@ -376,6 +392,7 @@ class RolloutLoss:
             backprop=self.rollout.backprop,
             loss_fn=self.loss_fn,
             constant=lambda a: np.asarray(a, x.dtype),
+            forcing=None if FORCING_KEY not in batch else np.asarray(batch[FORCING_KEY]),
         )
         return np.asarray(pred), float(loss)
 
@@ -392,6 +409,7 @@ def install_rollout(model: Any, plan: Any) -> RolloutLoss:
         plan.loss,
         accumulate=plan.accumulate_grad_batches,
         state_ndim=ndim,
+        inputs=plan.inputs,
     )
     object.__setattr__(model, "compute_loss", training.compute_loss)
     training.wrap_train_step()

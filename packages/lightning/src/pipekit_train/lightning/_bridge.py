@@ -42,6 +42,7 @@ import torch
 
 import lightning as L
 from pipekit_train.core.adapter import (
+    FORCING_KEY,
     GRAD_NORM,
     Plan,
     RunLifecycle,
@@ -345,7 +346,8 @@ class LightningHooks(L.Callback):
         if self.rollout is not None and evaluates_as_rollout(batch, self.rollout.rollout):
             # windows: the longest rollout, without noise; pairs (`state.predict`, e.g.
             # RolloutMonitor's one-step calls): one model application, below
-            inputs = {k: as_input(batch[k], dtype, device) for k in ("x", "y")}
+            keys = ("x", "y", FORCING_KEY) if FORCING_KEY in batch else ("x", "y")
+            inputs = {k: as_input(batch[k], dtype, device) for k in keys}
             pred, loss = self.rollout.eval_loss(module, inputs)
             return to_host(pred), float(loss)
         pred = module(as_input(batch["x"], dtype, device))

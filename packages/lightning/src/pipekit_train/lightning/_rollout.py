@@ -47,6 +47,7 @@ import torch
 import torch.utils.checkpoint
 
 from pipekit_train.core.adapter import (
+    FORCING_KEY,
     NOISE_KEY,
     Rollout,
     RolloutSpec,
@@ -145,9 +146,10 @@ class RolloutLoss:
         loss_fn: Callable[[Any, Any], Any],
         *,
         state_ndim: int = 1,
+        inputs: Any = None,
     ):
         self.rollout = rollout
-        self.spec = rollout_spec(normalizer, rollout.residual, state_ndim)
+        self.spec = rollout_spec(normalizer, rollout.residual, state_ndim, inputs)
         self.loss_fn = loss_fn
         # Made once and reused by every update (torch runs the loss eagerly, so building
         # them per update was per-step host work): the statistics as tensors per (dtype,
@@ -163,7 +165,7 @@ class RolloutLoss:
             return None
         trajectories = getattr(plan.data, "trajectories", None)  # TrajectoryWindows (checked)
         ndim = len(trajectories.state_shape) if trajectories is not None else 1
-        return cls(plan.rollout, plan.normalizer, loss_fn, state_ndim=ndim)
+        return cls(plan.rollout, plan.normalizer, loss_fn, state_ndim=ndim, inputs=plan.inputs)
 
     def predict(
         self, model_fn: Callable[[Any], Any], batch: Mapping[str, Any], k: int, noise: Any = None
@@ -208,7 +210,7 @@ class RolloutLoss:
         x = batch["x"]
         xp = array_api_compat.array_namespace(x)
         constant = self._constant(x.dtype, x.device)
-        shape = tuple(x.shape[1:])
+        shape = self.spec.state_shape(tuple(x.shape[1:]))
         key = (shape, x.dtype, x.device)
         step = self._steps.get(key)
         if step is None:
@@ -229,6 +231,7 @@ class RolloutLoss:
             constant=constant,
             step=step,
             predictions=predictions,
+            forcing=batch.get(FORCING_KEY),
         )
 
     def train_loss(

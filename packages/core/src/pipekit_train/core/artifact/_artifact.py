@@ -388,6 +388,18 @@ class TrainingArtifact:
         return record
 
     @property
+    def inputs(self) -> Any:
+        """The model input's layout (`ModelInputs`) when the model saw history, forcings
+        or static inputs in training (`NeuralForward(..., inputs=artifact.inputs)`);
+        None for a model of the state alone."""
+        data = self.plan.get("inputs") if isinstance(self.plan, Mapping) else None
+        if data is None:
+            return None
+        from pipekit_train.core.data.trajectories._inputs import ModelInputs
+
+        return ModelInputs.from_json(data)
+
+    @property
     def resume_note(self) -> str:
         """How this run started, for humans: `""` (from step 0), `"resumed at step N"`, or
         `"resumed at step N, nothing left to train"` (one wording for `summary()` and the CLI).

@@ -17,7 +17,13 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError
-from pipekit_train.core.data import Trajectories, TrajectoryWindows, make_batches
+from pipekit_train.core.data import (
+    FORCING_KEY,
+    ModelInputs,
+    Trajectories,
+    TrajectoryWindows,
+    make_batches,
+)
 from pipekit_train.core.distributions._heads import head_for_loss, head_options_for_loss
 from pipekit_train.core.metrics import DEFAULT_LEAD_BOUNDS, resolve_metrics
 from pipekit_train.core.rollout._cycle import NeuralForward
@@ -130,6 +136,7 @@ def artifact_rollout(
         residual=residual,
         head=head,
         state_ndim=state_ndim,
+        inputs=None if plan.get("inputs") is None else ModelInputs.from_json(plan["inputs"]),
         **(head_options_for_loss(loss) or {}),
     )
     return rollout_validation(
@@ -186,7 +193,9 @@ def rollout_window_loss(
             f"held_out, k>={trained.max_steps}, targets={wanted!r})."
         )
     loss_fn = losses.get(loss)
-    spec = rollout_spec(normalizer, trained.residual, len(data.trajectories.state_shape))
+    spec = rollout_spec(
+        normalizer, trained.residual, len(data.trajectories.state_shape), data.inputs
+    )
     weights = trained.step_weights(trained.max_steps)
 
     def model_fn(x_norm: Any) -> Any:
@@ -202,6 +211,9 @@ def rollout_window_loss(
             weights=weights,
             backprop="full",
             loss_fn=loss_fn,
+            forcing=None
+            if FORCING_KEY not in batch
+            else np.asarray(batch[FORCING_KEY], np.float64),
         )
         return pred, float(value)
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.data.trajectories._inputs import ModelInputs
 from pipekit_train.core.distributions._heads import head_for_loss, head_options_for_loss
 from pipekit_train.core.metrics import DEFAULT_LEAD_BOUNDS
 from pipekit_train.core.rollout._cycle import NeuralForward
@@ -123,9 +124,13 @@ class RolloutMonitor:
         """Roll the trajectories out with the current weights; return the errors."""
         head, options = self._head
 
+        inputs = state.plan.get("inputs")
+        layout = None if inputs is None else ModelInputs.from_json(inputs)
+
         def model(x_norm: np.ndarray) -> np.ndarray:
             x_in = np.asarray(x_norm, dtype=np.float32)
-            pred = np.asarray(state.predict({"x": x_in, "y": np.zeros_like(x_in)}))
+            y = x_in if layout is None else x_in[..., layout.state_channels]
+            pred = np.asarray(state.predict({"x": x_in, "y": np.zeros_like(y)}))
             # a run trained through a one-step rollout evaluates pairs as a rollout of
             # length 1: its predicted targets `(B, 1, ...)` are the model's output
             return pred[:, 0] if pred.ndim == x_in.ndim + 1 else pred
@@ -136,6 +141,7 @@ class RolloutMonitor:
             residual=self.residual,
             head=head,
             state_ndim=self.spatial_ndim + 1,
+            inputs=layout,
             **(options or {}),
         )
         self.last_report = rollout_validation(

@@ -34,6 +34,8 @@ from .datasets import (
     split,
 )
 from .trajectories import (
+    FORCING_KEY,
+    ModelInputs,
     Trajectories,
     TrajectoryRows,
     TrajectoryWindows,
@@ -42,6 +44,7 @@ from .trajectories import (
 )
 
 __all__ = [
+    "FORCING_KEY",
     "ArrayDataset",
     "ArraySpec",
     "Batch",
@@ -49,6 +52,7 @@ __all__ = [
     "CachedDataset",
     "Dataset",
     "IterableDataset",
+    "ModelInputs",
     "Normalizer",
     "RayBuildExecutor",
     "Sample",

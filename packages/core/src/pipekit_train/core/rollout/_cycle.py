@@ -8,7 +8,7 @@ for `n_steps` and returns the trajectory, optionally calling a hook after every 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -108,6 +108,18 @@ class NeuralForward:
         state_ndim: the number of axes of one state: 1 for a vector `(d,)` (default), 3
             for a channels-last 2-D field `(H, W, C)`. An input with `state_ndim + 1` axes
             is a batch of states.
+        inputs: the model input's layout (`ModelInputs`, e.g. `artifact.inputs` or
+            `windows.inputs`) when the model sees history, forcings or static inputs;
+            each call then takes them as keywords (`history=`, `static=`, `forcing=`),
+            builds the input in that layout and normalises it as `state_key`. `state_ndim`
+            follows from it. None: the model sees the state alone.
+
+    **Forced and parametric models.** With `inputs`, `forward(state, history=...,
+    static=..., forcing=...)` advances the state: `history` holds the `h - 1` states
+    before it, oldest first (`(h - 1, *state)`, or `(n, h - 1, *state)` for a batch),
+    `static` the trajectory's static inputs and `forcing` the forcings at the step's
+    start time (`{key: value}`, with a leading `n` axis for a batch). `Cycle` supplies
+    them step by step (`Cycle(forward, n, forcings=..., static=...)`).
 
     Examples:
         ```python
@@ -137,7 +149,16 @@ class NeuralForward:
         flow_bins: int | None = None,
         flow_bound: float | None = None,
         flow_hidden: int | None = None,
+        inputs: Any = None,
     ):
+        if inputs is not None and not hasattr(inputs, "assemble"):
+            raise ConfigError(
+                "`inputs` must be a `ModelInputs` (e.g. `windows.inputs`) or None. Received: "
+                f"inputs={inputs!r:.80}."
+            )
+        self.inputs = None if inputs is None or inputs.trivial else inputs
+        if self.inputs is not None:
+            state_ndim = len(self.inputs.state_shape)
         if not callable(model_op):
             raise ConfigError(
                 f"`model_op` must be a callable model operator. Received: model_op={model_op!r}."
@@ -210,6 +231,7 @@ class NeuralForward:
         state_key: str = "x",
         output_key: str = "y",
         state_ndim: int = 1,
+        inputs: Any = None,
     ) -> NeuralForward:
         """A forward operator for a registered model, with its normalizer and head.
 
@@ -220,6 +242,7 @@ class NeuralForward:
             state_key: as for the constructor.
             output_key: as for the constructor.
             state_ndim: as for the constructor.
+            inputs: as for the constructor.
 
         Raises:
             ConfigError: the record names a head this version does not know.
@@ -239,6 +262,7 @@ class NeuralForward:
             head=head,
             **(options or {}),
             state_ndim=state_ndim,
+            inputs=inputs,
         )
 
     def _batch(self, state: Any) -> tuple[np.ndarray, bool]:
@@ -251,6 +275,77 @@ class NeuralForward:
                 + ("" if n > 1 else " For (H, W, C) fields use NeuralForward(..., state_ndim=3).")
             )
         return (x[None], True) if x.ndim == n else (x, False)
+
+    def model_input(
+        self,
+        state: Any,
+        *,
+        history: Any = None,
+        static: Mapping[str, Any] | None = None,
+        forcing: Mapping[str, Any] | None = None,
+    ) -> np.ndarray:
+        """The model's input for `state` in `inputs`' layout, in original units (the state
+        itself without a layout): a batch `(n, *spatial, C_in)`.
+
+        Raises:
+            ConfigError: a missing or misshapen history, static input or forcing.
+        """
+        batch, single = self._batch(state)
+        return self._input(batch, single, history, static, forcing)
+
+    def _input(
+        self,
+        batch: np.ndarray,
+        single: bool,
+        history: Any,
+        static: Mapping[str, Any] | None,
+        forcing: Mapping[str, Any] | None,
+    ) -> np.ndarray:
+        layout = self.inputs
+        if layout is None:
+            if history is not None or static or forcing:
+                raise ConfigError(
+                    "This forward's model sees the state alone. Received: "
+                    + ", ".join(
+                        name
+                        for name, v in (
+                            ("history", history),
+                            ("static", static),
+                            ("forcing", forcing),
+                        )
+                        if v is not None and (name == "history" or v)
+                    )
+                    + ". Construct NeuralForward(..., inputs=windows.inputs) for a model "
+                    "trained with them."
+                )
+            return batch
+        h = layout.history
+        states = [batch]
+        if h > 1:
+            if history is None:
+                raise ConfigError(
+                    f"The model sees history={h} states. Received: history=None. Pass the "
+                    f"{h - 1} state(s) before `state`, oldest first: history=(…, {h - 1}, "
+                    "*state_shape)."
+                )
+            past = np.asarray(history, dtype=batch.dtype)
+            past = past[None] if single else past
+            if past.shape != (batch.shape[0], h - 1, *batch.shape[1:]):
+                raise ConfigError(
+                    f"`history` must hold the {h - 1} state(s) before `state`. Received: "
+                    f"history with shape {np.shape(history)} for a state of shape "
+                    f"{batch.shape[1:] if not single else batch.shape[1:]}."
+                )
+            states = [past[:, j] for j in range(h - 1)] + [batch]
+
+        def lead(values: Mapping[str, Any] | None) -> dict[str, np.ndarray]:
+            out = {}
+            for key, value in (values or {}).items():
+                a = np.asarray(value, dtype=batch.dtype)
+                out[key] = a[None] if single else a
+            return out
+
+        return np.asarray(layout.assemble(np, states, lead(static), lead(forcing)))
 
     def _model(self, batch: np.ndarray) -> Any:
         inputs = batch
@@ -274,8 +369,8 @@ class NeuralForward:
             )
         return batch + pred
 
-    def _gaussian(self, batch: np.ndarray) -> Gaussian:
-        out = np.asarray(self._model(batch))
+    def _gaussian(self, batch: np.ndarray, u: np.ndarray | None = None) -> Gaussian:
+        out = np.asarray(self._model(batch if u is None else u))
         if out.ndim < 2 or out.shape[-1] % 2:
             raise ConfigError(
                 "With `head='gaussian'` the model must output a mean and a log-variance "
@@ -292,9 +387,9 @@ class NeuralForward:
             std = std * np.abs(scale)
         return Gaussian(self._add_state(batch, mean.astype(np.float64)), std)
 
-    def _mixture(self, batch: np.ndarray) -> Mixture:
+    def _mixture(self, batch: np.ndarray, u: np.ndarray | None = None) -> Mixture:
         assert self.head_options is not None
-        out = np.asarray(self._model(batch))
+        out = np.asarray(self._model(batch if u is None else u))
         raw = mixture_from_output(out, **self.head_options)
         n, k, d = raw.means.shape
         means = self._invert(raw.means.reshape(n * k, d)).astype(np.float64).reshape(n, k, d)
@@ -309,9 +404,9 @@ class NeuralForward:
             means = means + batch[:, None, :]
         return Mixture(raw.weights, means, tril)
 
-    def _flow(self, batch: np.ndarray) -> Flow:
+    def _flow(self, batch: np.ndarray, u: np.ndarray | None = None) -> Flow:
         assert self.head_options is not None
-        out = np.asarray(self._model(batch))
+        out = np.asarray(self._model(batch if u is None else u))
         raw = flow_from_output(out, **self.head_options)
         d = raw.dim
         probe = np.zeros((1, d), dtype=np.float64)
@@ -323,7 +418,14 @@ class NeuralForward:
             loc = loc + batch.astype(np.float64)
         return Flow(raw.params, **self.head_options, loc=loc, scale=scale)
 
-    def distribution(self, state: Any) -> Gaussian | Mixture | Flow:
+    def distribution(
+        self,
+        state: Any,
+        *,
+        history: Any = None,
+        static: Mapping[str, Any] | None = None,
+        forcing: Mapping[str, Any] | None = None,
+    ) -> Gaussian | Mixture | Flow:
         """The predicted distribution for one state `(d,)` or a batch `(n, d)`, in original
         units: a `Gaussian` (`head="gaussian"`), a `Mixture` (`head="mixture"`) or a
         `Flow` (`head="flow"`).
@@ -341,29 +443,39 @@ class NeuralForward:
                 "call the forward for the point prediction."
             )
         batch, single = self._batch(state)
+        u = self._input(batch, single, history, static, forcing)
         dist: Gaussian | Mixture | Flow
         if self.head == "gaussian":
-            dist = self._gaussian(batch)
+            dist = self._gaussian(batch, u)
         elif self.head == "mixture":
-            dist = self._mixture(batch)
+            dist = self._mixture(batch, u)
         else:
-            dist = self._flow(batch)
+            dist = self._flow(batch, u)
         return dist[0] if single else dist
 
-    def __call__(self, state: Any) -> np.ndarray:
+    def __call__(
+        self,
+        state: Any,
+        *,
+        history: Any = None,
+        static: Mapping[str, Any] | None = None,
+        forcing: Mapping[str, Any] | None = None,
+    ) -> np.ndarray:
         """Advance one state `(d,)` or a batch of states `(n, d)` by one step.
 
         With a Gaussian head this is the predicted mean (`distribution(state).mean`).
+        `history`, `static` and `forcing` are for a model with `inputs` (see the class).
         """
         batch, single = self._batch(state)
+        u = self._input(batch, single, history, static, forcing)
         if self.head == "gaussian":
-            pred = self._gaussian(batch).mean
+            pred = self._gaussian(batch, u).mean
         elif self.head == "mixture":
-            pred = self._mixture(batch).mean
+            pred = self._mixture(batch, u).mean
         elif self.head == "flow":
-            pred = self._flow(batch).mean
+            pred = self._flow(batch, u).mean
         else:
-            pred = self._add_state(batch, self._invert(np.asarray(self._model(batch))))
+            pred = self._add_state(batch, self._invert(np.asarray(self._model(u))))
         return pred[0] if single else pred
 
     # -- multi-step rollouts ---------------------------------------------------------------
@@ -378,6 +490,7 @@ class NeuralForward:
             self.state_key,
             self.output_key,
             self.state_ndim,
+            id(self.inputs),
         )
         cached = getattr(self, "_spec", None)
         if cached is None or cached[0] != key or cached[1].normalizer is not self.normalizer:
@@ -389,6 +502,7 @@ class NeuralForward:
                 state_key=self.state_key,
                 output_key=self.output_key,
                 state_ndim=self.state_ndim,
+                inputs=self.inputs,
             )
             self._spec = cached = (key, spec)
         return cached[1]
@@ -397,8 +511,9 @@ class NeuralForward:
     def on_device(self) -> bool:
         """Whether `rollout` runs on the model's device: the model operator has a
         `rollout` method and the normalizer is `None` or the core `Normalizer` (mean/std
-        for the state and output keys). Otherwise `rollout` loops on the host."""
-        if not callable(getattr(self.model_op, "rollout", None)):
+        for the state and output keys), and the model sees the state alone. Otherwise
+        `rollout` loops on the host."""
+        if self.inputs is not None or not callable(getattr(self.model_op, "rollout", None)):
             return False
         if self.normalizer is None:
             return True
@@ -465,6 +580,13 @@ class NeuralForward:
             last = forward.rollout(ensemble, 100_000, keep="last")  # (1, 64, 8)
             ```
         """
+        if self.inputs is not None:
+            raise ConfigError(
+                "A model that sees history, forcings or static inputs is rolled out by `Cycle`, "
+                "which supplies them step by step. Received: NeuralForward(inputs=...)."
+                "rollout(...). Use Cycle(forward, n_steps, forcings=..., static=...)"
+                ".run(state, history=...)."
+            )
         if self.on_device:
             return self.model_op.rollout(  # type: ignore[attr-defined]  # checked by on_device
                 state,
@@ -542,6 +664,7 @@ class NeuralForward:
             "head": self.head,
             **({"head_options": self.head_options} if self.head_options else {}),
             **({"state_ndim": self.state_ndim} if self.state_ndim != 1 else {}),
+            **({"inputs": self.inputs.to_json()} if self.inputs is not None else {}),
         }
 
     def __repr__(self) -> str:
@@ -575,10 +698,25 @@ class Cycle:
             keeps it.
         hook_steps: where the hook runs: an int `m` (every `m` steps) or increasing steps
             in `[1, n_steps]` (observation times). None: every step.
+        forcings: the forcings of a forced model, `{key: values}` with one value per step
+            (`(n_steps, ...)`, or `(n_steps, n, ...)` for a batch; row `j` drives step
+            `j + 1`, from the state at `j`), or a function `forcings(j) -> {key: value}` of
+            the step index `j = 0..n_steps-1` (e.g. an analytic insolation at `t0 + j * dt`).
+            Passed to `forward` as `forcing=` at each step.
+        static: the static inputs of a parametric model, `{key: value}` (a leading `n` axis
+            for a batch), passed to `forward` as `static=` at each step.
+
+    With a `NeuralForward` whose model sees history (`inputs.history = h > 1`), `run`
+    takes the `h - 1` states before the initial one (`run(state, history=...)`) and keeps
+    the last `h - 1` states as the history of each step. Any other forward receives the
+    keywords that are given (`forcing=`, `static=`, `history=`), so a forced simulator runs
+    in the same loop.
 
     Raises:
         ConfigError: bad arguments (`hook_steps` outside `[1, n_steps]`, not increasing,
-            or without a hook).
+            or without a hook), forcings that do not cover the `n_steps` horizon, or
+            forcings and static inputs that a `NeuralForward`'s model does not take (or
+            lacks).
         NonFiniteStateError: (from `run`) a state became NaN/inf; the message names the
             step (and, for an ensemble, the first bad member).
 
@@ -598,6 +736,8 @@ class Cycle:
         hook: Callable[[int, np.ndarray], Any] | None = None,
         *,
         hook_steps: Any = None,
+        forcings: Mapping[str, Any] | Callable[[int], Mapping[str, Any]] | None = None,
+        static: Mapping[str, Any] | None = None,
     ):
         if not callable(forward):
             raise ConfigError(
@@ -620,6 +760,79 @@ class Cycle:
         self.hook_steps: list[int] | None = (
             None if hook_steps is None else check_hook_steps(hook_steps, self.n_steps)
         )
+        self.forcings = self._check_forcings(forcings)
+        self.static = None if static is None else dict(static)
+        if static is not None and not isinstance(static, Mapping):
+            raise ConfigError(
+                f"`static` must be a dict of static inputs or None. Received: static={static!r:.80}."
+            )
+        self._check_inputs()
+
+    def _check_forcings(self, forcings: Any) -> Any:
+        if forcings is None or callable(forcings):
+            return forcings
+        if not isinstance(forcings, Mapping):
+            raise ConfigError(
+                "`forcings` must be a dict {key: values per step}, a function of the step index, "
+                f"or None. Received: forcings={type(forcings).__name__}."
+            )
+        out = {}
+        for key, values in forcings.items():
+            a = np.asarray(values)
+            if a.ndim < 1 or a.shape[0] < self.n_steps:
+                raise ConfigError(
+                    f"The forcings must cover the rollout horizon: one value per step. Received: "
+                    f"forcings[{key!r}] with shape {a.shape} for n_steps={self.n_steps}. Pass "
+                    f"at least {self.n_steps} values along the first axis (or a function of the "
+                    "step index)."
+                )
+            out[key] = a
+        return out
+
+    def _check_inputs(self) -> None:
+        """A `NeuralForward` with a layout gets every forcing and static input it needs."""
+        layout = (
+            getattr(self.forward, "inputs", None)
+            if isinstance(self.forward, NeuralForward)
+            else None
+        )
+        if isinstance(self.forward, NeuralForward) and layout is None:
+            if self.forcings is not None or self.static:
+                raise ConfigError(
+                    "This forward's model sees the state alone. Received: "
+                    + ("forcings " if self.forcings is not None else "")
+                    + ("static" if self.static else "")
+                    + ". Construct NeuralForward(..., inputs=windows.inputs) for a model "
+                    "trained with them, or drop them."
+                )
+            return
+        if layout is None:
+            return
+        want_static = [k for k, _ in layout.static]
+        if want_static and sorted(self.static or {}) != sorted(want_static):
+            raise ConfigError(
+                f"The model takes the static inputs {want_static}. Received: static with keys "
+                f"{sorted(self.static or {})}. Pass Cycle(..., static={{...}}) with those keys."
+            )
+        want = [k for k, _ in layout.forcings]
+        if want and self.forcings is None:
+            raise ConfigError(
+                f"The model is forced by {want}. Received: forcings=None. Pass "
+                "Cycle(..., forcings={key: values per step}) covering the horizon, or a "
+                "function of the step index."
+            )
+        if want and isinstance(self.forcings, Mapping) and sorted(self.forcings) != sorted(want):
+            raise ConfigError(
+                f"The model is forced by {want}. Received: forcings with keys "
+                f"{sorted(self.forcings)}. Pass exactly those keys."
+            )
+
+    def _forcing_at(self, j: int) -> dict[str, Any] | None:
+        if self.forcings is None:
+            return None
+        if callable(self.forcings):
+            return dict(self.forcings(j))
+        return {key: values[j] for key, values in self.forcings.items()}
 
     @property
     def on_device(self) -> bool:
@@ -628,14 +841,18 @@ class Cycle:
             isinstance(self.forward, NeuralForward)
             and self.forward.on_device
             and (self.hook is None or self.hook_steps is not None)
+            and self.forcings is None
+            and not self.static
         )
 
-    def run(self, state: Any) -> np.ndarray:
+    def run(self, state: Any, history: Any = None) -> np.ndarray:
         """Roll the state forward `n_steps` times and return the trajectory.
 
         Args:
             state: the initial state (any shape; `forward` must keep it). Integer states
                 are promoted to float64.
+            history: the states before `state`, oldest first, `(h - 1, *state.shape)`,
+                for a model that sees `h` states (see the class); None otherwise.
 
         Returns:
             The trajectory, shape `(n_steps + 1, *state.shape)`, including the initial
@@ -655,18 +872,54 @@ class Cycle:
         trajectory = np.empty((self.n_steps + 1, *x0.shape), dtype=x0.dtype)
         trajectory[0] = x0
         batched = isinstance(self.forward, NeuralForward) and x0.ndim == self.forward.state_ndim + 1
-        if self.on_device:
+        past = self._history(history, x0)
+        if self.on_device and past is None:
             return self._run_on_device(trajectory, batched)
         hook_at = None if self.hook_steps is None else set(self.hook_steps)
         current = trajectory[0].copy()  # never hand the caller's array to `forward`
         for step in range(1, self.n_steps + 1):
-            nxt = np.asarray(self.forward(current))
+            kwargs: dict[str, Any] = {}
+            if past is not None:
+                # (h - 1, *state) oldest first; a batch's history is (n, h - 1, *state)
+                kwargs["history"] = np.stack(past, axis=1 if batched else 0)
+            if self.static:
+                kwargs["static"] = self.static
+            forcing = self._forcing_at(step - 1)
+            if forcing is not None:
+                kwargs["forcing"] = forcing
+            nxt = np.asarray(self.forward(current, **kwargs))
             nxt = self._check(nxt, x0.shape, step, "forward", batched)
             if self.hook is not None and (hook_at is None or step in hook_at):
                 nxt = self._call_hook(step, nxt, x0.shape, batched)
             trajectory[step] = nxt
+            if past is not None:
+                past = [*past[1:], current] if past else []
             current = trajectory[step].copy()  # the forward may not alias the trajectory
         return trajectory
+
+    def _history(self, history: Any, x0: np.ndarray) -> list[np.ndarray] | None:
+        """The states before `x0` as a list, oldest first (None: the forward takes none)."""
+        layout = (
+            getattr(self.forward, "inputs", None)
+            if isinstance(self.forward, NeuralForward)
+            else None
+        )
+        h = 1 if layout is None else layout.history
+        if history is None:
+            if h > 1:
+                raise ConfigError(
+                    f"The model sees history={h} states. Received: history=None. Pass "
+                    f"run(state, history=...) with the {h - 1} state(s) before `state`, "
+                    "oldest first."
+                )
+            return None
+        past = np.asarray(history, dtype=x0.dtype)
+        if layout is not None and past.shape != (h - 1, *x0.shape):
+            raise ConfigError(
+                f"`history` must hold the {h - 1} state(s) before `state`, oldest first. "
+                f"Received: history with shape {past.shape}, expected {(h - 1, *x0.shape)}."
+            )
+        return [past[j].copy() for j in range(past.shape[0])]
 
     def _run_on_device(self, trajectory: np.ndarray, batched: bool) -> np.ndarray:
         forward = self.forward

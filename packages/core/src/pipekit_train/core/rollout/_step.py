@@ -117,6 +117,11 @@ class RolloutSpec:
         state_key: the normalizer key of the state.
         output_key: the normalizer key of the model's (mean) output.
         state_ndim: the axes of one state (1 for vectors, 3 for `(H, W, C)` fields).
+        inputs: the model input's layout (`ModelInputs`: history, forcings, static
+            inputs) or None for the state alone. With a layout the bound step takes the
+            model's whole input in physical units (`(*spatial, C_in)`), normalises it as
+            `state_key`, and returns the next state; `ModelInputs.advance` builds the
+            next input.
     """
 
     normalizer: Any = None
@@ -126,11 +131,24 @@ class RolloutSpec:
     state_key: str = "x"
     output_key: str = "y"
     state_ndim: int = 1
+    inputs: Any = None
     _maps: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_head(self.head)
         object.__setattr__(self, "head_options", check_head_options(self.head, self.head_options))
+        if self.inputs is not None and self.inputs.trivial:
+            object.__setattr__(self, "inputs", None)
+
+    def state_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of one state for model inputs of `input_shape` (the input itself
+        without a layout)."""
+        return tuple(input_shape) if self.inputs is None else tuple(self.inputs.state_shape)
+
+    def input_shape(self, state_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of one model input for states of `state_shape` (the state itself
+        without a layout)."""
+        return tuple(state_shape) if self.inputs is None else tuple(self.inputs.input_shape)
 
     # -- shapes ----------------------------------------------------------------------------
     def check_state(self, state: Any) -> np.ndarray:
@@ -215,8 +233,9 @@ class RolloutSpec:
             return None, None
         cache_key = (tuple(state_shape), tuple(mean_shape))
         if cache_key not in self._maps:
+            in_shape = self.input_shape(tuple(state_shape))
             self._maps[cache_key] = (
-                AffineMap.probe(self.normalizer, self.state_key, tuple(state_shape), invert=False),
+                AffineMap.probe(self.normalizer, self.state_key, in_shape, invert=False),
                 AffineMap.probe(self.normalizer, self.output_key, tuple(mean_shape), invert=True),
             )
         return self._maps[cache_key]
@@ -338,6 +357,8 @@ class RolloutSpec:
             in_mean, in_std = to(into.mean), to(into.std)
             out_mean, out_std = to(out.mean), to(out.std)
         residual, head_mean = self.residual, self.head_mean
+        if self.inputs is not None:
+            return self._bind_inputs(xp, to, in_mean, in_std, out_mean, out_std, stochastic)
 
         if stochastic:
             k = (self.head_options or {}).get("n_components", 1)
@@ -375,5 +396,33 @@ class RolloutSpec:
             if out_mean is not None:
                 pred = pred * out_std + out_mean
             return x + pred if residual else pred
+
+        return step
+
+    def _bind_inputs(
+        self,
+        xp: Any,
+        to: Callable[[np.ndarray], Any],
+        in_mean: Any,
+        in_std: Any,
+        out_mean: Any,
+        out_std: Any,
+        stochastic: bool,
+    ) -> Callable[..., Any]:
+        """The step of a model with a `ModelInputs` layout: `step(model_fn, u)` from the
+        whole input `u` (physical units) to the next state."""
+        channels = self.inputs.state_channels
+        residual, head_mean = self.residual, self.head_mean
+        sample = None
+        if stochastic:
+            k = (self.head_options or {}).get("n_components", 1)
+            sample = self._sampler(xp, to(np.arange(k, dtype=np.float64)))
+
+        def step(model_fn: Callable[[Any], Any], u: Any, *noise: Any) -> Any:
+            out = model_fn(u if in_mean is None else (u - in_mean) / in_std)
+            pred = head_mean(xp, out) if sample is None else sample(out, *noise)
+            if out_mean is not None:
+                pred = pred * out_std + out_mean
+            return u[..., channels] + pred if residual else pred
 
         return step

@@ -29,9 +29,14 @@ from ._step import RolloutSpec
 __all__ = ["check_rollout_loss", "evaluates_as_rollout", "rollout_loss", "rollout_spec"]
 
 
-def rollout_spec(normalizer: Any, residual: bool, state_ndim: int) -> RolloutSpec:
-    """The `RolloutSpec` a rollout-trained model is rolled out with (`NeuralForward`'s)."""
-    return RolloutSpec(normalizer=normalizer, residual=residual, state_ndim=state_ndim)
+def rollout_spec(
+    normalizer: Any, residual: bool, state_ndim: int, inputs: Any = None
+) -> RolloutSpec:
+    """The `RolloutSpec` a rollout-trained model is rolled out with (`NeuralForward`'s);
+    `inputs` is the run's `ModelInputs` (`plan.inputs`), None for the state alone."""
+    return RolloutSpec(
+        normalizer=normalizer, residual=residual, state_ndim=state_ndim, inputs=inputs
+    )
 
 
 def evaluates_as_rollout(batch: Any, rollout: Any) -> bool:
@@ -81,6 +86,7 @@ def rollout_loss(
     constant: Callable[[np.ndarray], Any] | None = None,
     step: Callable[..., Any] | None = None,
     predictions: bool = True,
+    forcing: Any = None,
 ) -> tuple[Any, Any]:
     """The weighted `k`-step rollout loss of one batch, and the predicted targets.
 
@@ -104,6 +110,13 @@ def rollout_loss(
         predictions: also build the predicted targets; False (a training step that only
             needs the loss) skips their per-step arithmetic and returns None for them. The
             loss is the same either way: the predictions are not part of it.
+        forcing: with a `spec.inputs` layout that has forcings, each step's forcings in
+            raw units, `(B, K, *spatial, F)` (the windows' `"forcing"`); None otherwise.
+
+    With a `spec.inputs` layout `x` is the model's whole first input (history, forcings,
+    static inputs; `ModelInputs`), normalised as one array; each step's input is the
+    previous one advanced by `ModelInputs.advance` (the new state appended to the
+    history, that step's forcings), and the noise perturbs the state channels only.
 
     Returns:
         `(loss, predicted targets)`: the weighted mean of the per-step losses, and the
@@ -112,6 +125,23 @@ def rollout_loss(
     """
     to = constant or xp.asarray
     k = len(weights)
+    if spec.inputs is not None:
+        return _rollout_loss_with_inputs(
+            xp,
+            spec=spec,
+            model_fn=model_fn,
+            x=x,
+            y=y,
+            weights=weights,
+            backprop=backprop,
+            loss_fn=loss_fn,
+            detach=detach,
+            noise=noise,
+            to=to,
+            step=step,
+            predictions=predictions,
+            forcing=forcing,
+        )
     state_shape = tuple(x.shape[1:])
     if y.ndim == x.ndim:
         y = xp.expand_dims(y, axis=1)
@@ -161,5 +191,92 @@ def rollout_loss(
         previous = state = nxt
         if not isinstance(backprop, str) and (i + 1) % int(backprop) == 0 and i < k - 1:
             state = detach(state)
+    loss = total / float(sum(weights))
+    return loss, (xp.stack(predicted, axis=1) if predictions else None)
+
+
+def _rollout_loss_with_inputs(
+    xp: Any,
+    *,
+    spec: RolloutSpec,
+    model_fn: Callable[[Any], Any],
+    x: Any,
+    y: Any,
+    weights: Sequence[float],
+    backprop: str | int,
+    loss_fn: Callable[[Any, Any], Any],
+    detach: Callable[[Any], Any],
+    noise: Any,
+    to: Callable[[np.ndarray], Any],
+    step: Callable[..., Any] | None,
+    predictions: bool,
+    forcing: Any,
+) -> tuple[Any, Any]:
+    """`rollout_loss` for a model with a `ModelInputs` layout (see there)."""
+    inputs = spec.inputs
+    k = len(weights)
+    state_shape = tuple(inputs.state_shape)
+    if y.ndim == x.ndim:
+        y = xp.expand_dims(y, axis=1)
+    if inputs.forcings and k > 1 and forcing is None:
+        raise ConfigError(
+            f"A {k}-step rollout of a forced model needs each step's forcings. Received: no "
+            "'forcing' in the batch. Train on TrajectoryWindows over trajectories with forcings."
+        )
+    if step is None:
+        step = spec.bind(xp, state_shape=state_shape, out_shape=state_shape, constant=to)
+    in_map, y_map = spec.maps(state_shape, state_shape)
+    channels = inputs.state_channels
+    if in_map is None or y_map is None:
+
+        def phys_u(a: Any) -> Any:
+            return a
+
+        phys_y = norm_s = norm_y = phys_u
+    else:
+        mu, su = to(in_map.mean), to(in_map.std)
+        ms, ss = to(in_map.mean[..., channels]), to(in_map.std[..., channels])
+        my, sy = to(y_map.mean), to(y_map.std)
+
+        def phys_u(a: Any) -> Any:
+            return a * su + mu
+
+        def norm_s(a: Any) -> Any:
+            return (a - ms) / ss
+
+        def phys_y(a: Any) -> Any:
+            return a * sy + my
+
+        def norm_y(a: Any) -> Any:
+            return (a - my) / sy
+
+    clean = phys_u(x)
+    if noise is None:
+        u = clean
+    else:  # the state channels only (every history slot), not forcings or static inputs
+        mask = np.zeros(inputs.in_channels)
+        mask[: inputs.history * inputs.channels] = 1.0
+        u = phys_u(x + noise * to(mask))
+    truth = clean[..., channels]
+    previous = u[..., channels]
+    total: Any = 0.0
+    predicted = []
+    for i in range(k):
+        target = phys_y(y[:, i, ...])
+        truth = truth + target if spec.residual else target
+        nxt = step(model_fn, u)
+        if backprop == "last" and i < k - 1:
+            nxt = detach(nxt)
+        term = loss_fn(norm_s(nxt), norm_s(truth))
+        weight = float(weights[i])
+        total = total + (term if weight == 1.0 else weight * term)
+        if predictions:
+            predicted.append(norm_y(nxt - previous) if spec.residual else norm_y(nxt))
+        previous = nxt
+        if i < k - 1:
+            block = forcing[:, i + 1, ...] if inputs.forcings else None
+            u = inputs.advance(xp, u, nxt, block)
+            if not isinstance(backprop, str) and (i + 1) % int(backprop) == 0:
+                u = detach(u)
     loss = total / float(sum(weights))
     return loss, (xp.stack(predicted, axis=1) if predictions else None)

@@ -190,6 +190,11 @@ def rollout_validation(
     times with `forward` (all trajectories and starts as one batch) and lead `h` is
     compared with the stored state at `s + h * step`.
 
+    A forward whose model sees history, forcings or static inputs (a `NeuralForward`
+    with `inputs`) starts from the state at `s + (history - 1) * step`, with the states
+    before it as its history, and gets each trajectory's static inputs and each step's
+    forcings from `trajectories`.
+
     Args:
         forward: a callable batch of states `(n, *state_shape)` → next states (one
             emulator step), e.g. `NeuralForward(model_op, normalizer, residual=True)`.
@@ -226,7 +231,9 @@ def rollout_validation(
         trajectories = Trajectories(trajectories)
     horizon = positive_int("horizon", horizon)
     step = positive_int("step", step)
-    span = horizon * step + 1
+    layout = getattr(forward, "inputs", None)  # a NeuralForward of a model with ModelInputs
+    back = 0 if layout is None else layout.history - 1
+    span = (horizon + back) * step + 1
     if span > trajectories.length:
         raise ConfigError(
             f"A rollout of horizon={horizon} steps of step={step} needs {span} states, but the "
@@ -242,12 +249,26 @@ def rollout_validation(
     n = len(trajectories)
     items = np.repeat(np.arange(n), len(start_list))
     t0 = np.tile(np.asarray(start_list), n)
-    times = t0[:, None] + np.arange(horizon + 1)[None, :] * step
-    states, _, _ = trajectories.window(items, times)
+    times = t0[:, None] + np.arange(back + horizon + 1)[None, :] * step
+    states, static, forcings = trajectories.window(items, times)
+    past = [states[:, j] for j in range(back)]
+    states = states[:, back:]
     x = states[:, 0]
     preds = np.empty((len(items), horizon, *x.shape[1:]), dtype=np.float64)
     for h in range(horizon):
-        x = np.asarray(forward(x))
+        if layout is None:
+            x = np.asarray(forward(x))
+        else:
+            x_now = x
+            x = np.asarray(
+                forward(
+                    x,
+                    history=np.stack(past, axis=1) if past else None,
+                    static=static,
+                    forcing={k: v[:, back + h] for k, v in forcings.items()},
+                )
+            )
+            past = [*past[1:], x_now] if past else []
         if x.shape != states.shape[:1] + states.shape[2:]:
             raise ConfigError(
                 "`forward` must return next states of the input's shape. Received: input "

@@ -139,6 +139,9 @@ class Plan:
     max_time: float | None = None
     log_grad_norm: bool = False
     rollout: Rollout | None = None
+    #: the model input's layout (`ModelInputs`) when the data's windows carry history,
+    #: forcings or static inputs; None for a model of the state alone
+    inputs: Any = None
 
     @property
     def backend(self) -> str:
@@ -200,6 +203,7 @@ class Plan:
             "max_time": self.max_time,
             "log_grad_norm": self.log_grad_norm,
             "rollout": None if self.rollout is None else self.rollout.to_json(),
+            **({} if self.inputs is None else {"inputs": self.inputs.to_json()}),
         }
         return json.loads(json.dumps(plan, default=repr))
 

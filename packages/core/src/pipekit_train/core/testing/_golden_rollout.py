@@ -5,7 +5,10 @@ trains it as a residual emulator of a damped pendulum (`golden_rollout_task`: wi
 of 4 steps over a few trajectories, with the windows' normalizer) through
 `TrainingLoop(rollout=...)`: k = 4 with full backpropagation, k = 4 with pushforward
 (`backprop="last"`), and a curriculum `{0: 1, 2: 2, 4: 4}` with input noise (the
-noise comes from core's feed, so every backend adds the same). The suite records every
+noise comes from core's feed, so every backend adds the same). Two more cases give the
+model more than its state (`ModelInputs`): a driven pendulum whose damping is a static
+input and whose torque a forcing, seen with a history of 2 states, trained one step at
+a time and through a rollout of 4 (`golden_forced_task`). The suite records every
 step's loss and the final validation loss (the longest rollout); `compare_golden`
 checks two backends' runs.
 
@@ -28,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core import Rollout, TrainingLoop
-from pipekit_train.core.data import TrajectoryWindows
+from pipekit_train.core.data import Trajectories, TrajectoryWindows
 
 from ._golden import GoldenBackend, GoldenCase, GoldenRun, golden_weights
 
@@ -36,6 +39,7 @@ __all__ = [
     "GOLDEN_ROLLOUTS",
     "GOLDEN_ROLLOUT_CASES",
     "GOLDEN_ROLLOUT_STEPS",
+    "golden_forced_task",
     "golden_rollout_task",
     "rollout_case_loop",
     "run_golden_rollout",
@@ -48,19 +52,25 @@ GOLDEN_ROLLOUT_CASES: tuple[GoldenCase, ...] = (
     GoldenCase("rollout_k4_full", {"name": "adam", "lr": 0.01}),
     GoldenCase("rollout_k4_pushforward", {"name": "adam", "lr": 0.01}),
     GoldenCase("rollout_schedule_noise", {"name": "adam", "lr": 0.01, "clip_norm": 1.0}),
+    GoldenCase("forced_history2_one_step", {"name": "adam", "lr": 0.01}),
+    GoldenCase("forced_history2_rollout_k4", {"name": "adam", "lr": 0.01}),
 )
 """The rollout cases (their `Rollout` specs: `GOLDEN_ROLLOUTS`)."""
 
-GOLDEN_ROLLOUTS: Mapping[str, Rollout] = {
+GOLDEN_ROLLOUTS: Mapping[str, Rollout | None] = {
     "rollout_k4_full": Rollout(steps=4, weights=(1.0, 1.0, 0.5, 0.5), residual=True),
     "rollout_k4_pushforward": Rollout(steps=4, backprop="last", residual=True),
     "rollout_schedule_noise": Rollout(
         steps=4, schedule={0: 1, 2: 2, 4: 4}, noise_std=0.05, backprop=2, residual=True
     ),
+    "forced_history2_one_step": None,
+    "forced_history2_rollout_k4": Rollout(steps=4, noise_std=0.05, residual=True),
 }
 """The `Rollout` of each case in `GOLDEN_ROLLOUT_CASES`, by name."""
 
 _SIZES = (2, 16, 2)  # the MLP: a pendulum state (angle, velocity) in and its increment out
+# the forced cases' MLP: two states, the torque and the damping in; the increment out
+_FORCED_SIZES = (6, 16, 2)
 
 
 def golden_rollout_task(
@@ -94,13 +104,64 @@ def golden_rollout_task(
     )
 
 
+def golden_forced_task(
+    n_train: int = 6, n_val: int = 2, length: int = 24, k: int = 4, seed: int = 0
+) -> tuple[TrajectoryWindows, TrajectoryWindows]:
+    """`(train, validation)` windows over driven, damped pendulums, with history 2.
+
+    `theta'' = -sin(theta) - c theta' + tau(t)`: the damping `c` is a static input (one
+    per trajectory), the torque `tau(t) = a sin(w t + phi)` a forcing (held at its value
+    at the start of each RK4 step of `dt = 0.2`). Float32 states `(angle, velocity)`,
+    residual targets; the model sees the last two states, the torque and the damping.
+    """
+    rng = np.random.default_rng(seed)
+    n = n_train + n_val
+    state = np.stack([rng.uniform(-2.0, 2.0, n), rng.uniform(-1.0, 1.0, n)], axis=1)
+    damping = rng.uniform(0.05, 0.5, n)
+    amp, omega, phase = rng.uniform(0.2, 1.0, n), rng.uniform(0.5, 1.5, n), rng.uniform(0, 6, n)
+    dt = 0.2
+    torque = amp[:, None] * np.sin(omega[:, None] * dt * np.arange(length) + phase[:, None])
+
+    def field(s: np.ndarray, tau: np.ndarray) -> np.ndarray:
+        return np.stack([s[:, 1], -np.sin(s[:, 0]) - damping * s[:, 1] + tau], axis=1)
+
+    states = [state]
+    for t in range(length - 1):
+        tau = torque[:, t]
+        a = field(state, tau)
+        b = field(state + 0.5 * dt * a, tau)
+        c = field(state + 0.5 * dt * b, tau)
+        d = field(state + dt * c, tau)
+        state = state + dt / 6.0 * (a + 2 * b + 2 * c + d)
+        states.append(state)
+    traj = np.stack(states, axis=1).astype(np.float32)  # (n, length, 2)
+    static = {"damping": damping[:, None].astype(np.float32)}
+    forcings = {"torque": torque[:, :, None].astype(np.float32)}
+
+    def windows(part: slice) -> TrajectoryWindows:
+        trajs = Trajectories(
+            traj[part],
+            static={key: v[part] for key, v in static.items()},
+            forcings={key: v[part] for key, v in forcings.items()},
+        )
+        return TrajectoryWindows(trajs, k=k, targets="increments", history=2)
+
+    return windows(slice(0, n_train)), windows(slice(n_train, n))
+
+
 def rollout_case_loop(
     backend: GoldenBackend, case: GoldenCase, *, steps: int = GOLDEN_ROLLOUT_STEPS, **overrides: Any
 ) -> TrainingLoop:
     """The `TrainingLoop` of one rollout case (`overrides` replace its keyword arguments)."""
-    train, val = golden_rollout_task()
+    forced = case.name.startswith("forced_")
+    train, val = (
+        golden_forced_task(k=1 if case.name.endswith("one_step") else 4)
+        if forced
+        else golden_rollout_task()
+    )
+    sizes = _FORCED_SIZES if forced else _SIZES
     kwargs: dict[str, Any] = {
-        "model": backend.model_from_weights(golden_weights(_SIZES)),
+        "model": backend.model_from_weights(golden_weights(sizes)),
         "data": train,
         "validation": val,
         "rollout": GOLDEN_ROLLOUTS[case.name],

@@ -29,7 +29,7 @@ from pipekit_train.core.spec._plan import Plan, steps_per_epoch
 from pipekit_train.core.spec._policies import NonFinitePolicy, nonfinite_policy
 from pipekit_train.core.spec._signals import resolve_max_time, resolve_signals
 
-from ._rollout import check_rollout
+from ._rollout import check_rollout, model_inputs
 
 __all__ = [
     "build_plan",
@@ -285,6 +285,7 @@ def build_plan(
         _check_normalizer(normalizer, "validation", validation)
     loss_fn = resolve_loss(loss)
     rollout = check_rollout(rollout, data, validation, loss_fn)
+    inputs = model_inputs(data, validation)
     metric_fns = resolve_metrics(metrics)
     if metric_fns and validation is None:
         raise ConfigError(
@@ -354,6 +355,7 @@ def build_plan(
         max_time=budget,
         log_grad_norm=log_grad_norm,
         rollout=rollout,
+        inputs=inputs,
     )
 
 

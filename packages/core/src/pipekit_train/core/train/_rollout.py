@@ -9,7 +9,7 @@ from pipekit_train.core.data import TrajectoryWindows
 from pipekit_train.core.rollout._train import check_rollout_loss
 from pipekit_train.core.spec._rollout import Rollout
 
-__all__ = ["check_rollout"]
+__all__ = ["check_rollout", "model_inputs"]
 
 
 def _check_windows(field: str, data: Any, rollout: Rollout) -> None:
@@ -59,3 +59,25 @@ def check_rollout(rollout: Any, data: Any, validation: Any, loss: Any) -> Rollou
         _check_windows("validation", validation, rollout)
     check_rollout_loss(loss)
     return rollout
+
+
+def model_inputs(data: Any, validation: Any) -> Any:
+    """The model input's layout (`ModelInputs`) the windows of `data` deliver, or None
+    for a model of the state alone.
+
+    Raises:
+        ConfigError: the validation windows deliver another layout.
+    """
+    inputs = getattr(data, "inputs", None) if isinstance(data, TrajectoryWindows) else None
+    if inputs is not None and inputs.trivial:
+        inputs = None
+    if validation is not None and isinstance(validation, TrajectoryWindows):
+        other = None if validation.inputs.trivial else validation.inputs
+        if other != inputs:
+            raise ConfigError(
+                "The validation windows must give the model the inputs the training windows "
+                f"give it. Received: data inputs {None if inputs is None else inputs.to_json()}, "
+                f"validation inputs {None if other is None else other.to_json()}. Build both "
+                "with the same history, static inputs and forcings."
+            )
+    return inputs

@@ -177,13 +177,20 @@ def check_shapes(adapter: Adapter, plan: Plan) -> None:
             continue
         out = tuple(int(d) for d in out)
         if plan.rollout is not None:  # each prediction is fed back as the next state
-            if out != (plan.batch_size, *x_shape):
+            inputs = getattr(plan, "inputs", None)
+            state_shape = x_shape if inputs is None else tuple(inputs.state_shape)
+            if out != (plan.batch_size, *state_shape):
                 what = "an increment" if plan.rollout.residual else "the next state"
+                fix = (
+                    "Use a model with out_size == in_size."
+                    if inputs is None
+                    else f"Use a model with {inputs.in_channels} input and "
+                    f"{inputs.channels} output channels."
+                )
                 raise ConfigError(
                     f"Rollout training feeds each prediction back as the state, so the model "
                     f"must predict {what} of the state's shape. Received: state shape "
-                    f"{x_shape}, prediction shape {out[1:]} (`{name}`). Use a model with "
-                    "out_size == in_size."
+                    f"{state_shape}, prediction shape {out[1:]} (`{name}`). {fix}"
                 )
             continue
         mixture = _mixture_params(plan.loss)

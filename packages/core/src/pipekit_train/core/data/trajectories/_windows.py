@@ -1,17 +1,21 @@
 """`TrajectoryWindows`: training samples of `k + 1` states cut out of trajectories.
 
-Window `w` of trajectory `i` starts at time `t = w * stride` and holds the states at
-`t, t + step, ..., t + k * step`. The sample is
+Window `w` of trajectory `i` starts at time `w * stride`; its current time is
+`t = w * stride + (history - 1) * step`, and it holds the states at
+`t - (history - 1) step, ..., t, t + step, ..., t + k * step`. The sample is
 
-- `"x"`: the state at `t`, `state_shape`;
+- `"x"`: the model's input at `t` (`ModelInputs`): the state at `t`, `state_shape`, for
+  a model of the state alone; with `history > 1`, forcings or static inputs, the last
+  `history` states, the forcings at `t` and the static inputs concatenated on the
+  channel axis, `(*spatial, C_in)`;
 - `"y"`: the `k` following states stacked on a new leading axis, `(k, *state_shape)`
   (a batch: `(B, k, *state_shape)`), or, with `k = 1` and `stack=None` (the default),
   the next state itself, `state_shape`, so one-step training is unchanged. With
   `targets="increments"` each state is replaced by its change over the previous one
   (`y[j] = s[t + (j+1) step] - s[t + j step]`), the residual target;
-- static inputs under their keys, one value per trajectory;
-- forcings under their keys at the times each step starts from, `t + j * step` for
-  `j = 0..k-1`, stacked like `"y"` (`(k, ...)`, or `(...)` when `"y"` is not stacked).
+- `"forcing"` (with forcings and `k > 1`): the forcings of each unrolled step, at the
+  times the steps start from (`t + j * step`, `j = 0..k-1`), as blocks
+  `(k, *spatial, F)` in raw units: what rollout training feeds step `j`.
 
 Windows are ordered trajectory by trajectory; the sample at an index is a pure
 function of the trajectories, so `make_batches` over windows resumes exactly.
@@ -36,12 +40,15 @@ from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.data.datasets._dataset import ArraySpec, Batch, Sample, block_rows
 from pipekit_train.core.data.datasets._hashing import Hasher
 
+from ._inputs import ModelInputs
 from ._trajectories import Trajectories
 
-__all__ = ["TrajectoryWindows", "split_trajectories"]
+__all__ = ["FORCING_KEY", "TrajectoryWindows", "split_trajectories"]
 
 Targets = Literal["states", "increments"]
-_RESERVED = ("x", "y")
+#: the batch key of the forcings of each unrolled step (rollout training)
+FORCING_KEY = "forcing"
+_RESERVED = ("x", "y", FORCING_KEY, "noise")
 
 
 def _check_count(name: str, value: Any, hint: str) -> int:
@@ -60,12 +67,16 @@ class TrajectoryWindows:
         step: time steps between consecutive states inside a window (the emulator's step
             in units of the stored time step), >= 1.
         targets: `"states"` (default) or `"increments"` (residual targets).
-        stack: whether `"y"` and the forcings get the step axis; None: only when `k > 1`
-            (`False` is for `k = 1` only).
+        stack: whether `"y"` gets the step axis; None: only when `k > 1` (`False` is for
+            `k = 1` only).
+        history: the states the model sees, the current one and `history - 1` before it
+            (`step` apart), >= 1.
 
     Raises:
-        ConfigError: `k`, `stride` or `step` below 1, a window longer than the
-            trajectories, a bad `targets`, or an extra input named `"x"` or `"y"`.
+        ConfigError: `k`, `stride`, `step` or `history` below 1, a window (with its
+            history) longer than the trajectories, a bad `targets`, an extra input named
+            `"x"`, `"y"`, `"forcing"` or `"noise"`, or one that is neither a vector nor a
+            field on the state's grid.
 
     Examples:
         >>> import numpy as np
@@ -85,6 +96,7 @@ class TrajectoryWindows:
         step: int = 1,
         targets: Targets = "states",
         stack: bool | None = None,
+        history: int = 1,
     ) -> None:
         if not isinstance(trajectories, Trajectories):
             if isinstance(trajectories, np.ndarray):
@@ -98,6 +110,9 @@ class TrajectoryWindows:
         self.k = _check_count("k", k, "Use k=1 for one-step training, e.g. k=4 for rollouts.")
         self.stride = _check_count("stride", stride, "Use stride=1 for every window.")
         self.step = _check_count("step", step, "Use step=1 to take consecutive stored states.")
+        self.history = _check_count(
+            "history", history, "Use history=1 for a model of the current state alone."
+        )
         if targets not in ("states", "increments"):
             raise ConfigError(
                 "`targets` must be 'states' or 'increments'. "
@@ -113,25 +128,34 @@ class TrajectoryWindows:
         for key in (*trajectories.static_keys, *trajectories.forcing_keys):
             if key in _RESERVED:
                 raise ConfigError(
-                    f"Extra inputs of trajectories cannot be named 'x' or 'y' (the windows' "
-                    f"state and targets). Received: an extra input {key!r}. Rename it."
+                    f"Extra inputs of trajectories cannot be named {list(_RESERVED)} (the "
+                    f"windows' own keys). Received: an extra input {key!r}. Rename it."
                 )
-        span = self.k * self.step + 1
+        span = (self.history - 1 + self.k) * self.step + 1
         length = trajectories.length
         if span > length:
-            most = (length - 1) // self.step
+            most = (length - 1) // self.step - (self.history - 1)
+            seen = f" with history={self.history}" if self.history > 1 else ""
             raise ConfigError(
-                f"A window of k={self.k} steps of step={self.step} spans {span} states, but the "
-                f"trajectories have T={length}. Received: k={self.k}, step={self.step}. Use "
-                f"k <= {most}"
+                f"A window of k={self.k} steps of step={self.step}{seen} spans {span} states, "
+                f"but the trajectories have T={length}. Received: k={self.k}, step={self.step}"
+                + (f", history={self.history}" if self.history > 1 else "")
+                + ". Use "
+                + (f"k <= {most}" if most >= 1 else "a shorter history")
                 + (" (or a smaller step)" if self.step > 1 else "")
                 + ", or longer trajectories."
             )
+        self.inputs = ModelInputs(
+            trajectories.state_shape,
+            self.history,
+            tuple((k, s.shape) for k, s in trajectories.static_spec.items()),
+            tuple((k, s.shape) for k, s in trajectories.forcing_spec.items()),
+        )
         self.trajectories: Trajectories = trajectories
         self.targets: Targets = targets
         self.stacked = self.k > 1 if stack is None else stack
         self.windows_per_trajectory = (length - span) // self.stride + 1
-        self._offsets = np.arange(self.k + 1, dtype=np.intp) * self.step
+        self._offsets = np.arange(self.history + self.k, dtype=np.intp) * self.step
 
     # -- the chunk-aware shuffle of an out-of-core source ------------------------------
     @property
@@ -174,14 +198,30 @@ class TrajectoryWindows:
         items, starts = self.locate(indices)
         times = starts[:, None] + self._offsets[None, :]
         states, static, forcings = self.trajectories.window(items, times)
-        y = states[:, 1:]
+        h = self.history
+        y = states[:, h:]
         if self.targets == "increments":
-            y = y - states[:, :-1]
-        out: Batch = {"x": states[:, 0], "y": y if self.stacked else y[:, 0]}
-        out.update(static)
-        for key, value in forcings.items():
-            out[key] = value[:, :-1] if self.stacked else value[:, 0]
-        return out
+            y = y - states[:, h - 1 : -1]
+        out: Batch = {"y": y if self.stacked else y[:, 0]}
+        inputs = self.inputs
+        if inputs.trivial:
+            return {"x": states[:, 0], **out}
+        dtype = states.dtype
+        static = {k: np.asarray(v, dtype) for k, v in static.items()}
+        forcings = {k: np.asarray(v[:, h - 1 : -1], dtype) for k, v in forcings.items()}
+        block = None
+        if inputs.forcings:
+            block = inputs.forcing_values(np, forcings, (len(states), self.k))
+        x = inputs.assemble(
+            np,
+            [states[:, j] for j in range(h)],
+            static,
+            forcing_block=None if block is None else block[:, 0],
+        )
+        batch: Batch = {"x": x, **out}
+        if block is not None and self.k > 1:
+            batch[FORCING_KEY] = block
+        return batch
 
     def __getitem__(self, index: int) -> Sample:
         i = int(index)
@@ -194,16 +234,18 @@ class TrajectoryWindows:
         """Shape and dtype per key of one window."""
         trajs = self.trajectories
         lead = (self.k,) if self.stacked else ()
-        return {
-            "x": ArraySpec(trajs.state_shape, trajs.state_dtype),
+        spec = {
+            "x": ArraySpec(self.inputs.input_shape, trajs.state_dtype),
             "y": ArraySpec((*lead, *trajs.state_shape), trajs.state_dtype),
-            **trajs.static_spec,
-            **{k: ArraySpec((*lead, *s.shape), s.dtype) for k, s in trajs.forcing_spec.items()},
         }
+        if self.inputs.forcings and self.k > 1:
+            shape = (self.k, *self.inputs.spatial, self.inputs.forcing_channels)
+            spec[FORCING_KEY] = ArraySpec(shape, trajs.state_dtype)
+        return spec
 
     @property
     def keys(self) -> tuple[str, ...]:
-        """`("x", "y", *static keys, *forcing keys)`."""
+        """`("x", "y")`, and `"forcing"` with forcings and `k > 1`."""
         return tuple(self.element_spec)
 
     @property
@@ -222,6 +264,7 @@ class TrajectoryWindows:
                 "step": self.step,
                 "targets": self.targets,
                 "stacked": self.stacked,
+                **({"history": self.history} if self.history > 1 else {}),
             }
         )
         return h.hexdigest()
@@ -236,6 +279,7 @@ class TrajectoryWindows:
             step=self.step,
             targets=self.targets,
             stack=self.stacked,
+            history=self.history,
         )
 
     def split(self, fractions: Sequence[float], seed: int = 0) -> tuple[TrajectoryWindows, ...]:
@@ -245,8 +289,10 @@ class TrajectoryWindows:
     def normalizer(self, *, per: str = "channel", batch_size: int = 64) -> Any:
         """A `Normalizer` whose `"x"` and `"y"` statistics match these windows' keys.
 
-        `"y"` holds increment statistics (over `step`) when `targets="increments"`, else
-        state statistics. See `fit_trajectory_normalizer`.
+        `"x"` holds the model input's statistics (`ModelInputs`: the state's for every
+        history slot, then each forcing's and static input's); `"y"` increment
+        statistics (over `step`) when `targets="increments"`, else state statistics.
+        See `fit_trajectory_normalizer`.
         """
         from ._stats import fit_trajectory_normalizer
 
@@ -256,12 +302,15 @@ class TrajectoryWindows:
             step=self.step,
             per=per,
             batch_size=batch_size,
+            inputs=self.inputs,
         )
 
     def __repr__(self) -> str:
         return (
             f"TrajectoryWindows({self.trajectories!r}, k={self.k}, stride={self.stride}, "
-            f"step={self.step}, targets={self.targets!r}, n={len(self)})"
+            f"step={self.step}, targets={self.targets!r}"
+            + (f", history={self.history}" if self.history > 1 else "")
+            + f", n={len(self)})"
         )
 
 
