@@ -49,6 +49,18 @@ def _normalizer_json(normalizer: Any) -> Any:
         return type(normalizer).__name__
 
 
+def _recorded_inputs(record: Any) -> Any:
+    """The `ModelInputs` a registered run recorded in its lineage's plan (None: none)."""
+    lineage = getattr(record, "lineage", None)
+    plan = lineage.get("plan") if isinstance(lineage, Mapping) else None
+    data = plan.get("inputs") if isinstance(plan, Mapping) else None
+    if data is None:
+        return None
+    from pipekit_train.core.data.trajectories._inputs import ModelInputs
+
+    return ModelInputs.from_json(data)
+
+
 class NeuralForward:
     """A trained model operator used as a forward operator: state → next state.
 
@@ -242,7 +254,8 @@ class NeuralForward:
             state_key: as for the constructor.
             output_key: as for the constructor.
             state_ndim: as for the constructor.
-            inputs: as for the constructor.
+            inputs: as for the constructor; default: the layout the run recorded in the
+                record's lineage (`lineage["plan"]["inputs"]`), if any.
 
         Raises:
             ConfigError: the record names a head this version does not know.
@@ -262,7 +275,7 @@ class NeuralForward:
             head=head,
             **(options or {}),
             state_ndim=state_ndim,
-            inputs=inputs,
+            inputs=inputs if inputs is not None else _recorded_inputs(record),
         )
 
     def _batch(self, state: Any) -> tuple[np.ndarray, bool]:
