@@ -23,6 +23,8 @@
   element-wise and, with `GOLDEN_FLOW_COUPLED_OPTIONS`, coupled);
   `run_golden_rollout`, `GOLDEN_ROLLOUT_CASES`: its rollout-training cases (`Rollout`).
 - `DeepSetSuite`, `point_sets`: the checks every backend's `deep_set` embedding passes.
+- `write_well_file`: a small writer of The Well's HDF5 layout (trajectories of fields and
+  scalars), for tests and examples of `pipekit_train.core.data.WellSource`.
 - `spawn_python`, `run_python`: start a worker process (`python -m module ...` or
   `python script ...`) forked from a server that imported the framework once
   (`AdapterConformance.worker_preload`); a plain subprocess where forking is off.
@@ -107,6 +109,7 @@ from ._rollout_training import (
 from ._s3 import LoopbackS3, loopback_s3
 from ._smallfs import SmallFilesystemUnavailable, small_filesystem
 from ._tasks import FLOW_HEAD, damped_oscillator_step, flow_task, oscillator_task, regression_task
+from ._well import write_well_file
 
 __all__ = [
     "ForkedProcess",
@@ -191,6 +194,7 @@ __all__ = [
     "run_golden_plateau",
     "run_golden_rollout",
     "small_filesystem",
+    "write_well_file",
 ]
 
 
