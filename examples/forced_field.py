@@ -213,7 +213,9 @@ def training_loop(
     )
 
 
-def rollout_errors(forward: NeuralForward, held_out: Path, horizon: int, start: int = 4) -> np.ndarray:
+def rollout_errors(
+    forward: NeuralForward, held_out: Path, horizon: int, start: int = 4
+) -> np.ndarray:
     """The relative L2 error per lead of `Cycle` rollouts of the held-out trajectories
     (from state `start`, with the amplitude supplied for the horizon), against the file."""
     trajs = read_well(held_out, fields=("concentration",), static=("diffusivity",))
@@ -237,15 +239,29 @@ def rollout_errors(forward: NeuralForward, held_out: Path, horizon: int, start: 
 
 
 def train_and_roll(
-    backend: str, data: Path, held_out: Path, *, steps: int, horizon: int, history: int,
-    forced: bool, out: Path, width: int = 16, depth: int = 3,
+    backend: str,
+    data: Path,
+    held_out: Path,
+    *,
+    steps: int,
+    horizon: int,
+    history: int,
+    forced: bool,
+    out: Path,
+    width: int = 16,
+    depth: int = 3,
 ) -> dict[str, float]:
     """Train one setting, register it, load it back and roll it out: the errors at leads."""
     train = windows(data, k=4, history=history, forced=forced)
     val = windows(held_out, k=4, history=history, forced=forced)
     artifact = training_loop(
-        backend, train, val, steps=steps, rollout=Rollout(steps=4, residual=True),
-        width=width, depth=depth,
+        backend,
+        train,
+        val,
+        steps=steps,
+        rollout=Rollout(steps=4, residual=True),
+        width=width,
+        depth=depth,
     ).run()
     registry = LocalModelRegistry(out / "registry")
     artifact.register(registry, "forced-field")
@@ -294,8 +310,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ("forced, history 1", 1, True),
     ):
         rows[name] = train_and_roll(
-            "equinox", data, held_out, history=history, forced=forced,
-            out=root / name.replace(", ", "-").replace(" ", "_"), **common,
+            "equinox",
+            data,
+            held_out,
+            history=history,
+            forced=forced,
+            out=root / name.replace(", ", "-").replace(" ", "_"),
+            **common,
         )
     print(f"| model | val loss | error lead 1 | error lead {args.horizon} |")
     print("|---|---|---|---|")

@@ -43,7 +43,9 @@ def test_windows_stream_the_simulation_in_the_model_input_layout(forced_file: Pa
         x = batch["x"][row]
         np.testing.assert_array_equal(x[..., 0], sim["concentration"][i, t - 1])
         np.testing.assert_array_equal(x[..., 1], sim["concentration"][i, t])
-        np.testing.assert_array_equal(x[..., 2], np.full((ff.GRID, ff.GRID), sim["source_amplitude"][i, t]))
+        np.testing.assert_array_equal(
+            x[..., 2], np.full((ff.GRID, ff.GRID), sim["source_amplitude"][i, t])
+        )
         np.testing.assert_array_equal(x[..., 3], sim["diffusivity"][i])
         np.testing.assert_array_equal(
             batch["forcing"][row][:, 0, 0, 0], sim["source_amplitude"][i, t : t + 4]
