@@ -105,7 +105,9 @@ def test_extras_on_a_grid_are_broadcast_or_taken_as_fields() -> None:
     np.testing.assert_array_equal(x[..., :2], states[0, 1])
     np.testing.assert_allclose(x[..., 2], np.full((4, 5), nu[0, 0], np.float32))
     np.testing.assert_allclose(x[..., 3], mask[0, ..., 0].astype(np.float32))
-    with pytest.raises(ConfigError, match=r"static 'bad' with shape \(3, 5, 1\) for states .* \(4, 5, C\)"):
+    with pytest.raises(
+        ConfigError, match=r"static 'bad' with shape \(3, 5, 1\) for states .* \(4, 5, C\)"
+    ):
         TrajectoryWindows(Trajectories(states, static={"bad": np.zeros((2, 3, 5, 1))}))
 
 

@@ -260,8 +260,9 @@ def rollout_validation(
             x = np.asarray(forward(x))
         else:
             x_now = x
+            forced: Any = forward  # a forward with `inputs` takes them as keywords
             x = np.asarray(
-                forward(
+                forced(
                     x,
                     history=np.stack(past, axis=1) if past else None,
                     static=static,
