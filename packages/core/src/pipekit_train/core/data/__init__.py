@@ -6,9 +6,10 @@ dataset here into a checkpointable `BatchIterator` built on grain.
 
 The room is grouped by idea: `datasets/` (the dataset contract, in-memory and simulated
 datasets, splits and views, fingerprints), `trajectories/` (trajectories and the windows
-cut out of them), `cache/` (`CachedDataset` in zarr, its builds), `batching/` (the
-batching engine), and the `Normalizer` (`_normalizer`). Every public name is re-exported
-here; import from `pipekit_train.core.data`.
+cut out of them), `readers/` (trajectory sources over field data on disk: xarray),
+`cache/` (`CachedDataset` in zarr, its builds), `batching/` (the batching engine), and
+the `Normalizer` (`_normalizer`). Every public name is re-exported here; import from
+`pipekit_train.core.data`.
 
 Importing this package is cheap: zarr and grain are imported on first use.
 """
@@ -33,6 +34,7 @@ from .datasets import (
     simulator_seed,
     split,
 )
+from .readers import XarraySource, read_xarray
 from .trajectories import (
     Trajectories,
     TrajectoryRows,
@@ -59,11 +61,13 @@ __all__ = [
     "Trajectories",
     "TrajectoryRows",
     "TrajectoryWindows",
+    "XarraySource",
     "as_supervised",
     "fit_trajectory_normalizer",
     "gather_batch",
     "is_core_dataset",
     "make_batches",
+    "read_xarray",
     "simulator_seed",
     "split",
     "split_trajectories",
