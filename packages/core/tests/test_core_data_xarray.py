@@ -246,17 +246,44 @@ def test_an_in_memory_dataset_is_read_window_by_window() -> None:
     np.testing.assert_array_equal(states[0], _expected(ds, None, np.array([3, 4]), ["temperature"]))
 
 
-def test_memory_fsspec_zarr_store_reads_like_a_local_one() -> None:
+@pytest.mark.parametrize("fmt", ["zarr", "nc"])
+def test_memory_fsspec_stores_read_like_local_ones(fmt: str) -> None:
+    import fsspec
+
     ds = _dataset(False)
-    uri = "memory://pipekit-xarray-test/era.zarr"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ds.to_zarr(uri, mode="w")
+    uri = f"memory://pipekit-xarray-test/era.{fmt}"
+    if fmt == "zarr":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ds.to_zarr(uri, mode="w")
+    else:  # a NetCDF file behind an fsspec URL is read through a file object
+        fsspec.filesystem("memory").pipe(uri, bytes(ds.to_netcdf(engine="h5netcdf")))
     source = XarraySource(uri, state=["t2m"], static="orography")
     assert source.source == uri
     states, stat, _ = source.gather(np.array([0]), np.array([[7, 8, 9]]))
     np.testing.assert_array_equal(states[0], _expected(ds, None, np.array([7, 8, 9]), ["t2m"]))
     np.testing.assert_array_equal(stat["orography"][0, ..., 0], ds["orography"].values)
+    source.close()
+
+
+def test_large_statics_are_read_per_batch_with_the_same_values(
+    files: dict[str, str], monkeypatch: pytest.MonkeyPatch, reads: list[tuple[str, int]]
+) -> None:
+    from pipekit_train.core.data.readers import _xarray
+
+    def build() -> XarraySource:
+        return XarraySource(
+            files["ens-nc"], state="t2m", static=["orography", "param"], sample_dim="member"
+        )
+
+    traj, times = np.array([2, 0, 2]), np.array([[1, 2], [5, 6], [9, 10]])
+    small = build().gather(traj, times)[1]
+    monkeypatch.setattr(_xarray, "STATIC_IN_MEMORY_BYTES", 0)  # every static counts as large
+    reads.clear()
+    large = build()
+    assert not [name for name, _ in reads if name in ("orography", "param")]  # none read yet
+    for key in ("orography", "param"):
+        np.testing.assert_array_equal(large.gather(traj, times)[1][key], small[key])
 
 
 # -- per-channel statistics streamed along time ------------------------------------------------
@@ -357,14 +384,14 @@ def test_big_in_memory_datasets_fall_back_to_coordinates(monkeypatch: pytest.Mon
 BAD: list[tuple[dict[str, Any], str]] = [
     ({"state": ["temperature", "humidity"]}, "`state` names 'humidity'"),
     ({"state": STATE, "static": ["lsm"]}, "`static` names 'lsm'"),
-    ({"state": STATE, "forcings": ["toa", "t2m"]}, "`forcings`"),
-    ({"state": ["orography"]}, "time dim 'time'"),
-    ({"state": STATE, "static": ["toa"]}, "Pass it as a forcing"),
-    ({"state": STATE, "forcings": ["orography"]}, "Pass it as static"),
+    ({"state": STATE, "forcings": ["toa", "t2m"]}, "'t2m' in both `state` and `forcings`"),
+    ({"state": ["orography"]}, "A `state` variable needs the time dim 'time'"),
+    ({"state": STATE, "static": ["toa"]}, "A `static` variable has no time dim"),
+    ({"state": STATE, "forcings": ["orography"]}, "A `forcings` variable needs the time"),
     ({"state": STATE, "time_dim": "valid_time"}, "`time_dim` names a dim"),
     ({"state": STATE, "sample_dim": "ensemble"}, "`sample_dim` names a dim"),
     ({"state": STATE, "sample_dim": "time"}, "`sample_dim` and `time_dim` must differ"),
-    ({"state": ["temperature", "co2"]}, "spatial dims ['lat', 'lon']"),
+    ({"state": ["temperature", "co2"]}, "`state` must have the spatial dims ['lat', 'lon']"),
     ({"state": STATE, "spatial_dims": ["lat", "x"]}, "`spatial_dims`"),
     ({"state": []}, "`state` must name at least one"),
     ({"state": STATE, "shuffle_window": 0}, "`shuffle_window`"),

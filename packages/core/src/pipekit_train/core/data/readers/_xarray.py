@@ -265,7 +265,7 @@ class XarraySource:
                 timed = time_dim in var.dims
                 if field == "static" and timed:
                     raise ConfigError(
-                        f"A static variable has no time dim. Received: static variable "
+                        f"A `static` variable has no time dim. Received: static variable "
                         f"{name!r} with dims {list(var.dims)}. Pass it as a forcing "
                         f"(forcings=[..., {name!r}]) if it varies in time."
                     )
@@ -331,17 +331,20 @@ class XarraySource:
         self.time_chunk: int | None = min(max(known), self.length) if known else None
         # The values read last, after every check: small statics now, once.
         self._static_values = {
-            name: self._read_static(v, range(self.n))
+            name: self._read_static(v, None)
             for name, v in self._static.items()
             if v.nbytes <= STATIC_IN_MEMORY_BYTES
         }
 
-    def _read_static(self, v: VarLayout, samples: Sequence[int] | np.ndarray) -> np.ndarray:
+    def _read_static(self, v: VarLayout, samples: np.ndarray | None) -> np.ndarray:
         """Static variable `v` as `(*spatial, channels)`, or `(len(samples), ...)` when it
-        has the sample dim."""
+        has the sample dim (None: every sample, in one read)."""
         var = self.dataset.variables[v.name]
         if v.sample_dim is None:
             return v.arrange(np.asarray(var.values))
+        if samples is None:
+            whole = np.moveaxis(np.asarray(var.values), v.dims.index(v.sample_dim), 0)
+            return np.stack([v.arrange(one) for one in whole])
         return np.stack([v.arrange(np.asarray(var[v.key(int(s), None)].values)) for s in samples])
 
     # -- the source protocol -----------------------------------------------------------
@@ -399,7 +402,7 @@ class XarraySource:
                 static[name] = self._read_static(v, unique)[inverse]
                 continue
             if value is None:
-                value = self._read_static(v, ())
+                value = self._read_static(v, None)
             if v.sample_dim is not None:
                 static[name] = value[traj]
             else:

@@ -219,7 +219,8 @@ def time_grid(ds: Any, time_dim: str) -> tuple[np.ndarray, Any]:
         ints = steps.astype("timedelta64[ns]").astype(np.int64)
         ref = int(np.median(ints))
         dev = np.abs(ints - ref).astype(np.float64)
-        tol, dt, increasing = 0.0, np.timedelta64(ref, "ns"), ref > 0
+        tol, increasing = 0.0, ref > 0
+        dt = np.timedelta64(ref, "ns").astype(steps.dtype)  # in the coordinate's unit
     else:
         ref_f = float(np.median(steps))
         dev = np.abs(steps.astype(np.float64) - ref_f)
