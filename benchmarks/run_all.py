@@ -97,6 +97,7 @@ LIBRARIES = (
     "numpy",
     "grain",
     "zarr",
+    "xarray",
     "jax",
     "jaxlib",
     "equinox",

@@ -6,10 +6,10 @@ dataset here into a checkpointable `BatchIterator` built on grain.
 
 The room is grouped by idea: `datasets/` (the dataset contract, in-memory and simulated
 datasets, splits and views, fingerprints), `trajectories/` (trajectories and the windows
-cut out of them), `cache/` (`CachedDataset` in zarr, its builds), `readers/` (trajectories
-stored by other tools: The Well's HDF5 layout), `batching/` (the batching engine), and
-the `Normalizer` (`_normalizer`). Every public name is re-exported
-here; import from `pipekit_train.core.data`.
+cut out of them), `readers/` (trajectory sources over field data stored by other tools:
+The Well's HDF5 layout, xarray), `cache/` (`CachedDataset` in zarr, its builds),
+`batching/` (the batching engine), and the `Normalizer` (`_normalizer`). Every public
+name is re-exported here; import from `pipekit_train.core.data`.
 
 Importing this package is cheap: zarr and grain are imported on first use.
 """
@@ -34,7 +34,7 @@ from .datasets import (
     simulator_seed,
     split,
 )
-from .readers import WellSource, read_well
+from .readers import WellSource, XarraySource, read_well, read_xarray
 from .trajectories import (
     FORCING_KEY,
     ModelInputs,
@@ -66,12 +66,14 @@ __all__ = [
     "TrajectoryRows",
     "TrajectoryWindows",
     "WellSource",
+    "XarraySource",
     "as_supervised",
     "fit_trajectory_normalizer",
     "gather_batch",
     "is_core_dataset",
     "make_batches",
     "read_well",
+    "read_xarray",
     "simulator_seed",
     "split",
     "split_trajectories",
