@@ -6,18 +6,19 @@
 
 A concentration `c` on a periodic 32×32 grid is carried by a uniform wind, diffuses with
 a **diffusivity field** `kappa(x, y)` drawn per trajectory (a static input), decays, and
-is fed by a source whose **amplitude** `a(t)` oscillates with a frequency and phase of
-its own per trajectory (a forcing: one value per time step, not predictable from the
-field):
+is fed by a **source** `g(x, y)` (a Gaussian bump placed per trajectory, static too) whose
+**amplitude** `a(t)` oscillates with a frequency and phase of its own per trajectory (a
+forcing: one value per time step, not predictable from the field):
 
     c_t = -w · ∇c + ∇ · (kappa ∇c) - lambda c + a(t) g(x, y)
 
 The simulator writes its trajectories to an HDF5 file in The Well's layout
-(`t0_fields/concentration` `(n, T, H, W)`, the constant field `t0_fields/diffusivity`
-`(n, H, W)`, the time-varying scalar `scalars/source_amplitude` `(n, T)`), and training
-streams windows out of it with `read_well`: the state is the concentration, the
-diffusivity a static input, the amplitude a forcing. The model sees the last two states,
-the forcing and the diffusivity as one channels-last input (`ModelInputs`: 4 channels),
+(`t0_fields/concentration` `(n, T, H, W)`, the constant fields `t0_fields/diffusivity`
+and `t0_fields/source` `(n, H, W)`, the time-varying scalar `scalars/source_amplitude`
+`(n, T)`), and training streams windows out of it with `read_well`: the state is the
+concentration, the diffusivity and source shape static inputs, the amplitude a forcing.
+The model sees the last two states, the forcing and the static fields as one
+channels-last input (`ModelInputs`: 5 channels),
 and is trained through a rollout of 4 steps (`Rollout(steps=4)`); `Cycle` then rolls it
 out from held-out states with the amplitude supplied for the horizon, next to the
 simulator.
@@ -57,19 +58,22 @@ LENGTH = 41  # stored states per trajectory
 BACKENDS = ("equinox", "lightning", "torch", "keras")
 
 
-def _source_shape(size: int = GRID) -> np.ndarray:
-    """A fixed Gaussian bump at the grid's centre (`g` above)."""
-    i = np.arange(size) - size / 2
-    return np.exp(-(i[:, None] ** 2 + i[None, :] ** 2) / (2 * 3.0**2))
+def source_shape(centres: np.ndarray, size: int = GRID) -> np.ndarray:
+    """Periodic Gaussian bumps `(n, H, W)` of width 3 cells at `centres` `(n, 2)` (`g`)."""
+    i = np.arange(size)
+    d = np.abs(i[None, :] - centres[:, :, None])  # (n, 2, size)
+    d = np.minimum(d, size - d)
+    return np.exp(-(d[:, 0, :, None] ** 2 + d[:, 1, None, :] ** 2) / (2 * 3.0**2))
 
 
 def _roll_diff(c: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
     return np.roll(c, -1, axis=axis) - c, c - np.roll(c, 1, axis=axis)
 
 
-def advect_diffuse(c: np.ndarray, kappa: np.ndarray, amplitude: Any, n: int = INNER) -> np.ndarray:
-    """Advance fields `c (..., H, W)` by `n` Euler steps, the source held at `amplitude`."""
-    g = _source_shape(c.shape[-1])
+def advect_diffuse(
+    c: np.ndarray, kappa: np.ndarray, g: np.ndarray, amplitude: Any, n: int = INNER
+) -> np.ndarray:
+    """Advance fields `c (..., H, W)` by `n` Euler steps, the source `g` held at `amplitude`."""
     a = np.asarray(amplitude, dtype=np.float64)[..., None, None]
     k_x = 0.5 * (kappa + np.roll(kappa, -1, axis=-1))  # diffusivity on the cell faces
     k_y = 0.5 * (kappa + np.roll(kappa, -1, axis=-2))
@@ -84,8 +88,9 @@ def advect_diffuse(c: np.ndarray, kappa: np.ndarray, amplitude: Any, n: int = IN
 
 
 def simulate(n: int, seed: int, length: int = LENGTH, size: int = GRID) -> dict[str, np.ndarray]:
-    """`n` trajectories: concentration `(n, T, H, W)`, diffusivity `(n, H, W)`, amplitude
-    `(n, T)` (its value at each stored time, held over the emulator step that starts there)."""
+    """`n` trajectories: concentration `(n, T, H, W)`, diffusivity and source shape
+    `(n, H, W)`, amplitude `(n, T)` (its value at each stored time, held over the emulator
+    step that starts there)."""
     rng = np.random.default_rng(seed)
     x = np.linspace(0.0, 2 * np.pi, size, endpoint=False)
     kx, ky = rng.integers(1, 4, (2, n, 1, 1))
@@ -95,14 +100,16 @@ def simulate(n: int, seed: int, length: int = LENGTH, size: int = GRID) -> dict[
     phase = rng.uniform(0.0, 2 * np.pi, (n, 1))
     times = INNER * DT * np.arange(length)
     amplitude = 0.5 * (1.0 + np.sin(omega * times[None, :] + phase))
-    c = rng.uniform(0.0, 1.0, (n, 1, 1)) * np.roll(_source_shape(size), size // 4, axis=0)
+    g = source_shape(rng.integers(0, size, (n, 2)), size)
+    c = rng.uniform(0.0, 1.0, (n, 1, 1)) * source_shape(rng.integers(0, size, (n, 2)), size)
     states = [c]
     for t in range(length - 1):
-        c = advect_diffuse(c, kappa, amplitude[:, t])
+        c = advect_diffuse(c, kappa, g, amplitude[:, t])
         states.append(c)
     return {
         "concentration": np.stack(states, axis=1).astype(np.float32),
         "diffusivity": kappa.astype(np.float32),
+        "source": g.astype(np.float32),
         "source_amplitude": amplitude.astype(np.float32),
         "time": times,
     }
@@ -113,9 +120,13 @@ def write_dataset(path: Path, n: int, seed: int) -> Path:
     sim = simulate(n, seed)
     return write_well_file(
         path,
-        fields={"concentration": sim["concentration"], "diffusivity": sim["diffusivity"]},
+        fields={
+            "concentration": sim["concentration"],
+            "diffusivity": sim["diffusivity"],
+            "source": sim["source"],
+        },
         scalars={"source_amplitude": sim["source_amplitude"]},
-        constant=("diffusivity",),
+        constant=("diffusivity", "source"),
         time=sim["time"],
         n_spatial_dims=2,
         dataset_name="advection_diffusion_forced",
@@ -123,12 +134,12 @@ def write_dataset(path: Path, n: int, seed: int) -> Path:
 
 
 def windows(path: Path, *, k: int, history: int, forced: bool = True) -> TrajectoryWindows:
-    """Windows of `k` steps over the file: concentration the state, diffusivity static,
-    the amplitude a forcing (dropped with `forced=False`)."""
+    """Windows of `k` steps over the file: concentration the state, diffusivity and source
+    shape static, the amplitude a forcing (dropped with `forced=False`)."""
     trajs = read_well(
         path,
         fields=("concentration",),
-        static=("diffusivity",),
+        static=("diffusivity", "source"),
         forcings=("source_amplitude",) if forced else (),
     )
     return TrajectoryWindows(trajs, k=k, targets="increments", history=history)
@@ -218,7 +229,7 @@ def rollout_errors(
 ) -> np.ndarray:
     """The relative L2 error per lead of `Cycle` rollouts of the held-out trajectories
     (from state `start`, with the amplitude supplied for the horizon), against the file."""
-    trajs = read_well(held_out, fields=("concentration",), static=("diffusivity",))
+    trajs = read_well(held_out, fields=("concentration",), static=("diffusivity", "source"))
     whole = trajs.get_batch(np.arange(len(trajs)))
     amp = read_well(
         held_out, fields=("concentration",), static=(), forcings=("source_amplitude",)
@@ -227,7 +238,7 @@ def rollout_errors(
     h = forward.inputs.history if forward.inputs is not None else 1
     kwargs: dict[str, Any] = {}
     if forward.inputs is not None and forward.inputs.static:
-        kwargs["static"] = {"diffusivity": whole["diffusivity"]}
+        kwargs["static"] = {k: whole[k] for k in ("diffusivity", "source")}
     if forward.inputs is not None and forward.inputs.forcings:
         kwargs["forcings"] = {"source_amplitude": np.swapaxes(amp[:, start:], 0, 1)}
     cycle = Cycle(forward, horizon, **kwargs)

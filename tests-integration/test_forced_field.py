@@ -36,7 +36,7 @@ def forced_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_windows_stream_the_simulation_in_the_model_input_layout(forced_file: Path) -> None:
     sim = ff.simulate(6, seed=0)
     windows = ff.windows(forced_file, k=4, history=2)
-    assert windows.inputs.in_channels == 4  # 2 states, the amplitude, the diffusivity
+    assert windows.inputs.in_channels == 5  # 2 states, the amplitude, diffusivity, source
     per = windows.windows_per_trajectory
     batch = windows.get_batch(np.array([0, per + 7]))
     for row, (i, t) in enumerate([(0, 1), (1, 8)]):  # the current time: start + 1
@@ -47,20 +47,22 @@ def test_windows_stream_the_simulation_in_the_model_input_layout(forced_file: Pa
             x[..., 2], np.full((ff.GRID, ff.GRID), sim["source_amplitude"][i, t])
         )
         np.testing.assert_array_equal(x[..., 3], sim["diffusivity"][i])
+        np.testing.assert_array_equal(x[..., 4], sim["source"][i])
         np.testing.assert_array_equal(
             batch["forcing"][row][:, 0, 0, 0], sim["source_amplitude"][i, t : t + 4]
         )
     unforced = ff.windows(forced_file, k=4, history=1, forced=False)
-    assert unforced.inputs.in_channels == 2 and unforced.keys == ("x", "y")
+    assert unforced.inputs.in_channels == 3 and unforced.keys == ("x", "y")
 
 
 def test_a_forced_step_of_the_simulator_depends_on_its_amplitude() -> None:
     sim = ff.simulate(2, seed=3, length=3)
-    c, kappa = sim["concentration"][:, 0].astype(np.float64), sim["diffusivity"]
-    a = ff.advect_diffuse(c, kappa, np.array([0.0, 0.0]))
-    b = ff.advect_diffuse(c, kappa, np.array([1.0, 1.0]))
+    c, kappa, g = sim["concentration"][:, 0].astype(np.float64), sim["diffusivity"], sim["source"]
+    a = ff.advect_diffuse(c, kappa, g, np.array([0.0, 0.0]))
+    b = ff.advect_diffuse(c, kappa, g, np.array([1.0, 1.0]))
     assert np.all(b >= a) and (b - a).max() > 0.1  # the source adds concentration
-    shifted = ff.advect_diffuse(np.roll(c, 3, axis=-1), np.roll(kappa, 3, axis=-1), 0.0)
+    rolled = [np.roll(a_, 3, axis=-1) for a_ in (c, kappa, g)]
+    shifted = ff.advect_diffuse(*rolled, 0.0)
     np.testing.assert_allclose(shifted, np.roll(a, 3, axis=-1), atol=1e-12)  # periodic
 
 
