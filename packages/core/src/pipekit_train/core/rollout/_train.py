@@ -71,6 +71,31 @@ def check_rollout_loss(loss: Any) -> None:
         )
 
 
+def _identity(a: Any) -> Any:
+    return a
+
+
+def _units(
+    to: Callable[[np.ndarray], Any], affine: Any, channels: slice | None = None
+) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    """`(to physical units, to normalised units)` of an `AffineMap` (on `channels` of its
+    last axis), identities without one."""
+    if affine is None:
+        return _identity, _identity
+    mean, std = affine.mean, affine.std
+    if channels is not None:
+        mean, std = mean[..., channels], std[..., channels]
+    m, s = to(mean), to(std)
+
+    def physical(a: Any) -> Any:
+        return a * s + m
+
+    def normalised(a: Any) -> Any:
+        return (a - m) / s
+
+    return physical, normalised
+
+
 def rollout_loss(
     xp: Any,
     *,
@@ -148,26 +173,8 @@ def rollout_loss(
     if step is None:
         step = spec.bind(xp, state_shape=state_shape, out_shape=state_shape, constant=to)
     x_map, y_map = spec.maps(state_shape, state_shape)
-    if x_map is None or y_map is None:
-
-        def phys_x(a: Any) -> Any:
-            return a
-
-        phys_y = norm_x = norm_y = phys_x
-    else:
-        mx, sx, my, sy = to(x_map.mean), to(x_map.std), to(y_map.mean), to(y_map.std)
-
-        def phys_x(a: Any) -> Any:
-            return a * sx + mx
-
-        def norm_x(a: Any) -> Any:
-            return (a - mx) / sx
-
-        def phys_y(a: Any) -> Any:
-            return a * sy + my
-
-        def norm_y(a: Any) -> Any:
-            return (a - my) / sy
+    phys_x, norm_x = _units(to, x_map)
+    phys_y, norm_y = _units(to, y_map)
 
     clean = phys_x(x)
     state = clean if noise is None else phys_x(x + noise)
@@ -227,28 +234,9 @@ def _rollout_loss_with_inputs(
         step = spec.bind(xp, state_shape=state_shape, out_shape=state_shape, constant=to)
     in_map, y_map = spec.maps(state_shape, state_shape)
     channels = inputs.state_channels
-    if in_map is None or y_map is None:
-
-        def phys_u(a: Any) -> Any:
-            return a
-
-        phys_y = norm_s = norm_y = phys_u
-    else:
-        mu, su = to(in_map.mean), to(in_map.std)
-        ms, ss = to(in_map.mean[..., channels]), to(in_map.std[..., channels])
-        my, sy = to(y_map.mean), to(y_map.std)
-
-        def phys_u(a: Any) -> Any:
-            return a * su + mu
-
-        def norm_s(a: Any) -> Any:
-            return (a - ms) / ss
-
-        def phys_y(a: Any) -> Any:
-            return a * sy + my
-
-        def norm_y(a: Any) -> Any:
-            return (a - my) / sy
+    phys_u, _ = _units(to, in_map)
+    _, norm_s = _units(to, in_map, channels)  # the state's channels of the input
+    phys_y, norm_y = _units(to, y_map)
 
     clean = phys_u(x)
     if noise is None:
