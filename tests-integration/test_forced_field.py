@@ -90,3 +90,13 @@ def test_kill_resume_of_a_forced_history_2_rollout_run_is_exact(
     steps_seen, losses = resumed.history.series("loss")
     assert steps_seen == list(range(1, steps + 1))
     np.testing.assert_array_equal(losses, reference.history["loss"])
+
+
+@pytest.mark.slow
+def test_the_example_end_to_end(tmp_path: Path) -> None:
+    """Train (forced, history 2, through a rollout of 4), register, load the forward with
+    its layout from the record, roll it out with `Cycle` and the amplitude."""
+    argv = ["--steps", "20", "--trajectories", "8", "--horizon", "6", "--width", "4"]
+    result = ff.main([*argv, "--depth", "1", "--out", str(tmp_path)])
+    assert np.isfinite(result["error_horizon"]) and result["error_lead_1"] > 0
+    assert (tmp_path / "equinox" / "registry" / "forced-field" / "1").is_dir()
