@@ -171,6 +171,8 @@ def test_bad_inputs_are_refused_before_any_step() -> None:
     with pytest.raises(ConfigError, match=r"inputs with keys \[\]"):
         forward(x, history=x[:, None], forcing={"f": np.zeros((2, F))})
     plain = NeuralForward(lambda u: u, None)
+    with pytest.raises(ConfigError, match=r"state alone. Received: history, forcing"):
+        plain(x, history=x[:, None], forcing={"f": np.zeros((2, F))})
     with pytest.raises(ConfigError, match=r"state alone.*forcings"):
         Cycle(plain, 3, forcings={"f": np.zeros((3, 1))})
     with pytest.raises(ConfigError, match=r"Cycle\(forward, n_steps, forcings"):

@@ -316,20 +316,13 @@ class NeuralForward:
     ) -> np.ndarray:
         layout = self.inputs
         if layout is None:
-            if history is not None or static or forcing:
+            given = [name for name, v in (("static", static), ("forcing", forcing)) if v]
+            given = (["history"] if history is not None else []) + given
+            if given:
                 raise ConfigError(
-                    "This forward's model sees the state alone. Received: "
-                    + ", ".join(
-                        name
-                        for name, v in (
-                            ("history", history),
-                            ("static", static),
-                            ("forcing", forcing),
-                        )
-                        if v is not None and (name == "history" or v)
-                    )
-                    + ". Construct NeuralForward(..., inputs=windows.inputs) for a model "
-                    "trained with them."
+                    f"This forward's model sees the state alone. Received: {', '.join(given)}. "
+                    "Construct NeuralForward(..., inputs=windows.inputs) for a model trained "
+                    "with them."
                 )
             return batch
         h = layout.history
