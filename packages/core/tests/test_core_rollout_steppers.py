@@ -357,3 +357,42 @@ def test_an_artifact_of_a_corrected_run_rolls_out_and_scores_with_its_stepper() 
         loss_fn=losses.get("mse"),
     )
     assert got is not None and got["loss"] == pytest.approx(float(value), rel=1e-5)
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_a_rollout_monitor_rolls_a_corrected_run_out_with_its_stepper(steps: int) -> None:
+    from pipekit_train.core import RolloutMonitor, rollout_validation
+
+    states = np.random.default_rng(5).normal(size=(3, 8, D))
+    model = _Linear(np.random.default_rng(6).normal(size=(D, D)) * 0.1)
+    rollout = Rollout(
+        steps=steps, residual=True, coarse_stepper=periodic_diffusion, correction="parallel"
+    )
+    spec = rollout_spec(None, True, 1, coarse_stepper=periodic_diffusion, correction="parallel")
+
+    class _State:  # what the monitor reads of a run
+        plan = {"rollout": json.loads(json.dumps(rollout.to_json())), "loss": "mse"}
+        normalizer = None
+
+        @staticmethod
+        def predict(batch: dict) -> np.ndarray:
+            if steps > 1:  # pairs of a longer rollout: one model application
+                return model(batch["x"])
+            return rollout_loss(  # k = 1: the backend rolls pairs out (evaluates_as_rollout)
+                np,
+                spec=spec,
+                model_fn=model,
+                x=batch["x"],
+                y=batch["y"],
+                weights=(1.0,),
+                backprop="full",
+                loss_fn=losses.get("mse"),
+            )[1]
+
+    monitor = RolloutMonitor(states, 5, residual=True)
+    got = monitor.validation_metrics(_State())
+    corrected = NeuralForward(
+        model, residual=True, coarse_stepper=periodic_diffusion, correction="parallel"
+    )
+    want = rollout_validation(corrected, states, 5).metrics
+    assert got == pytest.approx(want, rel=1e-5)
