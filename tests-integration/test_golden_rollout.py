@@ -2,7 +2,10 @@
 
 Each backend trains the same MLP (canonical initial weights) as a residual emulator of a
 damped pendulum through `TrainingLoop(rollout=...)`: k = 4 with full backpropagation,
-k = 4 pushforward, and a curriculum with input noise (drawn once by core's feed). Every
+k = 4 pushforward, a curriculum with input noise (drawn once by core's feed), a forced
+model with history, and a solver in the loop: the diverted chain against an RK4 step
+(`diverted_k4`) and a model that corrects a semi-implicit Euler step (`correction_k4`),
+both steppers written once with the array API and called on each backend's arrays. Every
 step's loss and the final validation loss (the longest rollout) must agree with
 Equinox's within the case's tolerance (1e-3 relative per step). The backends that run
 the suite are those whose `GOLDEN_SETUPS` entry (tests-integration/conftest.py) lists

@@ -7,6 +7,7 @@ import pytest
 
 from pipekit_train.core import NeuralForward
 from pipekit_train.core.testing import (
+    check_corrected_rollout,
     check_device_rollout,
     check_rollout_monitor,
     check_stochastic_rollout,
@@ -52,3 +53,7 @@ def test_seeded_stochastic_rollouts_of_mixture_heads() -> None:
 
 def test_rollout_monitor_reads_the_moving_average_and_ranks_checkpoints() -> None:
     check_rollout_monitor(make_op(2, 2))
+
+
+def test_a_corrected_model_rolls_out_on_the_device_as_on_the_host() -> None:
+    check_corrected_rollout(make_op)

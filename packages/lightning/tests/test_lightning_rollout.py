@@ -8,6 +8,7 @@ import torch
 
 from pipekit_train.core import NeuralForward
 from pipekit_train.core.testing import (
+    check_corrected_rollout,
     check_device_rollout,
     check_rollout_monitor,
     check_stochastic_rollout,
@@ -47,3 +48,7 @@ def test_rollout_monitor_reads_the_moving_average_and_ranks_checkpoints(adapter:
     check_rollout_monitor(
         make_op(2, 2), Lightning(accelerator="cpu") if adapter == "lightning" else Torch()
     )
+
+
+def test_a_corrected_model_rolls_out_on_the_device_as_on_the_host() -> None:
+    check_corrected_rollout(make_op)

@@ -196,6 +196,15 @@ class Equinox(StepAdapter):
         shape = getattr(out, "shape", None)
         return None if shape is None else tuple(int(d) for d in shape)
 
+    def stepper_shape(
+        self, stepper: Any, state_shape: tuple[int, ...], dtype: Any = np.float32
+    ) -> tuple[int, ...] | None:
+        """The stepper's output shape on a batch of `state_shape`, from `jax.eval_shape`
+        (abstract: no FLOPs)."""
+        x = jax.ShapeDtypeStruct(tuple(state_shape), jax.dtypes.canonicalize_dtype(dtype))
+        shape = getattr(jax.eval_shape(stepper, x), "shape", None)
+        return None if shape is None else tuple(int(d) for d in shape)
+
     def expected_input_shape(self, model: Any) -> tuple[int, ...] | None:
         """`(in,)` of a per-sample `eqx.nn.MLP` or `eqx.nn.Linear` (None for other modules)."""
         if not isinstance(model, EquinoxModelOp) or model.batched:

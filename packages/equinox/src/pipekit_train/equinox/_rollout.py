@@ -144,7 +144,14 @@ class RolloutLoss:
     ):
         self.rollout = rollout
         self.normalizer = normalizer
-        self.spec = rollout_spec(normalizer, rollout.residual, state_ndim, inputs)
+        self.spec = rollout_spec(
+            normalizer,
+            rollout.residual,
+            state_ndim,
+            inputs,
+            coarse_stepper=rollout.coarse_stepper,
+            correction=rollout.correction,
+        )
         self.loss_fn = loss_fn
         self.seed = int(seed)
         self.accumulate = int(accumulate)
@@ -186,10 +193,21 @@ class RolloutLoss:
         )
 
     def predict(
-        self, model_fn: Callable[[Any], Any], batch: Any, k: int, noise: Any = None
+        self,
+        model_fn: Callable[[Any], Any],
+        batch: Any,
+        k: int,
+        noise: Any = None,
+        *,
+        training: bool = False,
     ) -> tuple[Any, Any]:
-        """`(loss, predicted targets (B, k, ...))` of a `k`-step rollout of `batch`."""
+        """`(loss, predicted targets (B, k, ...))` of a `k`-step rollout of `batch`.
+
+        With `training=True` a diverted chain (`Rollout(target="diverted")`) compares
+        each step with the reference stepper; validation compares with the trajectory.
+        """
         x = batch["x"]
+        rollout = self.rollout
         return rollout_loss(
             jnp,
             spec=self.spec,
@@ -203,6 +221,8 @@ class RolloutLoss:
             noise=noise,
             constant=lambda a: jnp.asarray(a, x.dtype),
             forcing=batch.get(FORCING_KEY),
+            reference=rollout.ref_stepper if training else None,
+            cut_div_chain=rollout.cut_div_chain,
         )
 
     def train_loss(self, model_fn: Callable[[Any], Any], batch: Any, counter: Any) -> Any:
@@ -210,11 +230,13 @@ class RolloutLoss:
         noise = batch.get(NOISE_KEY)  # core's feed draws it (`Rollout.noise_std > 0`)
         lengths = [k for _, k in self.stages]
         if len(lengths) == 1:
-            return self.predict(model_fn, batch, lengths[0], noise)[0]
+            return self.predict(model_fn, batch, lengths[0], noise, training=True)[0]
         update = counter // self.accumulate
         firsts = jnp.asarray([first for first, _ in self.stages[1:]], jnp.asarray(update).dtype)
         index = jnp.sum((update >= firsts).astype(jnp.int32))
-        branches = [(lambda k=k: self.predict(model_fn, batch, k, noise)[0]) for k in lengths]
+        branches = [
+            (lambda k=k: self.predict(model_fn, batch, k, noise, training=True)[0]) for k in lengths
+        ]
         return jax.lax.switch(index, branches)
 
     def eval_loss(self, model_fn: Callable[[Any], Any], batch: Any) -> tuple[Any, Any]:

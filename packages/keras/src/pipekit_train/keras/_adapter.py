@@ -219,6 +219,15 @@ class Keras(Adapter):
             return None
         return tuple(int(d) for d in shape)
 
+    def stepper_shape(
+        self, stepper: Any, state_shape: tuple[int, ...], dtype: Any = "float32"
+    ) -> tuple[int, ...] | None:
+        """The stepper's output shape on a batch of the backend's zero states (jax:
+        abstract, `jax.eval_shape`; torch: one call without autograd)."""
+        from ._rollout import stepper_shape
+
+        return stepper_shape(stepper, state_shape, dtype)
+
     def expected_input_shape(self, model: Any) -> tuple[int, ...] | None:
         """The per-sample shape of the model's single `keras.Input`, when it has one."""
         from ._model import KerasModelOp

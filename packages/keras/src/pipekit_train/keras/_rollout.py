@@ -75,6 +75,7 @@ __all__ = [
     "device_rollout",
     "install_rollout",
     "rollout_targets",
+    "stepper_shape",
 ]
 
 TARGET_KEY = "y"
@@ -210,7 +211,26 @@ class RolloutLoss:
     ):
         self.model = model
         self.rollout = rollout
-        self.spec = rollout_spec(normalizer, rollout.residual, state_ndim, inputs)
+        self.spec = rollout_spec(
+            normalizer,
+            rollout.residual,
+            state_ndim,
+            inputs,
+            coarse_stepper=rollout.coarse_stepper,
+            correction=rollout.correction,
+        )
+        # validation rolls out on the host: the coarse stepper (in the backend's arrays)
+        # gets numpy arrays through the backend's tensors
+        self.host_spec = self.spec
+        if rollout.coarse_stepper is not None:
+            self.host_spec = rollout_spec(
+                normalizer,
+                rollout.residual,
+                state_ndim,
+                inputs,
+                coarse_stepper=_on_host(rollout.coarse_stepper),
+                correction=rollout.correction,
+            )
         self.loss_fn = loss_fn
         self.accumulate = int(accumulate)
         self.stages = rollout.stages()
@@ -229,8 +249,10 @@ class RolloutLoss:
         k: int,
         noise: Any = None,
         forcing: Any = None,
+        training: bool = False,
     ) -> tuple[Any, Any]:
-        """`(loss, predicted targets (B, k, ...))` of a `k`-step rollout on device arrays."""
+        """`(loss, predicted targets (B, k, ...))` of a `k`-step rollout on device arrays
+        (`training=True`: a diverted chain compares with the reference stepper)."""
         import array_api_compat
 
         import keras
@@ -267,6 +289,8 @@ class RolloutLoss:
             noise=noise,
             constant=constant,
             forcing=forcing,
+            reference=self.rollout.ref_stepper if training else None,
+            cut_div_chain=self.rollout.cut_div_chain,
         )
 
     def _checkpointed(self, model_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -322,7 +346,9 @@ class RolloutLoss:
             raise RuntimeError("the rollout loss was computed outside the wrapped train step")
         else:
             k = self.k
-        loss = self.predict(model_fn, x, target, k, noise if training else None, forcing)[0]
+        loss = self.predict(
+            model_fn, x, target, k, noise if training else None, forcing, training=training
+        )[0]
         for extra in model.losses:  # regularizers, as Keras adds them to its loss
             loss = loss + keras.ops.cast(keras.ops.sum(extra), loss.dtype)
         return loss
@@ -384,7 +410,7 @@ class RolloutLoss:
         x = np.asarray(batch["x"])
         loss, pred = rollout_loss(
             np,
-            spec=self.spec,
+            spec=self.host_spec,
             model_fn=lambda s: np.asarray(predict(np.asarray(s, x.dtype)), x.dtype),
             x=x,
             y=np.asarray(batch["y"]),
@@ -395,6 +421,39 @@ class RolloutLoss:
             forcing=None if FORCING_KEY not in batch else np.asarray(batch[FORCING_KEY]),
         )
         return np.asarray(pred), float(loss)
+
+
+def _on_host(stepper: Callable[[Any], Any]) -> Callable[[np.ndarray], np.ndarray]:
+    """`stepper` (on the backend's arrays) called with numpy arrays and returning numpy."""
+    import keras
+
+    def host(x: np.ndarray) -> np.ndarray:
+        out = stepper(keras.ops.convert_to_tensor(x))
+        return np.asarray(keras.ops.convert_to_numpy(out), dtype=x.dtype)
+
+    return host
+
+
+def stepper_shape(
+    stepper: Callable[[Any], Any], state_shape: tuple[int, ...], dtype: Any = "float32"
+) -> tuple[int, ...] | None:
+    """The output shape of a rollout's stepper on a batch of the backend's zero states
+    (jax: `jax.eval_shape`, abstract; torch: one call without autograd)."""
+    import keras
+
+    kind = np.dtype(dtype).name
+    if keras.backend.backend() == "jax":
+        import jax
+
+        probe = jax.ShapeDtypeStruct(tuple(state_shape), jax.dtypes.canonicalize_dtype(kind))
+        shape = getattr(jax.eval_shape(stepper, probe), "shape", None)
+    else:
+        import torch
+
+        with torch.no_grad():
+            out = stepper(keras.ops.zeros(tuple(state_shape), dtype=kind))
+        shape = getattr(out, "shape", None)
+    return None if shape is None else tuple(int(d) for d in shape)
 
 
 def install_rollout(model: Any, plan: Any) -> RolloutLoss:

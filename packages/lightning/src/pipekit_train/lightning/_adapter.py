@@ -38,7 +38,7 @@ from ._model import TorchModelOp, is_lightning_module, module_dtype
 from ._nvml import without_nvml_check
 from ._optim import build_optimizer, check_optimizer_config, gradient_clip
 from ._precision import native_precision
-from ._probe import expected_input_shape, output_shape
+from ._probe import expected_input_shape, output_shape, stepper_shape
 from ._rollout import RolloutLoss
 from ._trainer_kwargs import TRAINER_KWARGS
 
@@ -299,6 +299,12 @@ class Lightning(Adapter):
         `forward` signature gives None.
         """
         return output_shape(model, input_shape, dtype)
+
+    def stepper_shape(
+        self, stepper: Any, state_shape: tuple[int, ...], dtype: Any = np.float32
+    ) -> tuple[int, ...] | None:
+        """The stepper's output shape on a batch of zero states (CPU tensors, no autograd)."""
+        return stepper_shape(stepper, state_shape, dtype)
 
     def expected_input_shape(self, model: Any) -> tuple[int, ...] | None:
         """`(in_features,)` of a `torch.nn.Sequential` that starts with a `Linear` layer."""

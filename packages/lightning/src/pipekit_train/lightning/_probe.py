@@ -6,7 +6,8 @@ reads the input size of a `torch.nn.Sequential` that starts with a `Linear` laye
 Only networks a probe may call as `net(x)` are probed (`probe_target`): a user
 `LightningModule` (its `training_step` decides what reaches the model), a module with
 uninitialised lazy layers (the probe would initialise them) or another `forward`
-signature gives None.
+signature gives None. `stepper_shape` calls a rollout's stepper once on a batch of zero
+states (CPU tensors, no autograd).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from ._model import TorchModelOp, as_input, is_lightning_module, module_dtype
 
-__all__ = ["expected_input_shape", "output_shape", "probe_target"]
+__all__ = ["expected_input_shape", "output_shape", "probe_target", "stepper_shape"]
 
 
 def probe_target(model: Any) -> torch.nn.Module | None:
@@ -78,3 +79,15 @@ def expected_input_shape(model: Any) -> tuple[int, ...] | None:
         if isinstance(first, torch.nn.Linear):
             return (int(first.in_features),)
     return None
+
+
+def stepper_shape(
+    stepper: Any, state_shape: tuple[int, ...], dtype: Any = np.float32
+) -> tuple[int, ...] | None:
+    """The output shape of a rollout's stepper on a batch of zero states (CPU tensors of
+    `dtype`, under `torch.no_grad()`); None when it does not return a tensor."""
+    x = torch.from_numpy(np.zeros(tuple(state_shape), np.dtype(dtype)))
+    with torch.no_grad():
+        out = stepper(x)
+    shape = getattr(out, "shape", None)
+    return None if shape is None else tuple(int(d) for d in shape)

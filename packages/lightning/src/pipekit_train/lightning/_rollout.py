@@ -149,7 +149,14 @@ class RolloutLoss:
         inputs: Any = None,
     ):
         self.rollout = rollout
-        self.spec = rollout_spec(normalizer, rollout.residual, state_ndim, inputs)
+        self.spec = rollout_spec(
+            normalizer,
+            rollout.residual,
+            state_ndim,
+            inputs,
+            coarse_stepper=rollout.coarse_stepper,
+            correction=rollout.correction,
+        )
         self.loss_fn = loss_fn
         # Made once and reused by every update (torch runs the loss eagerly, so building
         # them per update was per-step host work): the statistics as tensors per (dtype,
@@ -170,7 +177,8 @@ class RolloutLoss:
     def predict(
         self, model_fn: Callable[[Any], Any], batch: Mapping[str, Any], k: int, noise: Any = None
     ) -> tuple[Any, Any]:
-        """`(loss, predicted targets (B, k, ...))` of a `k`-step rollout of `batch`."""
+        """`(loss, predicted targets (B, k, ...))` of a `k`-step rollout of `batch`
+        (compared with the trajectory: validation's)."""
         return self._loss(model_fn, batch, k, noise, predictions=True)
 
     def _constant(self, dtype: torch.dtype, device: torch.device) -> Callable[[np.ndarray], Any]:
@@ -206,6 +214,7 @@ class RolloutLoss:
         noise: Any,
         *,
         predictions: bool,
+        training: bool = False,
     ) -> tuple[Any, Any]:
         x = batch["x"]
         xp = array_api_compat.array_namespace(x)
@@ -232,6 +241,8 @@ class RolloutLoss:
             step=step,
             predictions=predictions,
             forcing=batch.get(FORCING_KEY),
+            reference=self.rollout.ref_stepper if training else None,
+            cut_div_chain=self.rollout.cut_div_chain,
         )
 
     def train_loss(
@@ -246,7 +257,9 @@ class RolloutLoss:
                 return torch.utils.checkpoint.checkpoint(inner, state, use_reentrant=False)
 
         # only the loss: the predicted targets (validation's) are not built per update
-        return self._loss(model_fn, batch, k, batch.get(NOISE_KEY), predictions=False)[0]
+        return self._loss(
+            model_fn, batch, k, batch.get(NOISE_KEY), predictions=False, training=True
+        )[0]
 
     def eval_loss(
         self, model_fn: Callable[[Any], Any], batch: Mapping[str, Any]

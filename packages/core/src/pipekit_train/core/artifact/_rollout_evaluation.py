@@ -6,7 +6,9 @@ the residual) and scores them with `rollout_validation`; `TrainingArtifact.evalu
 rollout=...)` adds those scores to the held-out metrics, so `register(...,
 test_metrics=...)` records them. For a run trained through the rollout,
 `rollout_window_loss` is the loss validation reported: the longest rollout's weighted
-loss over held-out windows (`rollout_loss` on numpy, without noise).
+loss over held-out windows (`rollout_loss` on numpy, without noise). A run whose model
+corrects a coarse stepper is rolled out with it, imported by the path its plan records
+and called on numpy arrays (a stepper written with the array API serves).
 """
 
 from __future__ import annotations
@@ -73,6 +75,15 @@ def rollout_options(rollout: Any) -> dict[str, Any] | None:
     )
 
 
+def _on_host(stepper: Any) -> Any:
+    """A stepper's output on numpy states as a float64 numpy array."""
+
+    def host(x: np.ndarray) -> np.ndarray:
+        return np.asarray(stepper(x), dtype=np.float64)
+
+    return host
+
+
 def _plan_rollout(plan: Mapping[str, Any]) -> Rollout | None:
     data = plan.get("rollout")
     return None if data is None else Rollout.from_json(data)
@@ -130,6 +141,10 @@ def artifact_rollout(
     def predict(x_norm: np.ndarray) -> np.ndarray:
         return np.asarray(model(np.asarray(x_norm, dtype=np.float32)))
 
+    corrected: dict[str, Any] = {}
+    if trained is not None and trained.coarse_stepper is not None:
+        # the model corrects a solver: every step calls it, on numpy arrays here
+        corrected = {"coarse_stepper": trained.coarse_stepper, "correction": trained.correction}
     forward = NeuralForward(
         predict,
         normalizer=normalizer,
@@ -138,6 +153,7 @@ def artifact_rollout(
         state_ndim=state_ndim,
         inputs=None if plan.get("inputs") is None else ModelInputs.from_json(plan["inputs"]),
         **(head_options_for_loss(loss) or {}),
+        **corrected,
     )
     return rollout_validation(
         forward,
@@ -193,8 +209,14 @@ def rollout_window_loss(
             f"held_out, k>={trained.max_steps}, targets={wanted!r})."
         )
     loss_fn = losses.get(loss)
+    coarse = trained.coarse_stepper
     spec = rollout_spec(
-        normalizer, trained.residual, len(data.trajectories.state_shape), data.inputs
+        normalizer,
+        trained.residual,
+        len(data.trajectories.state_shape),
+        data.inputs,
+        coarse_stepper=None if coarse is None else _on_host(coarse),
+        correction=trained.correction,
     )
     weights = trained.step_weights(trained.max_steps)
 

@@ -20,8 +20,23 @@ from pipekit_train.core.distributions._heads import head_for_loss, head_options_
 from pipekit_train.core.metrics import DEFAULT_LEAD_BOUNDS
 from pipekit_train.core.rollout._cycle import NeuralForward
 from pipekit_train.core.rollout._validation import RolloutReport, rollout_validation
+from pipekit_train.core.spec._rollout import Rollout
 
 __all__ = ["RolloutMonitor"]
+
+
+def _correction(rollout: Any) -> dict[str, Any]:
+    """`NeuralForward`'s `coarse_stepper`/`correction` of a run's `rollout` JSON.
+
+    None for a run of one-step rollouts: its evaluator answers a one-step call with a
+    rollout of length 1 (`evaluates_as_rollout`), which takes the coarse step already.
+    """
+    if not isinstance(rollout, Mapping) or rollout.get("coarse_stepper") is None:
+        return {}
+    trained = Rollout.from_json(rollout)
+    if trained.max_steps == 1:
+        return {}
+    return {"coarse_stepper": trained.coarse_stepper, "correction": trained.correction}
 
 
 class RolloutMonitor:
@@ -44,7 +59,9 @@ class RolloutMonitor:
     (per field too on a grid). The last report is kept (`last_report`) for its figure.
     It runs when the run validates (`validate_every_n_steps`, and at the end), so the run
     needs `validation=` data; the rollout adds to each validation the cost of `horizon`
-    batched forward passes.
+    batched forward passes. A run whose model corrects a coarse stepper
+    (`Rollout(coarse_stepper=..., correction=...)`) is rolled out with the corrected step,
+    the stepper imported by the path the plan records and called on numpy arrays.
 
     Args:
         trajectories: held-out `Trajectories` (never the training split), or an array
@@ -143,6 +160,7 @@ class RolloutMonitor:
             state_ndim=self.spatial_ndim + 1,
             inputs=layout,
             **(options or {}),
+            **_correction(state.plan.get("rollout")),
         )
         self.last_report = rollout_validation(
             forward, self.trajectories, self.horizon, **self._options

@@ -87,6 +87,10 @@ class Capabilities:
         rollout_checkpointing: honours `Rollout(gradient_checkpointing=True)`: each
             unrolled step's model application is recomputed in the backward pass instead
             of keeping its activations (same loss and updates, less memory).
+        rollout_steppers: calls the steppers of a `Rollout` (`ref_stepper` of the
+            diverted chain, `coarse_stepper` of a correction) inside its step, with its
+            own arrays (`rollout_loss(reference=...)`, `rollout_spec(coarse_stepper=...)`),
+            and probes them before any work (`Adapter.stepper_shape`).
     """
 
     native_data: bool = False
@@ -101,6 +105,7 @@ class Capabilities:
     ema: bool = False
     rollout: bool = False
     rollout_checkpointing: bool = False
+    rollout_steppers: bool = False
 
     @classmethod
     def full(cls, **overrides: Any) -> Capabilities:
@@ -201,6 +206,26 @@ class Adapter(abc.ABC):
         Raises:
             Exception: whatever the backend raises when the model cannot take such
                 inputs (core turns it into a `ConfigError` naming the data).
+        """
+        return None
+
+    def stepper_shape(
+        self, stepper: Any, state_shape: tuple[int, ...], dtype: Any = np.float32
+    ) -> tuple[int, ...] | None:
+        """The shape of `stepper`'s output for a batch of zero states of `state_shape`
+        (batch axis first), called on this backend's own arrays.
+
+        A cheap probe (an abstract evaluation, or one call on zeros) before any work:
+        `TrainingLoop` calls it for each stepper of `Rollout(...)` and refuses one that
+        changes the shape.
+
+        Returns:
+            The output's shape; None when the backend cannot probe (nothing is checked).
+            The default is None.
+
+        Raises:
+            Exception: whatever the stepper raises on such states (core turns it into a
+                `ConfigError` naming the stepper).
         """
         return None
 

@@ -20,6 +20,7 @@ from pipekit_train.core.distributions._flow import Flow, flow_from_output
 from pipekit_train.core.distributions._gaussian import Gaussian
 from pipekit_train.core.distributions._heads import check_head, check_head_options
 from pipekit_train.core.distributions._mixture import Mixture, mixture_from_output
+from pipekit_train.core.spec._steppers import check_correction, resolve_stepper
 
 from ._segments import check_hook_steps, drive, prepare_rollout
 from ._step import NonFiniteStateError, RolloutSpec, non_finite_error
@@ -59,6 +60,16 @@ def _recorded_inputs(record: Any) -> Any:
     from pipekit_train.core.data.trajectories._inputs import ModelInputs
 
     return ModelInputs.from_json(data)
+
+
+def _recorded_correction(record: Any) -> tuple[Any, Any]:
+    """`(coarse stepper path, correction)` a registered run trained with (None, None: none)."""
+    lineage = getattr(record, "lineage", None)
+    plan = lineage.get("plan") if isinstance(lineage, Mapping) else None
+    rollout = plan.get("rollout") if isinstance(plan, Mapping) else None
+    if not isinstance(rollout, Mapping) or rollout.get("coarse_stepper") is None:
+        return None, None
+    return rollout["coarse_stepper"], rollout.get("correction")
 
 
 class NeuralForward:
@@ -125,6 +136,23 @@ class NeuralForward:
             each call then takes them as keywords (`history=`, `static=`, `forcing=`),
             builds the input in that layout and normalises it as `state_key`. `state_ndim`
             follows from it. None: the model sees the state alone.
+        coarse_stepper: a coarse stepper the model corrects (a model trained with
+            `Rollout(coarse_stepper=..., correction=...)`): `fn(state) -> next state` on
+            a batch of physical states; a module-level function or its import string.
+            Point heads and models of the state alone only.
+        correction: how the model corrects it, as at training: `"parallel"` (`next =
+            coarse(x) + model(x)`, with `residual=True`) or `"sequential"` (`next =
+            model(coarse(x))`, or `coarse(x) + model(coarse(x))` with `residual=True`);
+            see `Rollout`.
+
+    **Solver in the loop.** With a coarse stepper every step calls it on the arrays of
+    the path that runs: `forward(state)`, `Cycle`'s per-step loop and the host
+    `rollout` call it with numpy arrays (its output taken with `np.asarray`); the
+    device rollout of an Equinox, Lightning/`Torch()` or Keras model operator (and
+    `Cycle` when it takes that path) calls it inside the backend's loop with the
+    backend's arrays, as training did. A stepper written once with the array API
+    (`array_api_compat.array_namespace(state)`) serves both; a numpy-only one needs the
+    host path (`Cycle` with a per-step hook, or `forward(state)` in a loop).
 
     **Forced and parametric models.** With `inputs`, `forward(state, history=...,
     static=..., forcing=...)` advances the state: `history` holds the `h - 1` states
@@ -162,6 +190,8 @@ class NeuralForward:
         flow_bound: float | None = None,
         flow_hidden: int | None = None,
         inputs: Any = None,
+        coarse_stepper: Any = None,
+        correction: str | None = None,
     ):
         if inputs is not None and not hasattr(inputs, "assemble"):
             raise ConfigError(
@@ -232,6 +262,26 @@ class NeuralForward:
         elif self.head == "flow":
             options = given
         self.head_options = check_head_options(self.head, options)
+        self._check_coarse(coarse_stepper, correction)
+
+    def _check_coarse(self, coarse_stepper: Any, correction: Any) -> None:
+        """Set `coarse_stepper` (resolved), its import path and `correction` (checked)."""
+        check_correction(correction, coarse_stepper, self.residual, owner="NeuralForward")
+        self.coarse_stepper: Any = None
+        self.coarse_stepper_name: str | None = None
+        self.correction = correction
+        if coarse_stepper is None:
+            return
+        self.coarse_stepper, self.coarse_stepper_name = resolve_stepper(
+            "coarse_stepper", coarse_stepper
+        )
+        if self.head != "point" or self.inputs is not None:
+            given = f"head={self.head!r}" if self.head != "point" else "inputs=ModelInputs(...)"
+            raise ConfigError(
+                "A forward that corrects a coarse stepper steps with a point prediction of "
+                f"the state alone. Received: coarse_stepper=... with {given}. Use "
+                "head='point' and a model of the state alone, or drop coarse_stepper."
+            )
 
     @classmethod
     def from_record(
@@ -244,6 +294,8 @@ class NeuralForward:
         output_key: str = "y",
         state_ndim: int = 1,
         inputs: Any = None,
+        coarse_stepper: Any = None,
+        correction: str | None = None,
     ) -> NeuralForward:
         """A forward operator for a registered model, with its normalizer and head.
 
@@ -256,6 +308,10 @@ class NeuralForward:
             state_ndim: as for the constructor.
             inputs: as for the constructor; default: the layout the run recorded in the
                 record's lineage (`lineage["plan"]["inputs"]`), if any.
+            coarse_stepper: as for the constructor; default: the coarse stepper the run
+                was trained to correct (its import path in `lineage["plan"]["rollout"]`),
+                if any.
+            correction: as for the constructor; default: the run's.
 
         Raises:
             ConfigError: the record names a head this version does not know.
@@ -266,6 +322,8 @@ class NeuralForward:
         options = check_head_options(
             head, getattr(record, "head_options", None), field="record.head_options"
         )
+        if coarse_stepper is None and correction is None:
+            coarse_stepper, correction = _recorded_correction(record)
         return cls(
             model_op,
             normalizer=record.load_normalizer(),
@@ -276,6 +334,8 @@ class NeuralForward:
             **(options or {}),
             state_ndim=state_ndim,
             inputs=inputs if inputs is not None else _recorded_inputs(record),
+            coarse_stepper=coarse_stepper,
+            correction=correction,
         )
 
     def _batch(self, state: Any) -> tuple[np.ndarray, bool]:
@@ -473,6 +533,9 @@ class NeuralForward:
         `history`, `static` and `forcing` are for a model with `inputs` (see the class).
         """
         batch, single = self._batch(state)
+        if self.coarse_stepper is not None:
+            pred = self._corrected(batch)
+            return pred[0] if single else pred
         u = self._input(batch, single, history, static, forcing)
         if self.head == "gaussian":
             pred = self._gaussian(batch, u).mean
@@ -483,6 +546,20 @@ class NeuralForward:
         else:
             pred = self._add_state(batch, self._invert(np.asarray(self._model(u))))
         return pred[0] if single else pred
+
+    def _corrected(self, batch: np.ndarray) -> np.ndarray:
+        """One step of a model that corrects the coarse stepper, on the host."""
+        coarse = np.asarray(self.coarse_stepper(batch))
+        if coarse.shape != batch.shape:
+            raise ConfigError(
+                "`coarse_stepper` must return the next states in the shape of the states it "
+                f"is given. Received: a batch of shape {batch.shape} mapped to shape "
+                f"{coarse.shape}. Return fn(state).shape == state.shape."
+            )
+        pred = self._invert(
+            np.asarray(self._model(batch if self.correction == "parallel" else coarse))
+        )
+        return coarse + pred if self.residual else pred
 
     # -- multi-step rollouts ---------------------------------------------------------------
     def rollout_spec(self) -> RolloutSpec:
@@ -497,6 +574,8 @@ class NeuralForward:
             self.output_key,
             self.state_ndim,
             id(self.inputs),
+            id(self.coarse_stepper),
+            self.correction,
         )
         cached = getattr(self, "_spec", None)
         if cached is None or cached[0] != key or cached[1].normalizer is not self.normalizer:
@@ -509,6 +588,8 @@ class NeuralForward:
                 output_key=self.output_key,
                 state_ndim=self.state_ndim,
                 inputs=self.inputs,
+                coarse_stepper=self.coarse_stepper,
+                correction=self.correction,
             )
             self._spec = cached = (key, spec)
         return cached[1]
@@ -671,12 +752,19 @@ class NeuralForward:
             **({"head_options": self.head_options} if self.head_options else {}),
             **({"state_ndim": self.state_ndim} if self.state_ndim != 1 else {}),
             **({"inputs": self.inputs.to_json()} if self.inputs is not None else {}),
+            **(
+                {"coarse_stepper": self.coarse_stepper_name, "correction": self.correction}
+                if self.coarse_stepper is not None
+                else {}
+            ),
         }
 
     def __repr__(self) -> str:
         head = "" if self.head == "point" else f", head={self.head!r}"
         if self.head_options:
             head += "".join(f", {k}={v!r}" for k, v in self.head_options.items())
+        if self.coarse_stepper is not None:
+            head += f", coarse_stepper={self.coarse_stepper_name!r}, correction={self.correction!r}"
         return f"NeuralForward({self.model_op!r}, residual={self.residual}{head})"
 
 

@@ -25,6 +25,7 @@ from pipekit_train.core._errors import ConfigError, PipekitError
 from pipekit_train.core.distributions import _mixture_math as layout
 from pipekit_train.core.distributions._heads import check_head, check_head_options
 from pipekit_train.core.distributions._mixture import mixture_dim
+from pipekit_train.core.spec._steppers import check_correction
 
 __all__ = ["AffineMap", "NonFiniteStateError", "RolloutSpec", "non_finite_error"]
 
@@ -122,6 +123,13 @@ class RolloutSpec:
             model's whole input in physical units (`(*spatial, C_in)`), normalises it as
             `state_key`, and returns the next state; `ModelInputs.advance` builds the
             next input.
+        coarse_stepper: a coarse stepper the model corrects (`fn(state) -> next state`
+            on a batch of physical states, in the array library of the arrays the bound
+            step runs on), or None. See `correction`.
+        correction: with `c = coarse_stepper(x)` and `p(u)` the de-normalised prediction
+            for input `u`: `"parallel"` is `next = c + p(x)` (needs `residual=True`),
+            `"sequential"` is `next = p(c)` (`c + p(c)` with `residual=True`). None
+            without a coarse stepper.
     """
 
     normalizer: Any = None
@@ -132,6 +140,8 @@ class RolloutSpec:
     output_key: str = "y"
     state_ndim: int = 1
     inputs: Any = None
+    coarse_stepper: Any = None
+    correction: str | None = None
     _maps: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -139,6 +149,18 @@ class RolloutSpec:
         object.__setattr__(self, "head_options", check_head_options(self.head, self.head_options))
         if self.inputs is not None and self.inputs.trivial:
             object.__setattr__(self, "inputs", None)
+        check_correction(self.correction, self.coarse_stepper, self.residual, owner="RolloutSpec")
+        if self.coarse_stepper is not None and not callable(self.coarse_stepper):
+            raise ConfigError(
+                "`coarse_stepper` must be a callable fn(state) -> next state. Received: "
+                f"coarse_stepper={self.coarse_stepper!r:.80}."
+            )
+        if self.coarse_stepper is not None and self.inputs is not None:
+            raise ConfigError(
+                "A coarse stepper advances the state alone, so it does not correct a model "
+                "that sees history, forcings or static inputs yet. Received: "
+                "coarse_stepper=... with inputs=ModelInputs(...). Drop one of them."
+            )
 
     def state_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         """The shape of one state for model inputs of `input_shape` (the input itself
@@ -359,6 +381,8 @@ class RolloutSpec:
         residual, head_mean = self.residual, self.head_mean
         if self.inputs is not None:
             return self._bind_inputs(xp, to, in_mean, in_std, out_mean, out_std, stochastic)
+        if self.coarse_stepper is not None:
+            return self._bind_corrected(xp, to, in_mean, in_std, out_mean, out_std, stochastic)
 
         if stochastic:
             k = (self.head_options or {}).get("n_components", 1)
@@ -424,5 +448,35 @@ class RolloutSpec:
             if out_mean is not None:
                 pred = pred * out_std + out_mean
             return u[..., channels] + pred if residual else pred
+
+        return step
+
+    def _bind_corrected(
+        self,
+        xp: Any,
+        to: Callable[[np.ndarray], Any],
+        in_mean: Any,
+        in_std: Any,
+        out_mean: Any,
+        out_std: Any,
+        stochastic: bool,
+    ) -> Callable[..., Any]:
+        """The step of a model that corrects `coarse_stepper` (see `correction`):
+        `step(model_fn, x)` (and the draws, stochastic) from the state to the next state."""
+        coarse, parallel = self.coarse_stepper, self.correction == "parallel"
+        residual, head_mean = self.residual, self.head_mean
+        sample = None
+        if stochastic:
+            k = (self.head_options or {}).get("n_components", 1)
+            sample = self._sampler(xp, to(np.arange(k, dtype=np.float64)))
+
+        def step(model_fn: Callable[[Any], Any], x: Any, *noise: Any) -> Any:
+            c = coarse(x)
+            u = x if parallel else c
+            out = model_fn(u if in_mean is None else (u - in_mean) / in_std)
+            pred = head_mean(xp, out) if sample is None else sample(out, *noise)
+            if out_mean is not None:
+                pred = pred * out_std + out_mean
+            return c + pred if residual else pred
 
         return step

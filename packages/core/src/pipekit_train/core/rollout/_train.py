@@ -30,12 +30,24 @@ __all__ = ["check_rollout_loss", "evaluates_as_rollout", "rollout_loss", "rollou
 
 
 def rollout_spec(
-    normalizer: Any, residual: bool, state_ndim: int, inputs: Any = None
+    normalizer: Any,
+    residual: bool,
+    state_ndim: int,
+    inputs: Any = None,
+    *,
+    coarse_stepper: Callable[[Any], Any] | None = None,
+    correction: str | None = None,
 ) -> RolloutSpec:
     """The `RolloutSpec` a rollout-trained model is rolled out with (`NeuralForward`'s);
-    `inputs` is the run's `ModelInputs` (`plan.inputs`), None for the state alone."""
+    `inputs` is the run's `ModelInputs` (`plan.inputs`), None for the state alone;
+    `coarse_stepper` and `correction` the `Rollout`'s (a model that corrects a solver)."""
     return RolloutSpec(
-        normalizer=normalizer, residual=residual, state_ndim=state_ndim, inputs=inputs
+        normalizer=normalizer,
+        residual=residual,
+        state_ndim=state_ndim,
+        inputs=inputs,
+        coarse_stepper=coarse_stepper,
+        correction=correction,
     )
 
 
@@ -112,6 +124,8 @@ def rollout_loss(
     step: Callable[..., Any] | None = None,
     predictions: bool = True,
     forcing: Any = None,
+    reference: Callable[[Any], Any] | None = None,
+    cut_div_chain: bool = False,
 ) -> tuple[Any, Any]:
     """The weighted `k`-step rollout loss of one batch, and the predicted targets.
 
@@ -137,6 +151,13 @@ def rollout_loss(
             loss is the same either way: the predictions are not part of it.
         forcing: with a `spec.inputs` layout that has forcings, each step's forcings in
             raw units, `(B, K, *spatial, F)` (the windows' `"forcing"`); None otherwise.
+        reference: the diverted chain's reference stepper (`Rollout(target="diverted")`),
+            on physical states of `xp`: step `i`'s prediction is compared with
+            `reference(previous state)` (the model's state before the step, after any
+            gradient stop of `backprop`) instead of the targets `y`. None: the targets.
+        cut_div_chain: `detach` the reference's output (no gradient through it).
+
+    With `spec.coarse_stepper` each step is the corrected step (`RolloutSpec.bind`).
 
     With a `spec.inputs` layout `x` is the model's whole first input (history, forcings,
     static inputs; `ModelInputs`), normalised as one array; each step's input is the
@@ -151,6 +172,13 @@ def rollout_loss(
     to = constant or xp.asarray
     k = len(weights)
     if spec.inputs is not None:
+        if reference is not None:
+            raise ConfigError(
+                "The diverted chain's reference stepper advances the state alone, so it "
+                "does not serve a model that sees history, forcings or static inputs yet. "
+                "Received: a reference stepper with inputs=ModelInputs(...). Use "
+                "Rollout(target='trajectory') for such a model."
+            )
         return _rollout_loss_with_inputs(
             xp,
             spec=spec,
@@ -182,8 +210,13 @@ def rollout_loss(
     total: Any = 0.0
     predicted = []
     for i in range(k):
-        target = phys_y(y[:, i, ...])
-        truth = truth + target if spec.residual else target
+        if reference is None:
+            target = phys_y(y[:, i, ...])
+            truth = truth + target if spec.residual else target
+        else:  # the diverted chain: the reference stepper from the model's state
+            truth = reference(state)
+            if cut_div_chain:
+                truth = detach(truth)
         nxt = step(model_fn, state)
         if backprop == "last" and i < k - 1:
             nxt = detach(nxt)

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pipekit_train.core._checks import is_int
 from pipekit_train.core._errors import ConfigError
+
+from ._steppers import TARGETS, check_correction, resolve_stepper
 
 __all__ = ["Backprop", "Rollout", "RolloutSchedule"]
 
@@ -169,6 +171,37 @@ class Rollout:
             (to float tolerance), so a run may resume with the flag flipped (it is not
             part of the resume key). A backend without it refuses it before any work
             (`Capabilities.rollout_checkpointing`).
+        target: what each unrolled step is compared with: `"trajectory"` (the stored
+            trajectory, supervised rollout training: apebench's `sup;T`) or
+            `"diverted"` (the diverted chain of branch length one, trainax's
+            `DivertedChainBranchOne`, apebench's `div;T`): step `i`'s prediction is
+            compared with `ref_stepper` applied to the model's previous state (step 1:
+            to `x_0`, with its noise), so only the windows' first states are used in
+            training. Validation still compares the longest rollout with the held-out
+            trajectory, so `"trajectory"` and `"diverted"` runs report comparable losses.
+        ref_stepper: the reference stepper of `target="diverted"`: `fn(state) -> next
+            state` on a batch of physical states (batch axis first) in the backend's
+            array library (or the array API), differentiable; a module-level function or
+            its import string (plans and resume keys hold its `"module:qualname"`).
+        cut_div_chain: stop the gradient through the reference branch
+            (`stop_gradient(ref_stepper(state))`). False (trainax's default, and
+            apebench's `div;T`): the gradient flows through the stepper into the model's
+            previous state as well, so the stepper must be differentiable.
+        coarse_stepper: a coarse stepper the model corrects, at training and (given to
+            `NeuralForward` too) at rollout: solver in the loop (Um et al. 2020;
+            apebench's `correct;*`). Same form as `ref_stepper`; its parameters are not
+            trained, the gradient flows through it into the state.
+        correction: how the model corrects `coarse_stepper` (with `c = coarse(x)` and
+            `p(u)` the de-normalised model output for input `u`): `"parallel"` is
+            `next = c + p(x)` (apebench's `correct;parallel`; needs `residual=True`);
+            `"sequential"` is `next = p(c)`, or with `residual=True` `next = c + p(c)`
+            (apebench's `correct;sequential` and `correct;sequential_with_bypass`).
+
+    A stepper combines with either target: a corrected model may be trained on the
+    diverted chain. Steppers are for models of the state alone (not with history,
+    forcings or static inputs), and a backend must declare
+    `Capabilities.rollout_steppers`; each stepper is probed once on the backend's zeros of
+    the data's state shape before any work, and one that changes the shape is refused.
 
     Raises:
         ConfigError: a bad field, naming the field, the value and the fix.
@@ -178,6 +211,14 @@ class Rollout:
         >>> r = Rollout(steps=4, schedule={0: 1, 100: 2, 200: 4}, backprop="last")
         >>> [r.steps_at(n) for n in (0, 99, 100, 250)]
         [1, 1, 2, 4]
+
+        The diverted chain against a reference solver (`div;5`), and a model that
+        corrects a coarse solver (`correct;parallel`):
+
+        ```python
+        Rollout(steps=5, target="diverted", ref_stepper=reference_step)
+        Rollout(steps=5, residual=True, coarse_stepper=coarse_step, correction="parallel")
+        ```
     """
 
     steps: int = 1
@@ -187,6 +228,12 @@ class Rollout:
     schedule: RolloutSchedule | Mapping[int, int] | None = None
     residual: bool = False
     gradient_checkpointing: bool = False
+    target: Literal["trajectory", "diverted"] = "trajectory"
+    # a callable after construction; an import string "module:name" is resolved then
+    ref_stepper: Any = None
+    cut_div_chain: bool = False
+    coarse_stepper: Any = None
+    correction: Literal["parallel", "sequential"] | None = None
 
     def __post_init__(self) -> None:
         steps = _count("steps", self.steps, "Use steps=1 for one-step training, e.g. steps=4.")
@@ -235,6 +282,7 @@ class Rollout:
                 f"gradient_checkpointing={self.gradient_checkpointing!r}. Use True to "
                 "recompute each unrolled step in the backward pass (less memory, more time)."
             )
+        self._check_steppers()
         schedule = self.schedule
         if schedule is not None:
             stages = _stages(schedule)
@@ -257,8 +305,60 @@ class Rollout:
         object.__setattr__(self, "noise_std", float(noise))
         object.__setattr__(self, "schedule", schedule)
 
+    def _check_steppers(self) -> None:
+        """Check the target and the steppers; resolve import strings; keep their names."""
+        if self.target not in TARGETS:
+            raise ConfigError(
+                f"`target` must be one of {list(TARGETS)}. Received: target={self.target!r}. "
+                "Use 'trajectory' (compare with the stored trajectory) or 'diverted' "
+                "(compare with ref_stepper applied to the model's previous state)."
+            )
+        if not isinstance(self.cut_div_chain, bool):
+            raise ConfigError(
+                f"`cut_div_chain` must be True or False. Received: "
+                f"cut_div_chain={self.cut_div_chain!r}."
+            )
+        names: dict[str, str] = {}
+        if self.target == "diverted":
+            if self.ref_stepper is None:
+                raise ConfigError(
+                    "The diverted chain compares each step with a reference stepper. "
+                    "Received: target='diverted', ref_stepper=None. Pass ref_stepper=fn, "
+                    "fn(state) -> next state on a batch of physical states, in the "
+                    "backend's array library."
+                )
+            fn, names["ref_stepper"] = resolve_stepper("ref_stepper", self.ref_stepper)
+            object.__setattr__(self, "ref_stepper", fn)
+        elif self.ref_stepper is not None or self.cut_div_chain:
+            given = "ref_stepper=..." if self.ref_stepper is not None else "cut_div_chain=True"
+            raise ConfigError(
+                f"`{given.split('=')[0]}` is for the diverted chain. Received: {given} with "
+                "target='trajectory'. Pass target='diverted', or leave it out."
+            )
+        check_correction(self.correction, self.coarse_stepper, self.residual)
+        if self.coarse_stepper is not None:
+            fn, names["coarse_stepper"] = resolve_stepper("coarse_stepper", self.coarse_stepper)
+            object.__setattr__(self, "coarse_stepper", fn)
+        object.__setattr__(self, "_stepper_names", names)
+
     def __hash__(self) -> int:
         return hash(json.dumps(self.to_json(), sort_keys=True))
+
+    # -- the steppers --------------------------------------------------------------------
+    @property
+    def steppers(self) -> dict[str, Callable[[Any], Any]]:
+        """`{field: stepper}` of the steppers this rollout calls (empty: none)."""
+        out: dict[str, Callable[[Any], Any]] = {}
+        if self.ref_stepper is not None:
+            out["ref_stepper"] = self.ref_stepper
+        if self.coarse_stepper is not None:
+            out["coarse_stepper"] = self.coarse_stepper
+        return out
+
+    def stepper_name(self, field: str) -> str | None:
+        """The import path the plan records for the stepper of `field` (None: none)."""
+        names: dict[str, str] = getattr(self, "_stepper_names", {})
+        return names.get(field)
 
     # -- the schedule ------------------------------------------------------------------
     def stages(self) -> tuple[tuple[int, int], ...]:
@@ -301,7 +401,21 @@ class Rollout:
             "schedule": schedule,
             "residual": self.residual,
             "gradient_checkpointing": self.gradient_checkpointing,
+            **self._steppers_json(),
         }
+
+    def _steppers_json(self) -> dict[str, Any]:
+        """The target and the steppers' import paths; nothing for a rollout without them,
+        so its JSON (and resume key) is what it was before they existed."""
+        data: dict[str, Any] = {}
+        if self.target != "trajectory":
+            data["target"] = self.target
+            data["ref_stepper"] = self.stepper_name("ref_stepper")
+            data["cut_div_chain"] = self.cut_div_chain
+        if self.coarse_stepper is not None:
+            data["coarse_stepper"] = self.stepper_name("coarse_stepper")
+            data["correction"] = self.correction
+        return data
 
     def resume_json(self) -> dict[str, Any]:
         """The JSON a resumed run must match: `to_json` without `gradient_checkpointing`.
@@ -316,7 +430,11 @@ class Rollout:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Rollout:
-        """The `Rollout` of `to_json`'s output."""
+        """The `Rollout` of `to_json`'s output (the steppers imported by their paths).
+
+        Raises:
+            ConfigError: a stepper's module or attribute cannot be imported.
+        """
         raw = dict(data)
         schedule = raw.get("schedule")
         if isinstance(schedule, Mapping):

@@ -11,7 +11,8 @@
 - `RayProbe`: the callback of the Ray Train restart tests (records each worker's run,
   SIGKILLs one worker once).
 - `check_device_rollout`, `host_rollout`: the checks every backend's device rollout
-  (`model_op.rollout`) passes against the host loop.
+  (`model_op.rollout`) passes against the host loop; `check_corrected_rollout` the same
+  for a model that corrects a coarse stepper.
 - `check_rollout_prediction`, `check_one_step_rollout`, `check_rollout_resume`,
   `check_rollout_kill_resume`, `check_rollout_schedule_counts_skipped_updates`: the checks
   every backend's rollout training passes.
@@ -21,7 +22,8 @@
   `run_golden_plateau`, `compare_plateau`, `PLATEAU_CASES`: its `ReduceLROnPlateau` cases;
   `run_golden_flow`, `compare_golden_flow`: its flow-head cases (`flow_nll`, `Flow`;
   element-wise and, with `GOLDEN_FLOW_COUPLED_OPTIONS`, coupled);
-  `run_golden_rollout`, `GOLDEN_ROLLOUT_CASES`: its rollout-training cases (`Rollout`).
+  `run_golden_rollout`, `GOLDEN_ROLLOUT_CASES`: its rollout-training cases (`Rollout`),
+  with the array-API steppers `pendulum_rk4`, `pendulum_euler` and `periodic_diffusion`.
 - `DeepSetSuite`, `point_sets`: the checks every backend's `deep_set` embedding passes.
 - `write_well_file`: a small writer of The Well's HDF5 layout (trajectories of fields and
   scalars), for tests and examples of `pipekit_train.core.data.WellSource`.
@@ -83,6 +85,9 @@ from ._golden_rollout import (
     GOLDEN_ROLLOUTS,
     golden_forced_task,
     golden_rollout_task,
+    pendulum_euler,
+    pendulum_rk4,
+    periodic_diffusion,
     rollout_case_loop,
     run_golden_rollout,
 )
@@ -92,6 +97,7 @@ from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arra
 from ._ray_probe import RayProbe
 from ._rollout import (
     ROLLOUT_HEADS,
+    check_corrected_rollout,
     check_device_rollout,
     check_rollout_monitor,
     check_stochastic_rollout,
@@ -150,6 +156,7 @@ __all__ = [
     "DEEP_SET_SIZES",
     "DeepSetSuite",
     "point_sets",
+    "check_corrected_rollout",
     "check_device_rollout",
     "check_one_step_rollout",
     "check_rollout_kill_resume",
@@ -184,6 +191,9 @@ __all__ = [
     "max_norm_differences",
     "mlp_sizes",
     "oscillator_task",
+    "pendulum_euler",
+    "pendulum_rk4",
+    "periodic_diffusion",
     "plant_lease",
     "plateau_loop",
     "regression_task",

@@ -8,9 +8,12 @@ of 4 steps over a few trajectories, with the windows' normalizer) through
 noise comes from core's feed, so every backend adds the same). Two more cases give the
 model more than its state (`ModelInputs`): a driven pendulum whose damping is a static
 input and whose torque a forcing, seen with a history of 2 states, trained one step at
-a time and through a rollout of 4 (`golden_forced_task`). The suite records every
-step's loss and the final validation loss (the longest rollout); `compare_golden`
-checks two backends' runs.
+a time and through a rollout of 4 (`golden_forced_task`). Two put a solver in the
+loop, given once with the array API so every backend calls it on its own arrays: the
+diverted chain against an RK4 step of the pendulum (`diverted_k4`, `pendulum_rk4`) and
+a model that corrects a semi-implicit Euler step (`correction_k4`, `pendulum_euler`,
+`correction="parallel"`). The suite records every step's loss and the final validation
+loss (the longest rollout); `compare_golden` checks two backends' runs.
 
 ```python
 from pipekit_train.core.testing import GOLDEN_ROLLOUT_CASES, compare_golden, run_golden_rollout
@@ -28,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import array_api_compat
 import numpy as np
 
 from pipekit_train.core import Rollout, TrainingLoop
@@ -41,9 +45,54 @@ __all__ = [
     "GOLDEN_ROLLOUT_STEPS",
     "golden_forced_task",
     "golden_rollout_task",
+    "pendulum_euler",
+    "pendulum_rk4",
+    "periodic_diffusion",
     "rollout_case_loop",
     "run_golden_rollout",
 ]
+
+PENDULUM_DT = 0.2
+"""The time step of the golden pendulum's trajectories and of its steppers."""
+
+
+def _pendulum_field(xp: Any, s: Any) -> Any:
+    theta, omega = s[..., 0:1], s[..., 1:2]
+    return xp.concat([omega, -xp.sin(theta) - 0.1 * omega], axis=-1)
+
+
+def pendulum_rk4(state: Any) -> Any:
+    """One RK4 step (`dt = 0.2`) of the golden damped pendulum, `theta'' = -sin(theta) -
+    0.1 theta'`, on a batch of states `(B, 2)` of any array-API library: the reference
+    stepper of `diverted_k4` (the trajectories' own scheme)."""
+    xp = array_api_compat.array_namespace(state)
+    dt = PENDULUM_DT
+    a = _pendulum_field(xp, state)
+    b = _pendulum_field(xp, state + (0.5 * dt) * a)
+    c = _pendulum_field(xp, state + (0.5 * dt) * b)
+    d = _pendulum_field(xp, state + dt * c)
+    return state + (dt / 6.0) * (a + 2.0 * b + 2.0 * c + d)
+
+
+def periodic_diffusion(state: Any) -> Any:
+    """One explicit step of diffusion on a periodic grid along the last axis, `u + 0.1
+    (u[j+1] - 2 u[j] + u[j-1])`, on a batch of any array-API library (slices and
+    `concat`, no `roll`): a cheap linear stepper for tests of vector states."""
+    xp = array_api_compat.array_namespace(state)
+    left = xp.concat([state[..., -1:], state[..., :-1]], axis=-1)
+    right = xp.concat([state[..., 1:], state[..., :1]], axis=-1)
+    return state + 0.1 * (left - 2.0 * state + right)
+
+
+def pendulum_euler(state: Any) -> Any:
+    """One semi-implicit Euler step (`dt = 0.2`) of the golden damped pendulum on a batch
+    of states `(B, 2)` of any array-API library: the coarse stepper of `correction_k4`."""
+    xp = array_api_compat.array_namespace(state)
+    dt = PENDULUM_DT
+    theta, omega = state[..., 0:1], state[..., 1:2]
+    omega = omega + dt * (-xp.sin(theta) - 0.1 * omega)
+    return xp.concat([theta + dt * omega, omega], axis=-1)
+
 
 GOLDEN_ROLLOUT_STEPS = 12
 """Optimizer steps per rollout case."""
@@ -54,6 +103,8 @@ GOLDEN_ROLLOUT_CASES: tuple[GoldenCase, ...] = (
     GoldenCase("rollout_schedule_noise", {"name": "adam", "lr": 0.01, "clip_norm": 1.0}),
     GoldenCase("forced_history2_one_step", {"name": "adam", "lr": 0.01}),
     GoldenCase("forced_history2_rollout_k4", {"name": "adam", "lr": 0.01}),
+    GoldenCase("diverted_k4", {"name": "adam", "lr": 0.01}),
+    GoldenCase("correction_k4", {"name": "adam", "lr": 0.01}),
 )
 """The rollout cases (their `Rollout` specs: `GOLDEN_ROLLOUTS`)."""
 
@@ -65,6 +116,12 @@ GOLDEN_ROLLOUTS: Mapping[str, Rollout | None] = {
     ),
     "forced_history2_one_step": None,
     "forced_history2_rollout_k4": Rollout(steps=4, noise_std=0.05, residual=True),
+    "diverted_k4": Rollout(
+        steps=4, residual=True, target="diverted", ref_stepper=pendulum_rk4, noise_std=0.05
+    ),
+    "correction_k4": Rollout(
+        steps=4, residual=True, coarse_stepper=pendulum_euler, correction="parallel"
+    ),
 }
 """The `Rollout` of each case in `GOLDEN_ROLLOUT_CASES`, by name."""
 

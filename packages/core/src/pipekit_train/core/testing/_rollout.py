@@ -4,7 +4,9 @@ Each adapter package calls it with a factory of its model operators; it compares
 `NeuralForward(...).rollout` (the device path) with the host loop (`forward(state)` step
 by step) for every head, `keep`, `chunk`, one state and an ensemble, `Cycle`'s device
 path with and without a hook at given steps, and the errors (bad input before any work,
-a non-finite state naming its step and member).
+a non-finite state naming its step and member). `check_corrected_rollout` does the same
+for a model that corrects a coarse stepper (the stepper called on the backend's arrays
+on the device path, on numpy on the host).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pipekit_train.core.rollout._step import NonFiniteStateError
 
 __all__ = [
     "ROLLOUT_HEADS",
+    "check_corrected_rollout",
     "check_device_rollout",
     "check_stochastic_rollout",
     "host_rollout",
@@ -54,6 +57,55 @@ def _normalizer(d: int, rng: np.random.Generator) -> Normalizer:
         {"x": rng.uniform(-1, 1, d), "y": rng.uniform(-0.1, 0.1, d)},
         {"x": rng.uniform(0.5, 2, d), "y": rng.uniform(0.01, 0.1, d)},
     )
+
+
+def check_corrected_rollout(
+    make_op: Callable[[int, int], Any],
+    *,
+    d: int = 3,
+    members: int = 4,
+    n_steps: int = 6,
+    rtol: float = 2e-4,
+    atol: float = 2e-5,
+) -> None:
+    """Check that a model correcting a coarse stepper (`periodic_diffusion`, written with
+    the array API) rolls out on the device as on the host, for `correction="parallel"`
+    and `"sequential"`, and that `Cycle` takes the device path.
+
+    Args:
+        make_op: `make_op(in_size, out_size)` -> a model operator with a device rollout.
+        d: the values of one state.
+        members: the ensemble size.
+        n_steps: the rollout's length.
+        rtol: the tolerance against the host loop.
+        atol: the tolerance against the host loop.
+
+    Raises:
+        AssertionError: a check failed.
+    """
+    from ._golden_rollout import periodic_diffusion
+
+    rng = np.random.default_rng(1)
+    norm = _normalizer(d, rng)
+    x = rng.uniform(-1, 1, (members, d))
+    op = make_op(d, d)
+    for correction, residual in (("parallel", True), ("sequential", False)):
+        forward = NeuralForward(
+            op,
+            normalizer=norm,
+            residual=residual,
+            coarse_stepper=periodic_diffusion,
+            correction=correction,
+        )
+        assert forward.on_device, f"{type(op).__name__} has no device rollout"
+        reference = host_rollout(forward, x, n_steps)
+        got = forward.rollout(x, n_steps)
+        np.testing.assert_allclose(got, reference, rtol=rtol, atol=atol, err_msg=correction)
+        plain = NeuralForward(op, normalizer=norm, residual=residual).rollout(x, n_steps)
+        assert not np.allclose(plain, got, rtol=rtol, atol=atol), correction  # it is used
+        cycle = Cycle(forward, n_steps)
+        assert cycle.on_device
+        np.testing.assert_allclose(cycle.run(x), reference, rtol=rtol, atol=atol)
 
 
 def check_device_rollout(

@@ -29,7 +29,7 @@ from pipekit_train.core.spec._plan import Plan, steps_per_epoch
 from pipekit_train.core.spec._policies import NonFinitePolicy, nonfinite_policy
 from pipekit_train.core.spec._signals import resolve_max_time, resolve_signals
 
-from ._rollout import check_rollout, model_inputs
+from ._rollout import check_rollout, check_steppers, model_inputs
 
 __all__ = [
     "build_plan",
@@ -507,6 +507,17 @@ def check_plan(adapter: Adapter, plan: Plan) -> None:
                 "backend that declares Capabilities(rollout_checkpointing=True) (Equinox(), "
                 "Lightning(), Torch(), Keras()).",
             )
+    if plan.rollout is not None and plan.rollout.steppers:
+        if not caps.rollout_steppers:
+            fields = ", ".join(f"{name}=..." for name in plan.rollout.steppers)
+            raise adapter._unsupported(
+                "A solver in the rollout (the diverted chain's reference, a coarse stepper)",
+                f"rollout=Rollout(..., {fields})",
+                "Drop the stepper, or use a backend that declares "
+                "Capabilities(rollout_steppers=True) (Equinox(), Lightning(), Torch(), "
+                "Keras()).",
+            )
+        check_steppers(adapter, plan)
     for field in ("data", "validation"):
         data = getattr(plan, field)
         if data is None or is_core_dataset(data):

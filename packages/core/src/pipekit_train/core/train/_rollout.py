@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.data import TrajectoryWindows
 from pipekit_train.core.rollout._train import check_rollout_loss
 from pipekit_train.core.spec._rollout import Rollout
+from pipekit_train.core.spec._steppers import check_stepper_shape
 
-__all__ = ["check_rollout", "model_inputs"]
+__all__ = ["check_rollout", "check_steppers", "model_inputs"]
 
 
 def _check_windows(field: str, data: Any, rollout: Rollout) -> None:
@@ -58,7 +61,47 @@ def check_rollout(rollout: Any, data: Any, validation: Any, loss: Any) -> Rollou
     if validation is not None:
         _check_windows("validation", validation, rollout)
     check_rollout_loss(loss)
+    inputs = data.inputs
+    if rollout.steppers and not inputs.trivial:
+        fields = ", ".join(f"{name}=..." for name in rollout.steppers)
+        raise ConfigError(
+            "A stepper in the rollout advances the state alone, so it does not serve a "
+            "model that sees history, forcings or static inputs yet. Received: "
+            f"Rollout({fields}) with windows that give the model {inputs.to_json()}. "
+            "Drop the stepper, or train on windows of the state alone."
+        )
     return rollout
+
+
+def check_steppers(adapter: Any, plan: Any) -> None:
+    """Probe each stepper of `plan.rollout` once on the backend's zeros of the data's
+    state shape (`Adapter.stepper_shape`, a batch of two), before any work.
+
+    Raises:
+        ConfigError: a stepper that fails on such states or returns another shape.
+    """
+    trajectories = getattr(plan.data, "trajectories", None)
+    if trajectories is None:
+        return
+    shape = (2, *(int(d) for d in trajectories.state_shape))
+    dtype = np.dtype(getattr(trajectories, "state_dtype", np.float32))
+    if not np.issubdtype(dtype, np.floating):
+        dtype = np.dtype(np.float32)
+    for field, stepper in plan.rollout.steppers.items():
+        try:
+            out = adapter.stepper_shape(stepper, shape, dtype)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            name = plan.rollout.stepper_name(field)
+            raise ConfigError(
+                f"`{field}` ({name}) failed on a batch of zero states of shape {shape} "
+                f"({dtype.name}) on the {adapter.name!r} backend: {type(exc).__name__}: "
+                f"{exc}. Received: {field}={name!r}. It must take a batch of physical states "
+                "(batch axis first) in this backend's array library and return the next "
+                "states."
+            ) from exc
+        check_stepper_shape(field, shape, out)
 
 
 def model_inputs(data: Any, validation: Any) -> Any:

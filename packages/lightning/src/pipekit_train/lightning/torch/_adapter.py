@@ -29,7 +29,7 @@ from pipekit_train.lightning._data import is_datamodule
 from pipekit_train.lightning._model import TorchModelOp, is_lightning_module
 from pipekit_train.lightning._nvml import without_nvml_check
 from pipekit_train.lightning._optim import check_optimizer_config
-from pipekit_train.lightning._probe import expected_input_shape, output_shape
+from pipekit_train.lightning._probe import expected_input_shape, output_shape, stepper_shape
 from pipekit_train.lightning._trainer_kwargs import TRAINER_KWARGS
 
 from ._compile import CUDA_GRAPHS, compile_options
@@ -327,6 +327,12 @@ class Torch(StepAdapter):
     ) -> tuple[int, ...] | None:
         """The prediction's shape, from a forward pass of one zero row (as `Lightning`)."""
         return output_shape(model, input_shape, dtype)
+
+    def stepper_shape(
+        self, stepper: Any, state_shape: tuple[int, ...], dtype: Any = np.float32
+    ) -> tuple[int, ...] | None:
+        """The stepper's output shape on a batch of zero states (CPU tensors, no autograd)."""
+        return stepper_shape(stepper, state_shape, dtype)
 
     def expected_input_shape(self, model: Any) -> tuple[int, ...] | None:
         """`(in_features,)` of a `torch.nn.Sequential` that starts with a `Linear` layer."""
