@@ -92,4 +92,3 @@ def test_kill_resume_of_a_forced_history_2_rollout_run_is_exact(
     steps_seen, losses = resumed.history.series("loss")
     assert steps_seen == list(range(1, steps + 1))
     np.testing.assert_array_equal(losses, reference.history["loss"])
-
