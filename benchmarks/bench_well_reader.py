@@ -14,7 +14,8 @@ measured with `resource.getrusage`):
   32, shuffle=True)`, the library path (its chunk-aware shuffle over the file's layout);
 - B: a hand-written h5py reader of the same windows in the same order (the order is the
   iterator's: `epoch_order`, the function `make_batches` uses): per window one slice
-  per field, copied into its channels of a preallocated batch.
+  per field, copied into its channels of a preallocated batch, and the model's input
+  built as the library builds it (the state's channels, then the static `nu`).
 
 Both read the first `--batches` batches of the epoch per round, in interleaved rounds
 (A, B, A, B, ...) after one untimed round each; the rate is windows per second, the
@@ -106,6 +107,7 @@ def child(path: str, rounds: int, batches: int) -> dict[str, Any]:
     per = windows.windows_per_trajectory
     f = h5py.File(path, "r")
     density, velocity = f["t0_fields/density"], f["t1_fields/velocity"]
+    nu = np.float32(f["scalars/nu"][()])  # a static input: the model's input gains a channel
 
     def library(keep: int = 0) -> list[dict[str, np.ndarray]]:
         """Read the batches; return the first `keep` (the others are dropped at once)."""
@@ -126,7 +128,11 @@ def child(path: str, rounds: int, batches: int) -> dict[str, Any]:
                 span = slice(start, start + K + 1)
                 states[i, ..., 0] = density[traj, span]
                 states[i, ..., 1:] = velocity[traj, span]
-            batch = {"x": states[:, 0], "y": states[:, 1:]}
+            # the model's input (`ModelInputs`): the state, then the static `nu` as a channel
+            x = np.empty((BATCH, GRID, GRID, 4), np.float32)
+            x[..., :3] = states[:, 0]
+            x[..., 3] = nu
+            batch = {"x": x, "y": states[:, 1:]}
             if b < keep:
                 kept.append(batch)
         return kept

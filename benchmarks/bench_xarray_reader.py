@@ -129,12 +129,11 @@ class HandReader:
                 states[row, ..., c : c + channels] = block
                 c += channels
             toa[row] = self.arrays["toa"][t0 : t0 + K][..., None]
-        return {
-            "x": states[:, 0],
-            "y": states[:, 1:],
-            "toa": toa,
-            "orography": np.repeat(self.orography[None], b, axis=0),
-        }
+        # the model's input as the library builds it (`ModelInputs`): the state, the
+        # forcing at the window's time, the static field; each step's forcing apart
+        orography = np.broadcast_to(self.orography[None], (b, *self.orography.shape))
+        x = np.concatenate([states[:, 0], toa[:, 0], orography], axis=-1)
+        return {"x": x, "y": states[:, 1:], "forcing": toa}
 
 
 def epoch_starts(windows: Any, batches: int) -> list[np.ndarray]:
