@@ -423,6 +423,11 @@ class RolloutSpec:
 
         return step
 
+    def _draws(self, xp: Any, to: Callable[[np.ndarray], Any]) -> Callable[[Any, Any, Any], Any]:
+        """`sample(out, normal, uniform)` of this head, its constants made by `to`."""
+        k = (self.head_options or {}).get("n_components", 1)
+        return self._sampler(xp, to(np.arange(k, dtype=np.float64)))
+
     def _bind_inputs(
         self,
         xp: Any,
@@ -437,10 +442,7 @@ class RolloutSpec:
         whole input `u` (physical units) to the next state."""
         channels = self.inputs.state_channels
         residual, head_mean = self.residual, self.head_mean
-        sample = None
-        if stochastic:
-            k = (self.head_options or {}).get("n_components", 1)
-            sample = self._sampler(xp, to(np.arange(k, dtype=np.float64)))
+        sample = self._draws(xp, to) if stochastic else None
 
         def step(model_fn: Callable[[Any], Any], u: Any, *noise: Any) -> Any:
             out = model_fn(u if in_mean is None else (u - in_mean) / in_std)
@@ -465,10 +467,7 @@ class RolloutSpec:
         `step(model_fn, x)` (and the draws, stochastic) from the state to the next state."""
         coarse, parallel = self.coarse_stepper, self.correction == "parallel"
         residual, head_mean = self.residual, self.head_mean
-        sample = None
-        if stochastic:
-            k = (self.head_options or {}).get("n_components", 1)
-            sample = self._sampler(xp, to(np.arange(k, dtype=np.float64)))
+        sample = self._draws(xp, to) if stochastic else None
 
         def step(model_fn: Callable[[Any], Any], x: Any, *noise: Any) -> Any:
             c = coarse(x)
