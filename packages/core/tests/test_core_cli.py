@@ -166,7 +166,7 @@ def test_set_overrides_parse_toml_values_and_fall_back_to_strings(tmp_path) -> N
             r"Unknown key `rollout.step`.*Did you mean `steps`.*Accepted keys at \[rollout\]: "
             r"\['steps', 'weights', 'backprop', 'noise_std', 'schedule', 'residual', "
             r"'gradient_checkpointing', 'target', 'ref_stepper', 'cut_div_chain', "
-            r"'coarse_stepper', 'correction'\]",
+            r"'coarse_stepper', 'correction', 'reduction'\]",
         ),
         (GOOD, ("rollout.steps=0",), r"\[rollout\] `steps` must be an int >= 1.*steps=0"),
         (

@@ -58,6 +58,7 @@ def _loop(data: object, rollout: object, **kw: object) -> TrainingLoop:
         ({"steps": 2, "schedule": {0: 1, 10: 4}}, r"reaches k=4, longer than steps=2.*steps=4"),
         ({"steps": 2, "schedule": RolloutSchedule(1, 10, 3)}, r"reaches k=3"),
         ({"gradient_checkpointing": 1}, r"Received: gradient_checkpointing=1\. Use True"),
+        ({"reduction": "max"}, r"\['mean', 'sum'\]\. Received: reduction='max'\. Use 'mean'"),
     ],
 )
 def test_bad_fields_name_the_field_value_and_fix(kwargs: dict, match: str) -> None:
@@ -73,6 +74,7 @@ def test_schedule_is_a_pure_function_of_the_update_and_json_round_trips() -> Non
         r,
         Rollout(steps=3, weights=(1, 2, 3), backprop=2, schedule={0: 1, 7: 3}),
         Rollout(steps=2, gradient_checkpointing=True),
+        Rollout(steps=3, weights=(1, 0.5, 2), reduction="sum"),
     ):
         back = Rollout.from_json(json.loads(json.dumps(spec.to_json())))
         assert back == spec and hash(back) == hash(spec)
@@ -126,6 +128,19 @@ def test_gradient_checkpointing_is_not_part_of_the_resume_key() -> None:
     # another rollout setting does change it
     other = _loop(_windows(), Rollout(steps=3), adapter=RolloutNumpy()).plan.resume_key()
     assert other["rollout"] != keys[0]["rollout"]
+
+
+def test_the_default_reduction_leaves_the_json_and_resume_key_as_before() -> None:
+    class RolloutNumpy(NumpyAdapter):
+        capabilities = Capabilities(rollout=True)
+
+    def key(rollout: Rollout) -> dict:
+        return _loop(_windows(), rollout, adapter=RolloutNumpy()).plan.resume_key()["rollout"]
+
+    assert "reduction" not in Rollout(steps=2).to_json()
+    assert key(Rollout(steps=2, reduction="mean")) == key(Rollout(steps=2))
+    summed = key(Rollout(steps=2, reduction="sum"))
+    assert summed["reduction"] == "sum" and summed != key(Rollout(steps=2))
 
 
 def test_a_backend_without_rollout_checkpointing_refuses_it(tmp_path) -> None:
@@ -219,6 +234,44 @@ def test_rollout_loss_on_numpy_matches_neural_forward_and_the_one_step_loss(resi
         loss_fn=mse,
     )
     np.testing.assert_allclose(one, mse(_lin(a, b)(pairs["x"]), pairs["y"]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("inputs", [False, True])
+def test_the_summed_loss_is_the_weighted_sum_of_the_step_losses(inputs: bool) -> None:
+    """`reduction="sum"`: `sum_i w_i loss_i` (trainax), the mean times `sum_i w_i`; the
+    default mean is `sum_i w_i loss_i / sum_i w_i` exactly as before."""
+    rng = np.random.default_rng(2)
+    a, b = rng.normal(size=(3, 3)) * 0.3, rng.normal(size=3) * 0.1
+    windows = _windows(k=3, targets="increments")
+    batch = windows.get_batch(np.arange(5))
+    weights = (1.0, 0.5, 2.0)
+    spec = rollout_spec(None, True, 1)
+    if inputs:  # the `ModelInputs` path: a history of one is the state alone
+        from pipekit_train.core.data import ModelInputs
+
+        spec = rollout_spec(None, True, 1, ModelInputs(state_shape=(3,)))
+    kw = {
+        "spec": spec,
+        "model_fn": _lin(a, b),
+        "x": batch["x"],
+        "y": batch["y"],
+        "weights": weights,
+        "backprop": "full",
+        "loss_fn": losses.get("mse"),
+    }
+    mean, _ = rollout_loss(np, **kw)
+    total, _ = rollout_loss(np, **kw, reduction="sum")
+    state, truth, terms = batch["x"], batch["x"], []
+    for i in range(3):  # the numpy reference
+        state = state + _lin(a, b)(state)
+        truth = truth + batch["y"][:, i]
+        terms.append(np.mean((state - truth) ** 2))
+    want = sum(w * t for w, t in zip(weights, terms, strict=True))
+    np.testing.assert_allclose(total, want, rtol=1e-12)
+    np.testing.assert_allclose(mean, want / sum(weights), rtol=1e-12)
+    np.testing.assert_allclose(total, mean * sum(weights), rtol=1e-12)
+    with pytest.raises(ConfigError, match=r"Received: reduction='total'"):
+        rollout_loss(np, **kw, reduction="total")
 
 
 def test_the_feed_draws_the_noise_once_for_every_backend_shard_and_resume() -> None:

@@ -169,6 +169,22 @@ def test_failed_probe_without_expectation_quotes_the_backend() -> None:
     assert info.value.__cause__ is err
 
 
+def test_a_failed_probe_of_a_channels_last_operator_names_the_layout() -> None:
+    """A channels-first network behind `layout="channels_last"` reads the data's last
+    axis as its channels: the probe's error says so when the factory names no channels."""
+    err = TypeError("conv_general_dilated lhs feature dimension 2 must equal 3")
+    model = NumpyLinearOp(FACTORY, in_size=4, out_size=3)
+    model.kwargs = {}
+    model.layout = "channels_last"  # type: ignore[attr-defined]  # as the backends' operators
+    fields = ArrayDataset(x=np.zeros((16, 8, 2), np.float32), y=np.zeros((16, 8, 2), np.float32))
+    with pytest.raises(ConfigError) as info:
+        _probe_loop(_Probe(error=err), model=model, data=fields)
+    msg = str(info.value)
+    assert "Received: data['x'] with samples of shape (8, 2)" in msg
+    assert "layout='channels_last'" in msg and "last axis (size 2)" in msg
+    assert info.value.__cause__ is err
+
+
 def test_streams_are_not_probed() -> None:
     from pipekit_train.core.data import IterableDataset
 

@@ -39,6 +39,19 @@ def test_channels_last_permutes_at_the_boundary() -> None:
     assert list(op.model.state_dict()) == list(plain.model.state_dict())
 
 
+@pytest.mark.parametrize("dims", [1, 3])
+def test_channels_last_moves_the_last_axis_of_any_field(dims: int) -> None:
+    """1-D and 3-D fields too (`(N, *spatial, C)`), as on every backend's operator."""
+    conv = (torch.nn.Conv1d, torch.nn.Conv3d)[dims // 3]
+    torch.manual_seed(0)
+    module = conv(2, 3, 3, padding=1)
+    x = np.random.default_rng(1).standard_normal((2, *(4,) * dims, 2)).astype(np.float32)
+    with torch.no_grad():
+        want = module(torch.from_numpy(np.ascontiguousarray(np.moveaxis(x, -1, 1)))).numpy()
+    op = TorchModelOp.wrap(module, layout="channels_last")
+    np.testing.assert_array_equal(op(x), np.moveaxis(want, 1, -1))
+
+
 def test_layout_travels_with_the_config_and_weights() -> None:
     op = TorchModelOp(CONV, layout="channels_last", **SIZES)
     config = op.get_config()

@@ -18,6 +18,8 @@ no adapter using it.
   `adjusts_learning_rate` (whether a plan's callbacks
   change the rate through the run's learning-rate scale).
 - **The model**: `ModelOpBase` (the model operator every backend's op subclasses),
+  `LAYOUTS`, `check_layout`, `to_channels_first_axes` and `to_channels_last_axes` (the
+  `layout` option every op takes: a channels-first network on channels-last fields),
   `model_factory` (marks a factory the registry may call), `TrainingArtifact` (what a run
   hands downstream), `Checkpoint` (the policy), `Rollout` (the rollout-training spec).
 - **Errors**: `ConfigError`, `CheckpointError`.
@@ -64,6 +66,7 @@ from .data.trajectories._windows import FORCING_KEY
 from .metrics._grad_norm import GRAD_NORM, global_grad_norm
 from .model._embeddings import check_deep_set_options
 from .model._embeddings import set_shape_error as deep_set_shape_error
+from .model._layout import LAYOUTS, check_layout, to_channels_first_axes, to_channels_last_axes
 from .model._operators import ModelOpBase
 from .model._trust import model_factory
 from .rollout._loops import jax_rollout, torch_rollout
@@ -90,6 +93,7 @@ from .train._step_loop import StepAdapter, run_step_loop
 
 __all__ = [
     "GRAD_NORM",
+    "LAYOUTS",
     "NOISE_KEY",
     "FORCING_KEY",
     "Adapter",
@@ -115,6 +119,7 @@ __all__ = [
     "adjusts_learning_rate",
     "canonical_precision",
     "check_deep_set_options",
+    "check_layout",
     "check_ray_fit",
     "check_schedule",
     "check_seed",
@@ -138,6 +143,8 @@ __all__ = [
     "rollout_loss",
     "rollout_spec",
     "run_step_loop",
+    "to_channels_first_axes",
+    "to_channels_last_axes",
     "torch_rollout",
     "translate_precision",
 ]

@@ -182,15 +182,16 @@ class Equinox(StepAdapter):
         """The prediction's shape, from `eqx.filter_eval_shape` (abstract: no FLOPs, no weights).
 
         The model runs as in evaluation (`apply_model` in inference mode: vmapped per
-        sample unless `batched`); a model that cannot take such inputs raises JAX's error.
+        sample unless `batched`, permuted at its boundary for `layout="channels_last"`); a model that cannot take such inputs raises JAX's error.
         """
         if not isinstance(model, EquinoxModelOp):
             return None
         x = jax.ShapeDtypeStruct(tuple(input_shape), jax.dtypes.canonicalize_dtype(dtype))
-        batched = model.batched
+        batched, layout = model.batched, model.layout
 
         def forward(net: Any, state: Any, x: Any) -> Any:
-            return apply_model(eqx.nn.inference_mode(net), x, state, None, batched=batched)[0]
+            net = eqx.nn.inference_mode(net)
+            return apply_model(net, x, state, None, batched=batched, layout=layout)[0]
 
         out = eqx.filter_eval_shape(forward, model.model, model.model_state, x)
         shape = getattr(out, "shape", None)

@@ -74,6 +74,7 @@ class StepFunctions:
         optimizer: the optax transform (`init`/`update`).
         policy: the precision policy.
         batched: the model takes a whole batch (else it is vmapped).
+        layout: the operator's `layout` (`"channels_last"`: permute at the model's boundary).
         use_key: pass a fresh per-step key to the model (dropout).
         state_shardings: the shardings of the state leaves (None: single device).
         data_sharding: the sharding of a training batch.
@@ -106,8 +107,10 @@ class StepFunctions:
         accumulate: int = 1,
         grad_norm: bool = False,
         rollout: Any = None,
+        layout: str | None = None,
     ):
         self.rollout = rollout
+        self.layout = layout
         leaves, self.treedef, self.static = flatten_state(template)
         self.grad_norm = bool(grad_norm)
         self.skip_nonfinite = bool(skip_nonfinite)
@@ -162,7 +165,9 @@ class StepFunctions:
         if not policy.is_full:
             model = policy.cast_to_compute(model)
             x = policy.cast_to_compute(x)
-        pred, new_state = apply_model(model, x, model_state, key, batched=self.batched)
+        pred, new_state = apply_model(
+            model, x, model_state, key, batched=self.batched, layout=self.layout
+        )
         if not policy.is_full:
             pred = policy.cast_to_output(pred)
         return pred, new_state
@@ -321,6 +326,7 @@ def step_functions(
         optimizer_key,
         str(kwargs["policy"]),
         kwargs["batched"],
+        kwargs.get("layout"),
         kwargs["use_key"],
         kwargs.get("skip_nonfinite", False),
         kwargs.get("accumulate", 1),

@@ -3,7 +3,9 @@
 Equinox modules act on one sample (`eqx.nn.Linear`, `eqx.nn.MLP`); the operator and the
 train step `jax.vmap` them over the batch with `axis_name="batch"` (what
 `eqx.nn.BatchNorm` expects). A factory whose module already takes a batch is declared
-with `batched=True`.
+with `batched=True`. A channels-first module (`eqx.nn.Conv`, pdequinox's networks: one
+sample `(C, *spatial)`) on pipekit-train's channels-last fields is declared with
+`layout="channels_last"`: `apply_model` permutes at the module's boundary, on every path.
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ import numpy as np
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
 import equinox as eqx
-from pipekit_train.core.adapter import ConfigError, ModelOpBase, RolloutSpec
+from pipekit_train.core.adapter import (
+    ConfigError,
+    ModelOpBase,
+    RolloutSpec,
+    check_layout,
+    to_channels_first_axes,
+    to_channels_last_axes,
+)
 
 from ._rollout import device_rollout
 from ._weights import decode_weights, encode_weights
@@ -47,13 +56,23 @@ def apply_model(
     key: PRNGKeyArray | None,
     *,
     batched: bool,
+    layout: str | None = None,
 ) -> tuple[Array, eqx.nn.State | None]:
     """Run `model` on a batch; return `(prediction, new layer state or None)`.
 
     Per-sample modules are vmapped with `axis_name="batch"`; a key (when given) is split
     into one key per sample; a stateful model is called `model(x, state)` and returns
-    `(y, state)`.
+    `(y, state)`. With `layout="channels_last"` a batch of rank >= 3 is moved to
+    channels-first before the module (`(N, *spatial, C) -> (N, C, *spatial)`: each
+    vmapped sample is `(C, *spatial)`) and a prediction of rank >= 3 back after it
+    (`pipekit_train.core.model._layout`); any other layout passes the batch unchanged.
     """
+    if layout == "channels_last":
+        axes = to_channels_first_axes(x.ndim)
+        x = x if axes is None else x.transpose(axes)
+        pred, new_state = apply_model(model, x, state, key, batched=batched)
+        back = to_channels_last_axes(pred.ndim)
+        return (pred if back is None else pred.transpose(back)), new_state
     kw = (lambda k: {}) if key is None else (lambda k: {"key": k})
     if batched:
         if state is None:
@@ -106,11 +125,28 @@ class EquinoxModelOp(ModelOpBase):
         seed: the seed of the initialisation key.
         batched: the module takes a whole batch (default False: it takes one sample and
             is vmapped).
+        layout: None (default: the module's own layout, inputs as they are),
+            `"channels_last"` (a channels-first module on pipekit-train's channels-last
+            fields: inputs and predictions of rank >= 3 are permuted at the module's
+            boundary, in training, evaluation, prediction and the device rollout alike)
+            or `"channels_first"` (a channels-first module on channels-first data: inputs
+            as they are; declared, so channels-last data is refused before any work).
+            The same option, with the same meaning, as `TorchModelOp`'s and
+            `KerasModelOp`'s.
         **kwargs: JSON keyword arguments of the factory.
 
     Attributes:
         model: the `eqx.Module`.
         model_state: the `eqx.nn.State`, or None for stateless models.
+        layout: the `layout` argument.
+
+    A pdequinox/APEBench network (one sample `(C, N)` on a 1-D grid) trains on
+    `TrajectoryWindows` of `(N, C)` states with no wrapper:
+
+    ```python
+    op = EquinoxModelOp("my_project.nets:conv", layout="channels_last", seed=0)
+    op(np.zeros((8, 160, 1), np.float32)).shape  # (8, 160, 1); the module saw (1, 160)
+    ```
     """
 
     backend: ClassVar[str] = "equinox"
@@ -118,6 +154,7 @@ class EquinoxModelOp(ModelOpBase):
     framework_label: ClassVar[str] = "Equinox"
     framework_model: ClassVar[str] = "an `eqx.Module`"
     factory_takes_key: ClassVar[bool] = True
+    layout: str | None = None
 
     def __init__(
         self,
@@ -125,11 +162,13 @@ class EquinoxModelOp(ModelOpBase):
         *,
         seed: int = 0,
         batched: bool = False,
+        layout: str | None = None,
         **kwargs: Any,
     ):
         if not isinstance(batched, bool):
             raise ConfigError(f"`batched` must be True or False. Received: batched={batched!r}.")
         self.batched = batched
+        self.layout = None if layout is None else check_layout(layout, owner="EquinoxModelOp")
         self.model_state: eqx.nn.State | None = None
         self._infer: Callable[[np.ndarray], Any] | None = None
         self._rollouts: dict[Any, Any] = {}
@@ -161,10 +200,13 @@ class EquinoxModelOp(ModelOpBase):
         return out
 
     def get_config(self) -> dict[str, Any]:
-        """`{"type", "backend", "factory", "kwargs", "seed"}` plus `batched` when True."""
+        """`{"type", "backend", "factory", "kwargs", "seed"}` plus `batched` when True and
+        `layout` when set (so a config without them, and its resume key, is as before)."""
         config = super().get_config()
         if self.batched:
             config["batched"] = True
+        if self.layout is not None:
+            config["layout"] = self.layout
         return config
 
     @classmethod
@@ -174,6 +216,7 @@ class EquinoxModelOp(ModelOpBase):
             config["factory"],
             seed=config.get("seed", 0),
             batched=bool(config.get("batched", False)),
+            layout=config.get("layout"),
             **config.get("kwargs", {}),
         )
 
@@ -193,14 +236,14 @@ class EquinoxModelOp(ModelOpBase):
 
     def _compile(self) -> Callable[[np.ndarray], Any]:
         arrays, static = eqx.partition(self._tree(), eqx.is_array)
-        batched = self.batched
+        batched, layout = self.batched, self.layout
 
         @jax.jit
         def infer(arrays: PyTree, x: Array) -> Array:
             tree = eqx.combine(arrays, static)
             model, state = (tree, None) if self.model_state is None else tree
             model = eqx.nn.inference_mode(model)
-            return apply_model(model, x, state, None, batched=batched)[0]
+            return apply_model(model, x, state, None, batched=batched, layout=layout)[0]
 
         return lambda x: infer(arrays, x)
 
@@ -251,12 +294,14 @@ class EquinoxModelOp(ModelOpBase):
                 (before any step).
             NonFiniteStateError: a state became NaN/inf (names the first step and member).
         """
-        stateful, batched = self.model_state is not None, self.batched
+        stateful, batched, layout = self.model_state is not None, self.batched, self.layout
 
         def forward(tree: PyTree) -> Callable[[Array], Array]:
             model, layer_state = tree if stateful else (tree, None)
             model = eqx.nn.inference_mode(model)
-            return lambda x: apply_model(model, x, layer_state, None, batched=batched)[0]
+            return lambda x: apply_model(
+                model, x, layer_state, None, batched=batched, layout=layout
+            )[0]
 
         cache = self.__dict__.setdefault("_rollouts", {})
         return device_rollout(

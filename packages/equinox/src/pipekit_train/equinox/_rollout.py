@@ -223,6 +223,7 @@ class RolloutLoss:
             forcing=batch.get(FORCING_KEY),
             reference=rollout.ref_stepper if training else None,
             cut_div_chain=rollout.cut_div_chain,
+            reduction=rollout.reduction if training else "mean",
         )
 
     def train_loss(self, model_fn: Callable[[Any], Any], batch: Any, counter: Any) -> Any:

@@ -118,6 +118,7 @@ class EquinoxStepBackend(StepBackend[FlatState]):
             "optimizer": self.optimizer.transform,
             "policy": self.policy,
             "batched": self.op.batched,
+            "layout": self.op.layout,
             "use_key": takes_key(model) and has_stochastic_layers(model),
             "state_shardings": shardings,
             "data_sharding": self.placement.data_sharding,

@@ -34,6 +34,7 @@ __all__ = [
     "ConvNet",
     "DropoutMLP",
     "batchnorm_mlp",
+    "channels_first_conv",
     "conv_from_weights",
     "conv_net",
     "dropout_mlp",
@@ -260,6 +261,33 @@ def conv_net(
     `pipekit_train.lightning.testing` and `pipekit_train.keras.testing`.
     """
     return ConvNet(in_channels, out_channels, width, depth, kernel_size, activation, key=key)
+
+
+@model_factory
+def channels_first_conv(
+    num_spatial_dims: int,
+    in_channels: int,
+    out_channels: int,
+    width: int = 8,
+    kernel_size: int = 3,
+    *,
+    key: PRNGKeyArray,
+) -> eqx.nn.Sequential:
+    """A periodic conv net on one channels-first sample `(C_in, *spatial) -> (C_out, *spatial)`.
+
+    Two `eqx.nn.Conv` layers (`padding_mode="CIRCULAR"`, Equinox's own initialisation)
+    with a tanh between them, as APEBench's pdequinox networks take their input: train it
+    on channels-last data with `EquinoxModelOp(..., layout="channels_last")`.
+    """
+    k1, k2 = jax.random.split(key)
+    conv = {"padding": "SAME", "padding_mode": "CIRCULAR"}
+    return eqx.nn.Sequential(
+        [
+            eqx.nn.Conv(num_spatial_dims, in_channels, width, kernel_size, **conv, key=k1),
+            eqx.nn.Lambda(jnp.tanh),
+            eqx.nn.Conv(num_spatial_dims, width, out_channels, kernel_size, **conv, key=k2),
+        ]
+    )
 
 
 def conv_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") -> EquinoxModelOp:

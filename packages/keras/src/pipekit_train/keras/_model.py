@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from pipekit_train.core.adapter import ConfigError, ModelOpBase, RolloutSpec
+from pipekit_train.core.adapter import (
+    ConfigError,
+    ModelOpBase,
+    RolloutSpec,
+    check_layout,
+    to_channels_first_axes,
+    to_channels_last_axes,
+)
 
 from . import _weights
 from ._keras_backend import backend_name
@@ -47,11 +54,13 @@ def build_model(
     precision: str | None = None,
     owner: str = "KerasModelOp",
     check: Callable[[Any], None] | None = None,
+    layout: str | None = None,
 ) -> keras.Model:
     """Call `factory(**kwargs)` under `keras.utils.set_random_seed(seed)` and build it.
 
     A model without an `Input` is built from an `in_size` keyword argument when there is
-    one (`model.build((None, in_size))`).
+    one (`model.build((None, in_size))`). With `layout="channels_last"` the model is
+    wrapped by `channels_last_model`.
 
     `check` (the operator's `check_model`) sees what the factory returned first, so
     another framework's model is refused in that framework's terms.
@@ -83,7 +92,47 @@ def build_model(
                     f"unknown. Received: kwargs={kwargs!r}. Start the model with "
                     "`keras.Input(shape)` or pass an `in_size` keyword argument."
                 )
+        if layout == "channels_last":
+            model = channels_last_model(model, owner=owner)
     return model
+
+
+def channels_last_model(model: keras.Model, *, owner: str = "KerasModelOp") -> keras.Model:
+    """A functional model taking channels-last fields around a channels-first `model`.
+
+    `Input((*spatial, C))` -> `Permute` to `(C, *spatial)` -> `model` -> `Permute` of a
+    prediction of rank >= 3 (batch included) back to `(*spatial, C_out)`: the boundary
+    permutes of `layout="channels_last"` (`pipekit_train.core.model._layout`) as layers
+    without weights, so the weights, their order and their bytes are `model`'s own and
+    every path (`fit`, `predict`, `stateless_call`, the device rollout) sees them. A model
+    on vectors (a sample of rank 1) is returned as it is.
+
+    Raises:
+        ConfigError: `model` has not exactly one `keras.Input`.
+    """
+    import keras
+
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        inputs = None
+    if not inputs or len(inputs) != 1:
+        raise ConfigError(
+            f"layout='channels_last' needs a model with one `keras.Input` (its channels-first "
+            f"sample shape, (C, *spatial)). Received: a {type(model).__name__} from the "
+            f"`{owner}` factory with {len(inputs or [])} inputs. Start the model with "
+            "keras.Input((C, *spatial)), or drop `layout` and build it channels-last."
+        )
+    sample = tuple(inputs[0].shape)[1:]
+    to_first = to_channels_first_axes(len(sample) + 1)
+    if to_first is None:
+        return model
+    x = keras.Input((*sample[1:], sample[0]), dtype=inputs[0].dtype)
+    y = model(keras.layers.Permute(to_first[1:])(x))
+    to_last = to_channels_last_axes(len(y.shape))
+    if to_last is not None:
+        y = keras.layers.Permute(to_last[1:])(y)
+    return keras.Model(x, y, name=f"{model.name}_channels_last")
 
 
 def model_weights(model: keras.Model) -> list[Any]:
@@ -111,6 +160,17 @@ class KerasModelOp(ModelOpBase):
         factory: an importable callable returning a `keras.Model`, or its
             `"module:function"` path.
         seed: the seed the model is built under.
+        layout: None (default: the model's own layout, inputs as they are: Keras layers
+            are channels-last by default), `"channels_last"` (a channels-first model,
+            e.g. built with `data_format="channels_first"` or ported from torch or
+            pdequinox, on pipekit-train's channels-last fields: `channels_last_model`
+            wraps it in weightless `Permute` layers at its boundary, so training,
+            evaluation, prediction and the device rollout all see the permutation) or
+            `"channels_first"` (a channels-first model on channels-first data, declared:
+            channels-last data is refused before any work). The same option, with the same
+            meaning, as `TorchModelOp`'s and `EquinoxModelOp`'s. A permute rather than
+            Keras's `data_format`: the option then takes any channels-first model,
+            including ones whose layers have no `data_format`.
         **kwargs: JSON keyword arguments forwarded to the factory.
 
     Examples:
@@ -125,20 +185,61 @@ class KerasModelOp(ModelOpBase):
     framework: ClassVar[str | None] = "keras"
     framework_label: ClassVar[str] = "Keras"
     framework_model: ClassVar[str] = "a `keras.Model`"
+    layout: str | None = None
 
-    def __init__(self, factory: str | Callable[..., Any], *, seed: int = 0, **kwargs: Any):
+    def __init__(
+        self,
+        factory: str | Callable[..., Any],
+        *,
+        seed: int = 0,
+        layout: str | None = None,
+        **kwargs: Any,
+    ):
         # Fail with the extra to install, before the factory (which may import keras) is
         # imported, when Keras has no usable backend.
         backend_name()
+        if layout is not None:
+            layout = check_layout(layout, owner=type(self).__name__)
+        self.layout = layout
         super().__init__(factory, seed=seed, **kwargs)
 
     def _build(self, factory: Callable[..., Any], kwargs: dict[str, Any], seed: int) -> Any:
-        return build_model(factory, kwargs, seed, owner=type(self).__name__, check=self.check_model)
+        return build_model(
+            factory,
+            kwargs,
+            seed,
+            owner=type(self).__name__,
+            check=self.check_model,
+            layout=self.layout,
+        )
+
+    def get_config(self) -> dict[str, Any]:
+        """`ModelOpBase.get_config()`, plus `"layout"` when set (configs without it, and
+        their resume keys, are as before)."""
+        config = super().get_config()
+        if self.layout is not None:
+            config["layout"] = self.layout
+        return config
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> KerasModelOp:
+        """Rebuild the operator (freshly initialised, with its layout) from `get_config()`."""
+        return cls(
+            config["factory"],
+            seed=config.get("seed", 0),
+            layout=config.get("layout"),
+            **config.get("kwargs", {}),
+        )
 
     def build_model(self, *, precision: str | None = None) -> keras.Model:
         """A fresh model from this operator's config (under `precision`) holding its weights."""
         model = build_model(
-            self._factory_fn, self.kwargs, self.seed, precision=precision, owner=type(self).__name__
+            self._factory_fn,
+            self.kwargs,
+            self.seed,
+            precision=precision,
+            owner=type(self).__name__,
+            layout=self.layout,
         )
         arrays = _weights.arrays_of("w", model_variables(self.model))
         _weights.assign_arrays(

@@ -291,6 +291,7 @@ class RolloutLoss:
             forcing=forcing,
             reference=self.rollout.ref_stepper if training else None,
             cut_div_chain=self.rollout.cut_div_chain,
+            reduction=self.rollout.reduction if training else "mean",
         )
 
     def _checkpointed(self, model_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:

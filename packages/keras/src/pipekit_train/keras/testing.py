@@ -23,6 +23,7 @@ from ._keras_backend import configure
 from ._layers import flat_random_uniform
 
 __all__ = [
+    "channels_first_conv",
     "conv2d",
     "conv_from_weights",
     "conv_net",
@@ -173,6 +174,29 @@ def conv_net(
         act = activation if i < len(sizes) - 2 else None
         layers.append(conv2d(c_out, c_in, kernel_size, act))
     return keras.Sequential(layers)
+
+
+@model_factory
+def channels_first_conv(
+    in_channels: int, out_channels: int, width: int = 8, kernel_size: int = 3
+) -> Any:
+    """A conv net on channels-first 1-D fields `(N, C_in, L) -> (N, C_out, L)`.
+
+    Two `Conv1D(data_format="channels_first", padding="same")` with a tanh between them,
+    any length (`Input((in_channels, None))`): train it on channels-last data with
+    `KerasModelOp(..., layout="channels_last")`.
+    """
+    configure()
+    import keras
+
+    conv = {"padding": "same", "data_format": "channels_first"}
+    return keras.Sequential(
+        [
+            keras.Input((in_channels, None)),
+            keras.layers.Conv1D(width, kernel_size, activation="tanh", **conv),
+            keras.layers.Conv1D(out_channels, kernel_size, **conv),
+        ]
+    )
 
 
 def conv_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") -> Any:

@@ -14,13 +14,17 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from pipekit_train.core.adapter import LAYOUTS as _LAYOUTS
 from pipekit_train.core.adapter import (
     ConfigError,
     ModelOpBase,
     RolloutSpec,
     check_seed,
     object_path,
+    to_channels_first_axes,
+    to_channels_last_axes,
 )
+from pipekit_train.core.adapter import check_layout as _check_layout
 
 from ._rollout import device_rollout
 from ._weights import decode_weights, encode_weights
@@ -30,33 +34,31 @@ __all__ = ["LightningModelOp", "TorchModelOp", "is_lightning_module"]
 STORED_TYPE = "pipekit_train.lightning._model:LightningModelOp"
 """The `type` a `TorchModelOp` config names: the class's earlier name, still importable."""
 
-LAYOUTS = ("channels_first", "channels_last")
-"""The layouts a `TorchModelOp` takes its inputs in (see `TorchModelOp`)."""
+LAYOUTS = _LAYOUTS
+"""The layouts a `TorchModelOp` takes its inputs in (core's, the same for every backend)."""
 
 
 def _to_channels_first(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """Forward pre-hook: a channels-last batch `(N, H, W, C)` becomes `(N, C, H, W)`."""
-    if args and isinstance(args[0], torch.Tensor) and args[0].ndim == 4:
-        return (args[0].permute(0, 3, 1, 2), *args[1:])
+    """Forward pre-hook: a channels-last batch `(N, *spatial, C)` becomes `(N, C, *spatial)`."""
+    if args and isinstance(args[0], torch.Tensor):
+        axes = to_channels_first_axes(args[0].ndim)
+        if axes is not None:
+            return (args[0].permute(*axes), *args[1:])
     return None
 
 
 def _to_channels_last(module: torch.nn.Module, args: tuple[Any, ...], out: Any) -> Any:
-    """Forward hook: a channels-first prediction `(N, C, H, W)` becomes `(N, H, W, C)`."""
-    if isinstance(out, torch.Tensor) and out.ndim == 4:
-        return out.permute(0, 2, 3, 1)
+    """Forward hook: a channels-first prediction `(N, C, *spatial)` becomes `(N, *spatial, C)`."""
+    if isinstance(out, torch.Tensor):
+        axes = to_channels_last_axes(out.ndim)
+        if axes is not None:
+            return out.permute(*axes)
     return None
 
 
 def check_layout(layout: Any) -> str:
     """`layout` if it is one of `LAYOUTS`, else the `ConfigError` naming the choices."""
-    if layout not in LAYOUTS:
-        raise ConfigError(
-            f"`layout` must be one of {list(LAYOUTS)}. Received: layout={layout!r}. Use "
-            "layout='channels_last' for pipekit-train's (N, H, W, C) fields on a channels-first "
-            "torch module."
-        )
-    return str(layout)
+    return _check_layout(layout, owner="TorchModelOp")
 
 
 def set_layout(module: torch.nn.Module, layout: str) -> None:
@@ -164,18 +166,21 @@ class TorchModelOp(ModelOpBase):
     of the state dict: the same weights give the same bytes, tied weights are stored once,
     and loading never unpickles.
 
-    **Layout.** pipekit-train datasets hold fields channels-last, `(N, H, W, C)`; torch's
-    convolutions are channels-first, `(N, C, H, W)`. With `layout="channels_last"` the
-    operator permutes 4-D inputs to channels-first before the module and 4-D outputs
-    back after it (forward hooks on the module, so its state dict, weights and native
-    training loop are unchanged), and records `"layout"` in its config and registry
-    record. The default `"channels_first"` hands inputs to the module as they are.
+    **Layout.** pipekit-train datasets hold fields channels-last, `(N, *spatial, C)`;
+    torch's convolutions are channels-first, `(N, C, *spatial)`. With
+    `layout="channels_last"` the operator moves the last axis of inputs of rank >= 3 to
+    position 1 before the module and axis 1 of outputs of rank >= 3 back to the end after
+    it (1-D, 2-D and 3-D fields alike; forward hooks on the module, so its state dict,
+    weights and native training loop are unchanged), and records `"layout"` in its config
+    and registry record. The default `"channels_first"` hands inputs to the module as they
+    are. The option means the same on every backend's operator
+    (`pipekit_train.core.model._layout`).
 
     Args:
         factory: `"package.module:function"` or the function itself (importable by name).
         seed: the seed the module's parameters are initialised under.
         layout: `"channels_first"` (default: the module's own layout) or
-            `"channels_last"` (permute 4-D inputs and outputs at the boundary).
+            `"channels_last"` (permute inputs and outputs of rank >= 3 at the boundary).
         **kwargs: JSON keyword arguments for the factory.
 
     Examples:
@@ -273,7 +278,7 @@ class TorchModelOp(ModelOpBase):
     def __call__(self, inputs: Any) -> Any:
         """Run the module on a numpy batch (eval mode, no autograd) and return numpy.
 
-        With `layout="channels_last"`, 4-D inputs and outputs are `(N, H, W, C)`.
+        With `layout="channels_last"`, field inputs and outputs are `(N, *spatial, C)`.
         """
         return predict(self.model, inputs)
 

@@ -243,6 +243,7 @@ class RolloutLoss:
             forcing=batch.get(FORCING_KEY),
             reference=self.rollout.ref_stepper if training else None,
             cut_div_chain=self.rollout.cut_div_chain,
+            reduction=self.rollout.reduction if training else "mean",
         )
 
     def train_loss(

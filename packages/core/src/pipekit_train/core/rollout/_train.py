@@ -108,6 +108,11 @@ def _units(
     return physical, normalised
 
 
+def _reduce(total: Any, weights: Sequence[float], reduction: str) -> Any:
+    """The update's loss from the weighted sum of its per-step losses (`Rollout.reduction`)."""
+    return total if reduction == "sum" else total / float(sum(weights))
+
+
 def rollout_loss(
     xp: Any,
     *,
@@ -126,6 +131,7 @@ def rollout_loss(
     forcing: Any = None,
     reference: Callable[[Any], Any] | None = None,
     cut_div_chain: bool = False,
+    reduction: str = "mean",
 ) -> tuple[Any, Any]:
     """The weighted `k`-step rollout loss of one batch, and the predicted targets.
 
@@ -156,6 +162,8 @@ def rollout_loss(
             `reference(previous state)` (the model's state before the step, after any
             gradient stop of `backprop`) instead of the targets `y`. None: the targets.
         cut_div_chain: `detach` the reference's output (no gradient through it).
+        reduction: `"mean"` (the weighted mean of the per-step losses) or `"sum"` (their
+            weighted sum; `Rollout.reduction`: backends pass it for training only).
 
     With `spec.coarse_stepper` each step is the corrected step (`RolloutSpec.bind`).
 
@@ -165,10 +173,15 @@ def rollout_loss(
     history, that step's forcings), and the noise perturbs the state channels only.
 
     Returns:
-        `(loss, predicted targets)`: the weighted mean of the per-step losses, and the
+        `(loss, predicted targets)`: the weighted mean (or sum) of the per-step losses, and the
         predictions in `y`'s representation and units, `(B, k, *state)` (None with
         `predictions=False`).
     """
+    if reduction not in ("mean", "sum"):
+        raise ConfigError(
+            f"`reduction` must be 'mean' or 'sum'. Received: reduction={reduction!r}. "
+            "Use Rollout(reduction=...)'s value."
+        )
     to = constant or xp.asarray
     k = len(weights)
     if spec.inputs is not None:
@@ -194,6 +207,7 @@ def rollout_loss(
             step=step,
             predictions=predictions,
             forcing=forcing,
+            reduction=reduction,
         )
     state_shape = tuple(x.shape[1:])
     if y.ndim == x.ndim:
@@ -231,7 +245,7 @@ def rollout_loss(
         previous = state = nxt
         if not isinstance(backprop, str) and (i + 1) % int(backprop) == 0 and i < k - 1:
             state = detach(state)
-    loss = total / float(sum(weights))
+    loss = _reduce(total, weights, reduction)
     return loss, (xp.stack(predicted, axis=1) if predictions else None)
 
 
@@ -251,6 +265,7 @@ def _rollout_loss_with_inputs(
     step: Callable[..., Any] | None,
     predictions: bool,
     forcing: Any,
+    reduction: str = "mean",
 ) -> tuple[Any, Any]:
     """`rollout_loss` for a model with a `ModelInputs` layout (see there)."""
     inputs = spec.inputs
@@ -299,5 +314,5 @@ def _rollout_loss_with_inputs(
             u = inputs.advance(xp, u, nxt, block)
             if not isinstance(backprop, str) and (i + 1) % int(backprop) == 0:
                 u = detach(u)
-    loss = total / float(sum(weights))
+    loss = _reduce(total, weights, reduction)
     return loss, (xp.stack(predicted, axis=1) if predictions else None)

@@ -27,9 +27,12 @@ from pipekit_train.core._errors import ConfigError
 
 from ._steppers import TARGETS, check_correction, resolve_stepper
 
-__all__ = ["Backprop", "Rollout", "RolloutSchedule"]
+__all__ = ["REDUCTIONS", "Backprop", "Rollout", "RolloutSchedule"]
 
 Backprop = Literal["full", "last"] | int
+
+REDUCTIONS = ("mean", "sum")
+"""How a training update combines its per-step losses (`Rollout.reduction`)."""
 
 
 def _count(name: str, value: Any, fix: str, *, least: int = 1) -> int:
@@ -133,7 +136,8 @@ class Rollout:
     the predicted state and the true state `x_i`, both **in normalised units of the
     state** (`(x - mean["x"]) / std["x"]` of the run's normalizer; physical units
     without one); the update's loss is the weighted mean
-    `sum_i w_i loss_i / sum_i w_i`. With `k = 1`, no normalizer and no noise this is
+    `sum_i w_i loss_i / sum_i w_i` (or, with `reduction="sum"`, the weighted sum
+    `sum_i w_i loss_i`). With `k = 1`, no normalizer and no noise this is
     ordinary one-step training on the same pairs. (With a normalizer and
     `residual=True` the one-step loss is in units of the increment instead, so the two
     differ by the per-channel factor `(std["y"] / std["x"])**2`.)
@@ -196,6 +200,15 @@ class Rollout:
             `next = c + p(x)` (apebench's `correct;parallel`; needs `residual=True`);
             `"sequential"` is `next = p(c)`, or with `residual=True` `next = c + p(c)`
             (apebench's `correct;sequential` and `correct;sequential_with_bypass`).
+        reduction: how a training update combines its per-step losses: `"mean"` (the
+            weighted mean `sum_i w_i loss_i / sum_i w_i`, the default) or `"sum"` (the
+            weighted sum `sum_i w_i loss_i`, trainax's and so apebench's `sup;T` and
+            `div;T`). The sum is the mean times `sum_i w_i`: the same minimiser, a
+            gradient `sum_i w_i` times larger (Adam sees the difference only through its
+            `eps`; plain SGD through its step size). Validation (the longest rollout
+            against the held-out trajectory) reports the weighted mean either way, so
+            runs with either reduction report comparable validation losses. Part of the
+            plan's JSON and resume key only when `"sum"` (older checkpoints resume).
 
     A stepper combines with either target: a corrected model may be trained on the
     diverted chain. Steppers are for models of the state alone (not with history,
@@ -234,6 +247,7 @@ class Rollout:
     cut_div_chain: bool = False
     coarse_stepper: Any = None
     correction: Literal["parallel", "sequential"] | None = None
+    reduction: Literal["mean", "sum"] = "mean"
 
     def __post_init__(self) -> None:
         steps = _count("steps", self.steps, "Use steps=1 for one-step training, e.g. steps=4.")
@@ -281,6 +295,12 @@ class Rollout:
                 "`gradient_checkpointing` must be True or False. Received: "
                 f"gradient_checkpointing={self.gradient_checkpointing!r}. Use True to "
                 "recompute each unrolled step in the backward pass (less memory, more time)."
+            )
+        if not isinstance(self.reduction, str) or self.reduction not in REDUCTIONS:
+            raise ConfigError(
+                f"`reduction` must be one of {list(REDUCTIONS)}. Received: "
+                f"reduction={self.reduction!r}. Use 'mean' (the weighted mean of the "
+                "per-step losses) or 'sum' (their weighted sum, as trainax)."
             )
         self._check_steppers()
         schedule = self.schedule
@@ -402,6 +422,9 @@ class Rollout:
             "residual": self.residual,
             "gradient_checkpointing": self.gradient_checkpointing,
             **self._steppers_json(),
+            # only when not the default: a mean-reduced rollout's JSON (and resume key)
+            # is what it was before the field existed
+            **({} if self.reduction == "mean" else {"reduction": self.reduction}),
         }
 
     def _steppers_json(self) -> dict[str, Any]:

@@ -30,20 +30,39 @@ def _layout_error(model: Any, name: str, x_shape: tuple[int, ...]) -> ConfigErro
     """A `ConfigError` when a field's channel axis and the model's layout disagree, else None.
 
     pipekit-train datasets hold fields channels-last: a sample of a 2-D field is
-    `(H, W, C)`. Checked only for samples of rank 3 and a model whose factory names its
-    input channels (`in_channels=...`): data stored channels-first `(C, H, W)` is refused
-    for every backend, and channels-last data is refused for a model operator that
-    declares `layout="channels_first"` (a torch module without the boundary permute).
+    `(H, W, C)`. Checked only for a model whose factory names its input channels
+    (`in_channels=...`): for samples of rank 3, data stored channels-first `(C, H, W)` is
+    refused for every backend, and channels-last data is refused for a model operator that
+    declares `layout="channels_first"` (a channels-first network without the boundary
+    permute); for samples of rank >= 2, a model operator with `layout="channels_last"`
+    whose input channels are not the data's last axis is refused.
     """
-    if len(x_shape) != 3:
-        return None
     size = _size_kwarg(model, _CHANNEL_KWARGS)
-    if size is None:
+    if size is None or len(x_shape) < 2:
         return None
     field, channels = size
     layout = getattr(model, "layout", None)
     described = _describe_model(model, size)
     received = f"Received: {name}['x'] with samples of shape {x_shape}"
+    if layout == "channels_last" and x_shape[-1] == channels:
+        return None
+    channels_first_field = len(x_shape) == 3 and x_shape[0] == channels
+    if layout == "channels_last" and not channels_first_field:
+        fix = (
+            "The data looks channels-first: store it as (N, *spatial, C), e.g. "
+            "np.moveaxis(x, 1, -1) on the (N, C, *spatial) array."
+            if x_shape[0] == channels
+            else f"Make the data's last axis the model's {channels} input channels, or build "
+            f"the model with {field}={x_shape[-1]}."
+        )
+        return ConfigError(
+            f"`{name}` does not fit the model's channels: with layout='channels_last' the "
+            f"operator hands the model each sample's last axis as its channel axis, so the "
+            f"model ({described}) would read {x_shape[-1]} channels where it takes {channels}. "
+            f"{received}. {fix}"
+        )
+    if len(x_shape) != 3:
+        return None
     if x_shape[-1] != channels and x_shape[0] == channels:
         return ConfigError(
             f"`{name}` holds fields channels-first (C, H, W), but pipekit-train datasets are "
@@ -231,9 +250,15 @@ def _input_error(
             f"shape {tuple(expected)} ({described}). {fix}."
         )
     hint = ""
-    if len(x_shape) == 3:
+    if getattr(model, "layout", None) == "channels_last" and len(x_shape) >= 2:
         hint = (
-            " Fields are channels-last (H, W, C); a channels-first torch module needs "
+            " The operator's layout='channels_last' hands the model each sample as "
+            f"(C, *spatial) with C the data's last axis (size {x_shape[-1]}): make that axis "
+            "the model's input channels, or drop `layout` for a channels-last model."
+        )
+    elif len(x_shape) == 3:
+        hint = (
+            " Fields are channels-last (H, W, C); a channels-first network needs "
             "layout='channels_last' on its operator."
         )
     return ConfigError(
