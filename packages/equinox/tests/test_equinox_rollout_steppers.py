@@ -129,3 +129,24 @@ def test_resume_with_steppers_is_exact(tmp_path: Path) -> None:
     other = Rollout(steps=3, residual=True, noise_std=0.05)  # the same without the solver
     with pytest.raises(CheckpointError, match="rollout"):
         _loop(other, checkpoint=policy, max_steps=12).run()
+
+
+def test_the_summed_loss_trains_as_the_mean_with_a_larger_step() -> None:
+    """`Rollout(reduction="sum")`: the loss and its gradient are `k` times the mean's
+    (unit weights), so SGD at `lr` moves as the mean at `k * lr`; validation stays the mean."""
+
+    def run(reduction: str, lr: float):
+        rollout = Rollout(steps=3, residual=True, reduction=reduction)
+        windows = TrajectoryWindows(_states(), k=3, targets="increments")
+        sgd = {"name": "sgd", "learning_rate": lr}
+        return _loop(rollout, optimizer_config=sgd, max_steps=1, validation=windows).run()
+
+    summed, mean = run("sum", 0.01), run("mean", 0.03)
+    np.testing.assert_allclose(summed.history["loss"][0], 3 * mean.history["loss"][0], rtol=1e-6)
+    np.testing.assert_allclose(summed.history["val_loss"], mean.history["val_loss"], rtol=1e-5)
+    for got, want in zip(
+        jax.tree.leaves(eqx.filter(summed.model.model, eqx.is_array)),
+        jax.tree.leaves(eqx.filter(mean.model.model, eqx.is_array)),
+        strict=True,
+    ):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-7)

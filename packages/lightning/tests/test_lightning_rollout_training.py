@@ -61,16 +61,28 @@ def test_a_rollout_monitor_sees_one_step_per_application(name: str) -> None:
     check_rollout_monitor_under_rollout(_op, ADAPTERS[name]())
 
 
-@pytest.mark.parametrize("name", ["lightning", "torch"])
-@pytest.mark.parametrize("backprop", ["full", "last"])
-def test_loss_and_updates_match_a_hand_written_torch_loop(name: str, backprop: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "backprop", "reduction"),
+    [
+        ("lightning", "full", "mean"),
+        ("lightning", "last", "mean"),
+        ("torch", "full", "mean"),
+        ("torch", "last", "mean"),
+        ("torch", "full", "sum"),  # trainax's summed steps
+    ],
+)
+def test_loss_and_updates_match_a_hand_written_torch_loop(
+    name: str, backprop: str, reduction: str
+) -> None:
     weights = (1.0, 0.5, 0.25, 2.0)
     train, _ = golden_rollout_task()
     n, steps = 16, 3
     art = TrainingLoop(
         _op(),
         train,
-        rollout=Rollout(steps=4, weights=weights, backprop=backprop, residual=True),
+        rollout=Rollout(
+            steps=4, weights=weights, backprop=backprop, residual=True, reduction=reduction
+        ),
         loss="mse",
         optimizer_config={"name": "adam", "lr": 0.01},
         batch_size=n,
@@ -96,7 +108,7 @@ def test_loss_and_updates_match_a_hand_written_torch_loop(name: str, backprop: s
                 nxt = nxt.detach()
             total = total + weights[i] * torch.mean((nxt - truth) ** 2)
             state = nxt
-        loss = total / sum(weights)
+        loss = total if reduction == "sum" else total / sum(weights)
         opt.zero_grad()
         loss.backward()
         opt.step()
