@@ -128,10 +128,12 @@ def channels_last_model(model: keras.Model, *, owner: str = "KerasModelOp") -> k
     if to_first is None:
         return model
     x = keras.Input((*sample[1:], sample[0]), dtype=inputs[0].dtype)
-    y = model(keras.layers.Permute(to_first[1:])(x))
+    # autocast=False: a transpose keeps the dtype it is given (under a mixed precision
+    # policy the model's own layers cast, as without the wrapper)
+    y = model(keras.layers.Permute(to_first[1:], autocast=False)(x))
     to_last = to_channels_last_axes(len(y.shape))
     if to_last is not None:
-        y = keras.layers.Permute(to_last[1:])(y)
+        y = keras.layers.Permute(to_last[1:], autocast=False)(y)
     return keras.Model(x, y, name=f"{model.name}_channels_last")
 
 
