@@ -94,12 +94,14 @@ def _value_and_grad(model: keras.Model, loss_of: object) -> tuple[float, list[ob
     return float(loss.detach()), [v.value.grad for v in model.trainable_variables]
 
 
-@pytest.mark.parametrize("backprop", ["full", "last"])
-def test_loss_and_updates_match_a_hand_written_reference(backprop: str) -> None:
+@pytest.mark.parametrize(
+    ("backprop", "reduction"), [("full", "mean"), ("last", "mean"), ("full", "sum")]
+)
+def test_loss_and_updates_match_a_hand_written_reference(backprop: str, reduction: str) -> None:
     weights = (1.0, 0.5, 0.25, 2.0)
     windows = TrajectoryWindows(_states(), k=4, targets="increments")
     n, lr = 8, 0.05
-    spec = Rollout(steps=4, weights=weights, backprop=backprop, residual=True)
+    spec = Rollout(steps=4, weights=weights, backprop=backprop, residual=True, reduction=reduction)
     art = _loop(windows, spec, batch_size=n, optimizer_config={"name": "sgd", "lr": lr}).run()
 
     # the reference: the same Keras model, a loop in keras.ops, plain SGD by hand
@@ -114,7 +116,7 @@ def test_loss_and_updates_match_a_hand_written_reference(backprop: str) -> None:
                 nxt = ops.stop_gradient(nxt)
             total = total + weights[i] * ops.mean((nxt - truth) ** 2)
             s = nxt
-        return total / sum(weights)
+        return total if reduction == "sum" else total / sum(weights)
 
     ref_losses = []
     for step in range(3):

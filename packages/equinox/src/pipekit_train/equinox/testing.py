@@ -280,13 +280,20 @@ def channels_first_conv(
     on channels-last data with `EquinoxModelOp(..., layout="channels_last")`.
     """
     k1, k2 = jax.random.split(key)
-    conv = {"padding": "SAME", "padding_mode": "CIRCULAR"}
+
+    def conv(c_in: int, c_out: int, k: PRNGKeyArray) -> eqx.nn.Conv:
+        return eqx.nn.Conv(
+            num_spatial_dims,
+            c_in,
+            c_out,
+            kernel_size,
+            padding="SAME",
+            padding_mode="CIRCULAR",
+            key=k,
+        )
+
     return eqx.nn.Sequential(
-        [
-            eqx.nn.Conv(num_spatial_dims, in_channels, width, kernel_size, **conv, key=k1),
-            eqx.nn.Lambda(jnp.tanh),
-            eqx.nn.Conv(num_spatial_dims, width, out_channels, kernel_size, **conv, key=k2),
-        ]
+        [conv(in_channels, width, k1), eqx.nn.Lambda(jnp.tanh), conv(width, out_channels, k2)]
     )
 
 
