@@ -65,7 +65,7 @@ def apply_model(
     `(y, state)`. With `layout="channels_last"` a batch of rank >= 3 is moved to
     channels-first before the module (`(N, *spatial, C) -> (N, C, *spatial)`: each
     vmapped sample is `(C, *spatial)`) and a prediction of rank >= 3 back after it
-    (`pipekit_train.core.model._layout`); any other layout passes the batch unchanged.
+    (`pipekit_train.core.adapter`: `LAYOUTS`, `check_layout`); any other layout passes the batch unchanged.
     """
     if layout == "channels_last":
         axes = to_channels_first_axes(x.ndim)

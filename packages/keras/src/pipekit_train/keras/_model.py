@@ -102,7 +102,7 @@ def channels_last_model(model: keras.Model, *, owner: str = "KerasModelOp") -> k
 
     `Input((*spatial, C))` -> `Permute` to `(C, *spatial)` -> `model` -> `Permute` of a
     prediction of rank >= 3 (batch included) back to `(*spatial, C_out)`: the boundary
-    permutes of `layout="channels_last"` (`pipekit_train.core.model._layout`) as layers
+    permutes of `layout="channels_last"` (`pipekit_train.core.adapter`: `LAYOUTS`, `check_layout`) as layers
     without weights, so the weights, their order and their bytes are `model`'s own and
     every path (`fit`, `predict`, `stateless_call`, the device rollout) sees them. A model
     on vectors (a sample of rank 1) is returned as it is.

@@ -174,7 +174,7 @@ class TorchModelOp(ModelOpBase):
     weights and native training loop are unchanged), and records `"layout"` in its config
     and registry record. The default `"channels_first"` hands inputs to the module as they
     are. The option means the same on every backend's operator
-    (`pipekit_train.core.model._layout`).
+    (`pipekit_train.core.adapter`: `LAYOUTS`, `check_layout`).
 
     Args:
         factory: `"package.module:function"` or the function itself (importable by name).
