@@ -29,7 +29,7 @@ def loop(backend: str, path: str, steps: int, **kwargs: Any) -> Any:
     from pipekit_train.core import Rollout
 
     train = ff.windows(Path(path), k=4, history=2)
-    val = ff.windows(Path(path), k=4, history=2)
+    val = train.with_trajectories(train.trajectories.select([0]))  # one trajectory: cheap
     rollout = Rollout(steps=4, residual=True, noise_std=0.02)
     return ff.training_loop(backend, train, val, steps=steps, rollout=rollout, **SMALL, **kwargs)
 
