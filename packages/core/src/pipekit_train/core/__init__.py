@@ -17,7 +17,7 @@ no two rooms import each other (`packages/core/tests/test_core_layers.py` checks
 | 6 | `rollout` | trained networks as forward operators and posteriors (`NeuralForward`, `Cycle`, `PosteriorEnsemble`), the device rollout and rollout training |
 | 7 | `callbacks`, `artifact` | callbacks, the monitors among them; what a run hands downstream (`TrainingArtifact`, `History`, `evaluate`) |
 | 8 | `run` | the run engine (`RunLifecycle`, `RunState`) |
-| 9 | `train` | the drivers: `TrainingLoop`, `OnlineTrainer`, the step loop, `lr_find`, Ray Train |
+| 9 | `train` | the drivers: `TrainingLoop`, `SeedGroup`, `OnlineTrainer`, the step loop, `lr_find`, Ray Train |
 | 10 | this module, `adapter`, `utils`, `registry` | the user's API, the adapters' contract, helpers, the model registry |
 | 11 | `cli`, `testing` | the command line; test utilities and the conformance suite |
 
@@ -110,6 +110,7 @@ from .spec._policies import NonFinitePolicy, Precision
 from .spec._rollout import Rollout, RolloutSchedule
 from .train._lr_find import LRFindResult, lr_find
 from .train._online import OnlineTrainer
+from .train._seed_group import SeedGroup
 from .train._training_loop import TrainingLoop
 from .writers import (
     AsyncWriter,
@@ -194,6 +195,7 @@ __all__ = [
     "RolloutSchedule",
     "RunState",
     "S3ModelRegistry",
+    "SeedGroup",
     "SimulationDataset",
     "SimulationError",
     "StatefulOperator",

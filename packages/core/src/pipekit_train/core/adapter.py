@@ -7,8 +7,9 @@ sources and fails when one of them reaches another core module, or when a name h
 no adapter using it.
 
 - **Base classes**: `Adapter` (any backend), `StepAdapter` + `StepBackend` (backends that
-  expose a train step: `run_step_loop` runs the whole loop), `Capabilities` (what is
-  optional; `Capabilities.full()` for all of it).
+  expose a train step: `run_step_loop` runs the whole loop), `GroupStepBackend` (one
+  step over the stacked states of a `SeedGroup`'s members; `StepAdapter.group_backend`),
+  `Capabilities` (what is optional; `Capabilities.full()` for all of it).
 - **The run**: `Plan` (the frozen description) and `RunLifecycle`, the one owner of a run
   (`with RunLifecycle(...) as run:` — restore or start and the data stream as a `Feed`,
   the end of each optimizer update with validation, checkpoints, preemption signals, the
@@ -88,11 +89,13 @@ from .spec._plan import Plan
 from .spec._policies import Precision
 from .spec._rollout import Rollout
 from .spec._schedules import check_schedule, learning_rate_at
+from .train._group_loop import GroupStepBackend
 from .train._ray_train import check_ray_fit, fit_with_ray_trainer, ray_train_worker
 from .train._step_loop import StepAdapter, run_step_loop
 
 __all__ = [
     "GRAD_NORM",
+    "GroupStepBackend",
     "LAYOUTS",
     "NOISE_KEY",
     "FORCING_KEY",

@@ -8,6 +8,7 @@ module checks the plan and builds the `EquinoxStepBackend` (`_step_backend.py`) 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import jax
@@ -24,11 +25,13 @@ from ._precision import native_precision
 from ._sharding import ShardingSpec
 
 if TYPE_CHECKING:
+    from ._group import EquinoxGroup
     from ._step_backend import EquinoxStepBackend
 
 __all__ = ["Equinox"]
 
 _LOSS_SCALES: Final = ("auto", "dynamic", "none")
+_GROUP_STEPS: Final = ("auto", "vmap", "sequential")
 
 
 class Equinox(StepAdapter):
@@ -49,6 +52,11 @@ class Equinox(StepAdapter):
         loss_scale: `"auto"` (dynamic loss scaling when computing in float16), `"dynamic"`,
             `"none"`, or a number (a fixed scale). Steps whose gradients are not finite
             are skipped whenever a loss scale is used.
+        group_step: how a `SeedGroup`'s members share a step: `"vmap"` (one
+            `jax.vmap`ped, compiled step over their stacked states), `"sequential"`
+            (each member's own compiled step in turn: bit-identical to its single run), or
+            `"auto"` (the default: `"vmap"` on an accelerator, `"sequential"` on the CPU,
+            where XLA runs a vmapped convolution slower than the members one by one).
     """
 
     name = "equinox"
@@ -61,6 +69,7 @@ class Equinox(StepAdapter):
         steps_per_execution: int = 1,
         precision: str | None = None,
         loss_scale: str | float = "auto",
+        group_step: str = "auto",
     ):
         steps_per_execution = positive_int("steps_per_execution", steps_per_execution, example="10")
         self.steps_per_execution = int(steps_per_execution)
@@ -84,20 +93,27 @@ class Equinox(StepAdapter):
                 f"`loss_scale` must be one of {list(_LOSS_SCALES)} or a positive number. Received: loss_scale={loss_scale!r}."
             )
         self.loss_scale: str | float = loss_scale
+        if group_step not in _GROUP_STEPS:
+            raise ConfigError(
+                f"`group_step` must be one of {list(_GROUP_STEPS)}. Received: "
+                f"group_step={group_step!r}."
+            )
+        self.group_step = group_step
 
     def __repr__(self) -> str:
-        return f"Equinox(steps_per_execution={self.steps_per_execution}, precision={self.precision!r}, loss_scale={self.loss_scale!r})"
+        group = "" if self.group_step == "auto" else f", group_step={self.group_step!r}"
+        return f"Equinox(steps_per_execution={self.steps_per_execution}, precision={self.precision!r}, loss_scale={self.loss_scale!r}{group})"
 
     def get_config(self) -> dict[str, Any]:
         """`{"type": "pipekit_train.equinox:Equinox", "kwargs": {...}}` (JSON)."""
-        return {
-            "type": "pipekit_train.equinox:Equinox",
-            "kwargs": {
-                "steps_per_execution": self.steps_per_execution,
-                "precision": self.precision,
-                "loss_scale": self.loss_scale,
-            },
+        kwargs: dict[str, Any] = {
+            "steps_per_execution": self.steps_per_execution,
+            "precision": self.precision,
+            "loss_scale": self.loss_scale,
         }
+        if self.group_step != "auto":  # the config of every other run stays as it was
+            kwargs["group_step"] = self.group_step
+        return {"type": "pipekit_train.equinox:Equinox", "kwargs": kwargs}
 
     def make_loss_scale(self) -> DynamicLossScale | None:
         """The loss scale a run starts with (None when not scaling)."""
@@ -224,3 +240,13 @@ class Equinox(StepAdapter):
         from ._step_backend import EquinoxStepBackend
 
         return EquinoxStepBackend(plan, self)
+
+    def group_backend(self, plans: Sequence[Plan]) -> EquinoxGroup:
+        """The step of a `SeedGroup`'s members (`_group.EquinoxGroup`): one `jax.vmap`ped,
+        compiled step over their stacked states, or each member's own step in turn
+        (`group_step`); each member keeps its own `EquinoxStepBackend`."""
+        from ._group import EquinoxGroup
+
+        mode = self.group_step
+        vectorize = jax.default_backend() != "cpu" if mode == "auto" else mode == "vmap"
+        return EquinoxGroup([self.step_backend(plan) for plan in plans], vectorize=vectorize)

@@ -270,16 +270,22 @@ def channels_first_conv(
     out_channels: int,
     width: int = 8,
     kernel_size: int = 3,
+    depth: int = 1,
+    activation: str = "tanh",
     *,
     key: PRNGKeyArray,
 ) -> eqx.nn.Sequential:
     """A periodic conv net on one channels-first sample `(C_in, *spatial) -> (C_out, *spatial)`.
 
-    Two `eqx.nn.Conv` layers (`padding_mode="CIRCULAR"`, Equinox's own initialisation)
-    with a tanh between them, as APEBench's pdequinox networks take their input: train it
-    on channels-last data with `EquinoxModelOp(..., layout="channels_last")`.
+    `depth + 1` `eqx.nn.Conv` layers (`padding_mode="CIRCULAR"`, Equinox's own
+    initialisation) with `activation` between them: a lifting convolution to `width`
+    channels, `depth - 1` hidden ones, a projection. It takes its input as APEBench's
+    pdequinox networks do (`depth=10, width=26, activation="relu"` is the shape of its
+    `Conv;26;10;relu`): train it on channels-last data with
+    `EquinoxModelOp(..., layout="channels_last")`.
     """
-    k1, k2 = jax.random.split(key)
+    keys = jax.random.split(key, depth + 1)
+    act = eqx.nn.Lambda(_ACTIVATIONS[activation])
 
     def conv(c_in: int, c_out: int, k: PRNGKeyArray) -> eqx.nn.Conv:
         return eqx.nn.Conv(
@@ -292,9 +298,13 @@ def channels_first_conv(
             key=k,
         )
 
-    return eqx.nn.Sequential(
-        [conv(in_channels, width, k1), eqx.nn.Lambda(jnp.tanh), conv(width, out_channels, k2)]
-    )
+    sizes = [in_channels] + [width] * depth + [out_channels]
+    layers: list[eqx.Module] = []
+    for i, k in enumerate(keys):
+        if i:
+            layers.append(act)
+        layers.append(conv(sizes[i], sizes[i + 1], k))
+    return eqx.nn.Sequential(layers)
 
 
 def conv_from_weights(weights: Sequence[np.ndarray], activation: str = "tanh") -> EquinoxModelOp:

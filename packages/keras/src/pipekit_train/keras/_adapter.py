@@ -57,7 +57,7 @@ class Keras(Adapter):
 
     name = "keras"
     native_loaders = "a keras.utils.PyDataset"
-    capabilities = Capabilities.full()
+    capabilities = Capabilities.full(seed_groups=False)
 
     def __init__(
         self,

@@ -165,7 +165,7 @@ class Lightning(Adapter):
 
     name = "lightning"
     native_loaders = "a torch DataLoader or a LightningDataModule"
-    capabilities = Capabilities.full(fused_steps=False, sharding=False)
+    capabilities = Capabilities.full(fused_steps=False, sharding=False, seed_groups=False)
 
     def __init__(self, **trainer_kwargs: Any):
         for key, value in trainer_kwargs.items():

@@ -91,6 +91,9 @@ class Capabilities:
             diverted chain, `coarse_stepper` of a correction) inside its step, with its
             own arrays (`rollout_loss(reference=...)`, `rollout_spec(coarse_stepper=...)`),
             and probes them before any work (`Adapter.stepper_shape`).
+        seed_groups: trains the members of a `SeedGroup` (independent runs that differ
+            only in their seed) in one compiled step (`Adapter.run_group`); each member
+            keeps its own checkpoints, validation and artifact, and equals its single run.
     """
 
     native_data: bool = False
@@ -106,6 +109,7 @@ class Capabilities:
     rollout: bool = False
     rollout_checkpointing: bool = False
     rollout_steppers: bool = False
+    seed_groups: bool = False
 
     @classmethod
     def full(cls, **overrides: Any) -> Capabilities:
@@ -175,6 +179,20 @@ class Adapter(abc.ABC):
     @abc.abstractmethod
     def get_config(self) -> dict[str, Any]:
         """JSON description of the adapter's options (recorded in the plan)."""
+
+    def run_group(self, plans: Sequence[Plan]) -> list[TrainingArtifact]:
+        """Train the member plans of a `SeedGroup` together; one artifact per plan, in order.
+
+        The plans differ only in their seed, their model's seed and their checkpoint
+        location. Backends that declare `Capabilities.seed_groups` implement it (a
+        step-based one through `StepAdapter.group_backend`).
+        """
+        raise self._unsupported(
+            "Training seeds in one program (SeedGroup)",
+            f"adapter={self!r}",
+            "Train each seed as its own TrainingLoop, or use a backend that declares "
+            "Capabilities(seed_groups=True) (Equinox()).",
+        )
 
     def accepts_data(self, data: Any) -> bool:
         """Whether `data` is one of this backend's native loaders (default: none)."""

@@ -210,6 +210,15 @@ class ModelOpBase:
         new.model = model
         return new
 
+    def with_seed(self, seed: int) -> ModelOpBase:
+        """A copy of this operator built under `seed` (freshly initialised weights; the
+        model of a `SeedGroup` member)."""
+        seed = check_seed(seed)
+        new = self.with_model(None)  # a subclass's copy drops its caches
+        new.seed = seed
+        new.model = new._build(new._factory_fn, new.kwargs, seed)
+        return new
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.factory!r}, seed={self.seed}, **{self.kwargs!r})"
 

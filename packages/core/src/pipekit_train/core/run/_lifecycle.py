@@ -424,7 +424,9 @@ class RunLifecycle:
             lease.release()
 
     # -- the end of each optimizer update -------------------------------------------------
-    def _local_flags(self) -> list[bool]:
+    def boundary_flags(self) -> list[bool]:
+        """This run's step-boundary flags before any agreement: `[stop requested,
+        preemption signal received, time budget spent, time-cadence checkpoint due]`."""
         plan, now = self.plan, time.monotonic()
         every = None if plan.checkpoint is None else plan.checkpoint.every_n_minutes
         return [
@@ -441,6 +443,7 @@ class RunLifecycle:
         *,
         micro: int = 1,
         epoch: int | None = None,
+        flags: Sequence[bool] | None = None,
     ) -> bool:
         """The sequence after every optimizer update (or group of `count` fused ones).
 
@@ -455,6 +458,10 @@ class RunLifecycle:
             micro: values per step in `metrics` (accumulated batches reported one by
                 one; 1 when the backend reports one value per step).
             epoch: the framework's epoch, for a native loader of unknown length.
+            flags: the step-boundary flags (`boundary_flags`) already agreed by a driver
+                that runs several lifecycles in lockstep (the members of a `SeedGroup`
+                stop, checkpoint and are preempted together); None: this run's own,
+                agreed across processes when `agree` is bound.
         """
         ctx = self.ctx
         progress = ctx.progress
@@ -468,9 +475,12 @@ class RunLifecycle:
         poll = getattr(self.checkpointer, "poll", None)
         if callable(poll):
             poll()  # raises the error of a failed background save, never blocks
-        flags = self._local_flags()
-        if self._agree is not None:
-            flags = [bool(f) for f in self._agree(flags)]
+        if flags is not None:
+            flags = [bool(f) for f in flags]
+        else:
+            flags = self.boundary_flags()
+            if self._agree is not None:
+                flags = [bool(f) for f in self._agree(flags)]
         if flags[_STOP] and progress.stop_reason is None:
             progress.request_stop("a stop was requested on another process")
         forced = preempting = False

@@ -10,7 +10,7 @@ average lives with the optimizer state, `ema/<name>`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -22,6 +22,7 @@ from pipekit_train.core.adapter import (
     GRAD_NORM,
     Capabilities,
     DirectoryCheckpointer,
+    GroupStepBackend,
     HostBuffers,
     Plan,
     StepAdapter,
@@ -73,7 +74,7 @@ class NumpyAdapter(StepAdapter):
 
     name = "numpy"
     capabilities = Capabilities(
-        online=True, skip_nonfinite=True, grad_norm=True, lr_scale=True, ema=True
+        online=True, skip_nonfinite=True, grad_norm=True, lr_scale=True, ema=True, seed_groups=True
     )
 
     def __init__(self, gradient_noise: float = 0.0, prefetch: int = 0):
@@ -153,6 +154,35 @@ class NumpyAdapter(StepAdapter):
         backend = _NumpyBackend(plan, self.gradient_noise)
         backend.prefetch = self.prefetch
         return backend
+
+    def group_backend(self, plans: Sequence[Plan]) -> _NumpyGroup:
+        """The members' steps one after another (the reference of core's group loop)."""
+        return _NumpyGroup([self.step_backend(plan) for plan in plans])
+
+
+class _NumpyGroup(GroupStepBackend[_State, list[_State]]):
+    """A `SeedGroup`'s members stepped one by one (no batching across members)."""
+
+    def __init__(self, members: Sequence[_NumpyBackend]):
+        self.members = list(members)
+
+    def stack(self, states: Sequence[_State]) -> list[_State]:
+        return list(states)
+
+    def member(self, group: list[_State], index: int) -> _State:
+        return group[index]
+
+    def train_step(
+        self, group: list[_State], batch: Mapping[str, np.ndarray], active: Sequence[bool] | None
+    ) -> tuple[list[_State], list[Mapping[str, Any]]]:
+        new, metrics = list(group), []
+        for i, backend in enumerate(self.members):
+            if active is not None and not active[i]:
+                metrics.append({})
+                continue
+            new[i], m = backend.train_step(group[i], {k: v[i] for k, v in batch.items()})
+            metrics.append(m)
+        return new, metrics
 
 
 class _NumpyBackend(StepBackend[_State]):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from pipekit_train.core.contract._adapter import Adapter, Capabilities, StepBack
 from pipekit_train.core.run._lifecycle import RunLifecycle
 from pipekit_train.core.run._prefetch import Prefetcher
 from pipekit_train.core.spec._plan import Plan
+
+if TYPE_CHECKING:
+    from ._group_loop import GroupStepBackend
 
 __all__ = ["StepAdapter", "run_step_loop", "stack_batches"]
 
@@ -163,3 +166,18 @@ class StepAdapter(Adapter):
     def run(self, plan: Plan) -> TrainingArtifact:
         """Train with core's step loop and return the artifact."""
         return run_step_loop(plan, self.step_backend(plan))
+
+    def group_backend(self, plans: Sequence[Plan]) -> GroupStepBackend[Any, Any]:
+        """The `GroupStepBackend` of a `SeedGroup`'s member plans (backends that declare
+        `Capabilities.seed_groups`)."""
+        raise self._unsupported(
+            "Training seeds in one program (SeedGroup)",
+            f"adapter={self!r}",
+            "Train each seed as its own TrainingLoop.",
+        )
+
+    def run_group(self, plans: Sequence[Plan]) -> list[TrainingArtifact]:
+        """Train a `SeedGroup`'s members in lockstep with core's group loop."""
+        from ._group_loop import run_group_loop
+
+        return run_group_loop(plans, self.group_backend(plans))

@@ -107,7 +107,7 @@ class Torch(StepAdapter):
 
     name = "torch"
     native_loaders = "a torch DataLoader"
-    capabilities = Capabilities.full(sharding=False)
+    capabilities = Capabilities.full(sharding=False, seed_groups=False)
 
     def __init__(
         self,
