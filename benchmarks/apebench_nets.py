@@ -376,7 +376,9 @@ def _keras_layers() -> dict[str, type]:
         def build(self, input_shape: Any) -> None:
             c = input_shape[1]
             self.kernel = self.add_weight(
-                shape=(self.kernel_size, c, self.filters), initializer="glorot_uniform", name="kernel"
+                shape=(self.kernel_size, c, self.filters),
+                initializer="glorot_uniform",
+                name="kernel",
             )
             self.bias = self.add_weight(shape=(self.filters,), initializer="zeros", name="bias")
 
@@ -510,7 +512,9 @@ def keras_weights(blob: bytes, arch: str, model: Any, channels: int = 1) -> byte
     from safetensors.numpy import save
 
     values = keras_arrays(equinox_arrays(blob, arch, channels), model)
-    return save({f"w/{i:05d}": v for i, v in enumerate(values)}, metadata={"format": "pipekit-keras/1"})
+    return save(
+        {f"w/{i:05d}": v for i, v in enumerate(values)}, metadata={"format": "pipekit-keras/1"}
+    )
 
 
 # -- parity ------------------------------------------------------------------------------
@@ -549,14 +553,20 @@ def parity(
     from pipekit_train.lightning import TorchModelOp
 
     eq = EquinoxModelOp(
-        "apebench_nets:pdeqx_net", arch=arch, channels=channels, apebench_seed=seed,
+        "apebench_nets:pdeqx_net",
+        arch=arch,
+        channels=channels,
+        apebench_seed=seed,
         layout="channels_first",
     )
     blob = eq.serialize_weights()
     th = TorchModelOp("apebench_nets:torch_net", arch=arch, channels=channels)
     th = th.with_weights(torch_weights(blob, arch, channels))
     ke = KerasModelOp(
-        "apebench_nets:keras_net", arch=arch, channels=channels, num_points=num_points,
+        "apebench_nets:keras_net",
+        arch=arch,
+        channels=channels,
+        num_points=num_points,
         layout="channels_first",
     )
     ke = ke.with_weights(keras_weights(blob, arch, ke.model, channels))
@@ -615,3 +625,306 @@ def _serialise(eqx: Any, tree: Any) -> bytes:
     buf = io.BytesIO()
     eqx.tree_serialise_leaves(buf, tree)
     return buf.getvalue()
+
+
+# -- the cells -----------------------------------------------------------------------------
+TEST_STEPS = 200  # APEBench's test_temporal_horizon
+SCORE_STEPS = 100  # the gmean of the mean nRMSE over steps 1..100
+
+
+def rollout_steps(config: str) -> int:
+    """The unrolled steps of an APEBench training config: `one` -> 1, `sup;T` -> T.
+
+    Raises:
+        ConfigError: another config (`div;T` needs the reference stepper in the loop).
+    """
+    parts = str(config).split(";")
+    if parts == ["one"]:
+        return 1
+    if len(parts) == 2 and parts[0] == "sup" and parts[1].isdigit() and int(parts[1]) >= 1:
+        return int(parts[1])
+    raise ConfigError(
+        f"`config` must be APEBench's 'one' or 'sup;T'. Received: config={config!r}. "
+        "Use config='one' or config='sup;5'."
+    )
+
+
+def _scenario(scenario: str, updates: int, warmup: int) -> Any:
+    import apebench
+
+    table = apebench.scenarios.scenario_dict
+    if scenario not in table:
+        raise ConfigError(
+            f"`scenario` must be an APEBench scenario. Received: scenario={scenario!r}. "
+            "Use e.g. scenario='diff_ks'."
+        )
+    return table[scenario](optim_config=f"adam;{updates};warmup_cosine;0.0;1e-3;{warmup}")
+
+
+def apebench_data(scenario: str = "diff_ks") -> tuple[np.ndarray, np.ndarray]:
+    """APEBench's train `(50, 51, C, N)` and test `(30, 201, C, N)` trajectories, float32."""
+    s = _scenario(scenario, 10_000, 2_000)
+    return (
+        np.asarray(s.get_train_data(), np.float32),
+        np.asarray(s.get_test_data(), np.float32),
+    )
+
+
+def gmean_nrmse(predictions: np.ndarray, test: np.ndarray, up_to: int = SCORE_STEPS) -> float:
+    """APEBench's score: the geometric mean over steps 1..`up_to` of exponax's mean nRMSE.
+
+    Args:
+        predictions: `(n, steps, C, N)` rollouts from `test[:, 0]` (initial state excluded).
+        test: the test trajectories `(n, steps + 1, C, N)`.
+    """
+    import exponax as ex
+    import jax
+    import jax.numpy as jnp
+    from scipy.stats import gmean
+
+    pred, ref = jnp.asarray(predictions), jnp.asarray(test[:, 1 : predictions.shape[1] + 1])
+    err = jax.vmap(lambda p, r: ex.metrics.mean_metric(ex.metrics.nRMSE, p, r), in_axes=1)(
+        pred, ref
+    )
+    return float(gmean(np.asarray(err)[:up_to]))
+
+
+def _equinox_blob(arch: str, seed: int, channels: int) -> bytes:
+    from pipekit_train.equinox import EquinoxModelOp
+
+    op = EquinoxModelOp(
+        "apebench_nets:pdeqx_net",
+        arch=arch,
+        channels=channels,
+        apebench_seed=seed,
+        layout="channels_first",
+    )
+    return op.serialize_weights()
+
+
+def _model_op(backend: str, arch: str, blob: bytes, channels: int, num_points: int) -> Any:
+    if backend == "torch":
+        from pipekit_train.lightning import TorchModelOp
+
+        op = TorchModelOp("apebench_nets:torch_net", arch=arch, channels=channels)
+        return op.with_weights(torch_weights(blob, arch, channels))
+    if backend == "keras":
+        _keras_jax()
+        from pipekit_train.keras import KerasModelOp
+
+        op = KerasModelOp(
+            "apebench_nets:keras_net",
+            arch=arch,
+            channels=channels,
+            num_points=num_points,
+            layout="channels_first",
+        )
+        return op.with_weights(keras_weights(blob, arch, op.model, channels))
+    raise ConfigError(
+        f"`backend` must be 'torch' or 'keras'. Received: backend={backend!r}. "
+        "Use run_apebench_cell for APEBench's own (Equinox) training."
+    )
+
+
+def run_backend_cell(
+    backend: str,
+    scenario: str = "diff_ks",
+    config: str = "one",
+    seed: int = 0,
+    updates: int = 2_000,
+    *,
+    arch: str = CONV,
+    warmup: int | None = None,
+    train: np.ndarray | None = None,
+    test: np.ndarray | None = None,
+    equinox_weights: bytes | None = None,
+    batch_size: int = 20,
+    torch_threads: int | None = 1,
+) -> dict[str, Any]:
+    """Train one APEBench cell on `Torch()` (`backend="torch"`) or Keras on jax (`"keras"`).
+
+    APEBench's defaults: the network `arch` started from APEBench seed `seed`'s pdequinox
+    weights (or `equinox_weights`, `EquinoxModelOp.serialize_weights()` bytes), windows of
+    `k + 1` states over the training trajectories (stride 1), batches of 20, MSE, Adam
+    with a linear warm-up from 0 to 1e-3 over `warmup` updates (default `updates // 5`)
+    then cosine decay to 0 at `updates`; `sup;T` is `Rollout(steps=T, reduction="sum")`
+    (trainax's sum of the per-step losses). No normaliser, no residual: the network maps
+    a state to the next, as APEBench's `predict` task. Data channels-first `(n, T, C, N)`,
+    the operators `layout="channels_first"`.
+
+    Args:
+        backend: `"torch"` or `"keras"` (Keras needs `KERAS_BACKEND=jax`, set here when
+            unset before keras is first imported).
+        scenario: the APEBench scenario of the data when `train`/`test` are not given.
+        config: `"one"` or `"sup;T"`.
+        seed: the APEBench seed of the initial weights, and the library's data-order seed.
+        updates: the number of optimizer updates.
+        arch: `CONV` or `FNO` (APEBench network strings).
+        warmup: the warm-up updates of the learning rate.
+        train, test: the trajectories as numpy (default: `apebench_data(scenario)`).
+        equinox_weights: the starting weights (default: APEBench's for `seed`).
+        batch_size: the batch size.
+        torch_threads: torch's intra-op threads for the run (`torch.set_num_threads`;
+            None: torch's default). One by default: on a shared 2-core machine two
+            OpenMP threads made an update 20x slower (3.1 s against 0.13 s for `sup;5`).
+
+    Returns:
+        `{"predictions": (n_test, 200, C, N) float32 numpy (the trained network's
+        rollout of every test trajectory from its first state, initial state excluded),
+        "train_seconds": the wall time of `TrainingLoop(...).run()`, set-up and
+        compilation included, "backend", "config", "seed", "updates"}`.
+    """
+    k = rollout_steps(config)
+    if backend == "keras":
+        _keras_jax()
+    from pipekit_train.core import NeuralForward, Rollout, TrainingLoop, TrajectoryWindows
+
+    if train is None or test is None:
+        train, test = apebench_data(scenario)
+    channels, num_points = train.shape[2], train.shape[3]
+    blob = equinox_weights if equinox_weights is not None else _equinox_blob(arch, seed, channels)
+    model = _model_op(backend, arch, blob, channels, num_points)
+    warmup = updates // 5 if warmup is None else warmup
+    adapter = None
+    if backend == "torch":
+        from pipekit_train.lightning import Torch
+
+        adapter = Torch()
+        if torch_threads is not None:
+            import torch
+
+            torch.set_num_threads(int(torch_threads))
+    t0 = time.perf_counter()
+    artifact = TrainingLoop(
+        model=model,
+        data=TrajectoryWindows(np.asarray(train, np.float32), k=k),
+        rollout=None if k == 1 else Rollout(steps=k, reduction="sum"),
+        loss="mse",
+        optimizer_config={
+            "name": "adam",
+            "lr": {
+                "schedule": "warmup_cosine",
+                "init_value": 0.0,
+                "peak_value": 1e-3,
+                "warmup_steps": warmup,
+                "decay_steps": updates,
+            },
+        },
+        batch_size=batch_size,
+        max_steps=updates,
+        seed=seed,
+        adapter=adapter,
+        progress=False,
+    ).run()
+    seconds = time.perf_counter() - t0
+    forward = NeuralForward(artifact.model, state_ndim=2)
+    traj = forward.rollout(np.asarray(test[:, 0], np.float32), TEST_STEPS)  # (201, n, C, N)
+    return {
+        "predictions": np.asarray(np.moveaxis(np.asarray(traj)[1:], 0, 1), np.float32),
+        "train_seconds": seconds,
+        "backend": backend,
+        "config": config,
+        "seed": seed,
+        "updates": updates,
+    }
+
+
+def run_apebench_cell(
+    scenario: str = "diff_ks",
+    config: str = "one",
+    seed: int = 0,
+    updates: int = 2_000,
+    *,
+    arch: str = CONV,
+    warmup: int | None = None,
+) -> dict[str, Any]:
+    """The same cell trained by APEBench's own trainer (trainax, Equinox), from the same weights.
+
+    Returns the dict of `run_backend_cell` (`"backend": "apebench"`); `train_seconds` is the
+    wall time of the trainer's call (compilation included).
+    """
+    import equinox as eqx
+    import exponax as ex
+    import jax
+
+    warmup = updates // 5 if warmup is None else warmup
+    s = _scenario(scenario, updates, warmup)
+    trainer = s.get_trainer(train_config=config)
+    init_key, shuffle_key = jax.random.split(jax.random.PRNGKey(seed), 2)
+    net = s.get_neural_stepper(task_config="predict", network_config=arch, key=init_key)
+    t0 = time.perf_counter()
+    trained, losses, _ = trainer(net, shuffle_key, record_loss_every=s.record_loss_every)
+    jax.block_until_ready(eqx.filter(trained, eqx.is_array))
+    seconds = time.perf_counter() - t0
+    test = np.asarray(s.get_test_data(), np.float32)
+    pred = jax.vmap(ex.rollout(trained, TEST_STEPS, include_init=False))(test[:, 0])
+    return {
+        "predictions": np.asarray(pred, np.float32),
+        "train_seconds": seconds,
+        "backend": "apebench",
+        "config": config,
+        "seed": seed,
+        "updates": updates,
+    }
+
+
+# -- the script ----------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    """`--check` (parity, seeds 0..2, both networks) and/or `--cells` (diff_ks one and sup;5)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--check", action="store_true", help="parity of the networks, seeds 0..2")
+    p.add_argument("--cells", action="store_true", help="train diff_ks one and sup;5 cells")
+    p.add_argument("--updates", type=int, default=2_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arch", default=CONV)
+    p.add_argument("--configs", nargs="+", default=["one", "sup;5"])
+    p.add_argument("--backends", nargs="+", default=["apebench", "torch", "keras"])
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = p.parse_args(argv)
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    results: dict[str, Any] = {}
+    if args.check:
+        worst: dict[str, float] = {}
+        for arch in (CONV, FNO):
+            for seed in range(3):
+                r = parity(arch, seed)
+                print(f"{arch} seed {seed}: " + ", ".join(f"{k}={v:.2e}" for k, v in r.items()))
+                for key, val in r.items():
+                    worst[key] = max(worst.get(key, 0.0), val)
+        results["parity_worst"] = worst
+        assert worst["torch_out_rel"] < 1e-5 and worst["keras_out_rel"] < 1e-5, worst
+        assert worst["torch_grad_rel"] < 1e-4 and worst["keras_grad_rel"] < 1e-4, worst
+        print("parity OK: worst " + ", ".join(f"{k}={v:.2e}" for k, v in worst.items()))
+    if args.cells:
+        train, test = apebench_data("diff_ks")
+        cells = []
+        for config in args.configs:
+            for backend in args.backends:
+                if backend == "apebench":
+                    r = run_apebench_cell(
+                        "diff_ks", config, args.seed, args.updates, arch=args.arch
+                    )
+                else:
+                    r = run_backend_cell(
+                        backend,
+                        "diff_ks",
+                        config,
+                        args.seed,
+                        args.updates,
+                        arch=args.arch,
+                        train=train,
+                        test=test,
+                    )
+                score = gmean_nrmse(r["predictions"], test)
+                cell = {k: r[k] for k in ("backend", "config", "seed", "updates", "train_seconds")}
+                cell["gmean100"] = score
+                cells.append(cell)
+                print(json.dumps(cell), flush=True)
+        results["cells"] = cells
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
