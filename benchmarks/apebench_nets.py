@@ -66,7 +66,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: let configs name this module `apebench_nets`
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pipekit_train.core._errors import ConfigError
+from pipekit_train.core import ConfigError, model_factory
 
 __all__ = [
     "Arch",
@@ -157,6 +157,7 @@ def parse_arch(arch: str) -> Arch:
 
 
 # -- pdequinox (jax) ---------------------------------------------------------------------
+@model_factory
 def pdeqx_net(
     arch: str,
     channels: int = 1,
@@ -344,6 +345,7 @@ def torch_weights(blob: bytes, arch: str, channels: int = 1) -> bytes:
     return save({k: np.ascontiguousarray(v) for k, v in state.items()})
 
 
+@model_factory
 def torch_net(arch: str = CONV, channels: int = 1, equinox_weights: str | None = None) -> Any:
     """Factory of `TorchModelOp("apebench_nets:torch_net", arch=..., channels=1)`.
 
@@ -423,6 +425,7 @@ def _keras_act(name: str) -> Any:
     return getattr(ops, name)
 
 
+@model_factory
 def keras_net(
     arch: str = CONV,
     channels: int = 1,

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipekit_train.core._errors import ConfigError
+from pipekit_train.core import ConfigError
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
