@@ -42,8 +42,8 @@ defaults, and returns the trained network's 200-step rollouts of the test trajec
 as numpy; `run_apebench_cell` trains the same cell with APEBench's own trainer from the
 same weights; `gmean_nrmse` scores either with APEBench's metric (the geometric mean over
 steps 1..100 of exponax's mean nRMSE). `python benchmarks/apebench_nets.py --cells` runs
-`diff_ks` `one` and `sup;5` for one seed on all three (about 10 minutes at 2 000 updates
-on a 2-core CPU).
+`diff_ks` `one` and `sup;5` for one seed on all three (about 16 minutes at 2 000 updates
+on the shared 2-core CPU, load about 6).
 
 This module is not named `bench_*`: `run_all.py` does not run it. torch, Keras, jax and
 APEBench are imported inside the functions that need them.
