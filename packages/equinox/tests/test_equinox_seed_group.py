@@ -75,9 +75,11 @@ def test_sequential_members_are_their_single_runs_to_the_bit():
     group = SeedGroup(loop(group_step="sequential", steps=10), seeds=seeds).run()
     for s, member in zip(seeds, group, strict=True):
         _identical(member, loop(s, steps=10).run())
-    assert jax.default_backend() != "cpu" or Equinox().group_backend(
-        SeedGroup(loop(group_step="auto"), seeds=seeds).plans
-    ).vectorize is False
+    assert (
+        jax.default_backend() != "cpu"
+        or Equinox().group_backend(SeedGroup(loop(group_step="auto"), seeds=seeds).plans).vectorize
+        is False
+    )
 
 
 def test_bad_group_step_is_refused():

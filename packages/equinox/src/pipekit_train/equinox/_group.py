@@ -47,16 +47,16 @@ class EquinoxGroup(GroupStepBackend[FlatState, Any]):
     """
 
     def __init__(self, members: Sequence[EquinoxStepBackend], *, vectorize: bool = True):
-        self.members = list(members)
+        self.members = self._backends = list(members)
         self.vectorize = bool(vectorize)
-        first = self.members[0].fns
-        for backend in self.members[1:]:
+        first = self._backends[0].fns
+        for backend in self._backends[1:]:
             fns = backend.fns
             if fns is not first and (fns.treedef != first.treedef or fns.avals != first.avals):
                 raise ConfigError(
                     "A SeedGroup's members must build the same network. Received: the model "
                     f"built under seed={backend.plan.seed} differs in structure or shapes from "
-                    f"the one built under seed={self.members[0].plan.seed}. Make the factory's "
+                    f"the one built under seed={self._backends[0].plan.seed}. Make the factory's "
                     "architecture independent of its key."
                 )
         n = len(self.members)
@@ -108,8 +108,9 @@ class EquinoxGroup(GroupStepBackend[FlatState, Any]):
     ) -> tuple[Any, list[Mapping[str, Any]]]:
         """One step of every (active) member on its batch (`batch`: stacked per member)."""
         if not self.vectorize:
-            states, out = list(group), []
-            for i, backend in enumerate(self.members):
+            states = list(group)
+            out: list[Mapping[str, Any]] = []
+            for i, backend in enumerate(self._backends):
                 if active is not None and not active[i]:
                     out.append({})
                     continue

@@ -7,7 +7,7 @@ them; the modules act on one sample (the adapter vmaps them over the batch).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -299,7 +299,7 @@ def channels_first_conv(
         )
 
     sizes = [in_channels] + [width] * depth + [out_channels]
-    layers: list[eqx.Module] = []
+    layers: list[Callable[..., Any]] = []
     for i, k in enumerate(keys):
         if i:
             layers.append(act)

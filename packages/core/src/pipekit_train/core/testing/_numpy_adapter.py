@@ -175,7 +175,8 @@ class _NumpyGroup(GroupStepBackend[_State, list[_State]]):
     def train_step(
         self, group: list[_State], batch: Mapping[str, np.ndarray], active: Sequence[bool] | None
     ) -> tuple[list[_State], list[Mapping[str, Any]]]:
-        new, metrics = list(group), []
+        new = list(group)
+        metrics: list[Mapping[str, Any]] = []
         for i, backend in enumerate(self.members):
             if active is not None and not active[i]:
                 metrics.append({})

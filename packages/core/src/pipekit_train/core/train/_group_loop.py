@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -97,12 +97,21 @@ def run_group_loop(plans: Sequence[Plan], group: GroupStepBackend[Any, Any]) -> 
                 views[i] = group.member(holder["group"], i)
             return views[i]
 
+        def rate_of(i: int) -> Callable[[], float | None]:
+            return lambda: members[i].learning_rate(view(i))
+
+        def state_of(i: int) -> Callable[[], Any]:
+            return lambda: view(i)
+
+        def evaluator_of(i: int) -> Callable[[Any], tuple[Any, Any]]:
+            return lambda batch: members[i].eval_batch(view(i), batch)
+
         for i, (plan, backend) in enumerate(zip(plans, members, strict=True)):
             run = RunLifecycle(
                 plan,
                 checkpointer=backend.checkpointer() if plan.checkpoint is not None else None,
                 fetch=backend.fetch,
-                learning_rate=lambda i=i: members[i].learning_rate(view(i)),
+                learning_rate=rate_of(i),
             )
             stack.enter_context(run)  # a failure aborts every member
             runs.append(run)
@@ -114,8 +123,8 @@ def run_group_loop(plans: Sequence[Plan], group: GroupStepBackend[Any, Any]) -> 
         holder["group"] = group.stack(states)
         for i, (run, backend) in enumerate(zip(runs, members, strict=True)):
             run.bind(
-                state=lambda i=i: view(i),
-                eval_batch=lambda batch, i=i: members[i].eval_batch(view(i), batch),
+                state=state_of(i),
+                eval_batch=evaluator_of(i),
                 eval_batches=backend.native_eval_batches,
             )
         for run in runs:
