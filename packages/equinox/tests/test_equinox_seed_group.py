@@ -132,7 +132,7 @@ def test_diverted_rollout_members_equal_their_single_runs():
         "normalizer": train.normalizer(),
         "optimizer_config": {"name": "adam", "lr": 1e-3},
         "batch_size": 8,
-        "max_steps": 8,
+        "max_steps": 4,
         "progress": False,
         "adapter": Equinox(group_step="vmap"),
     }
@@ -155,7 +155,7 @@ def _odd_width(*, key, in_size: int, out_size: int):
 def test_members_with_different_networks_are_refused(tmp_path):
     train, _ = regression_task()
     op = EquinoxModelOp(_odd_width, in_size=4, out_size=1)
-    widths = {s: op.with_seed(s).model.width_size for s in range(6)}
+    widths = {s: op.with_seed(s).model.width_size for s in range(4)}
     seeds = [min(s for s in widths if widths[s] == 8), min(s for s in widths if widths[s] == 16)]
     group = SeedGroup(
         TrainingLoop(op, train, max_steps=2, progress=False, checkpoint=tmp_path / "g"),

@@ -8,7 +8,8 @@ no adapter using it.
 
 - **Base classes**: `Adapter` (any backend), `StepAdapter` + `StepBackend` (backends that
   expose a train step: `run_step_loop` runs the whole loop), `GroupStepBackend` (one
-  step over the stacked states of a `SeedGroup`'s members; `StepAdapter.group_backend`),
+  step over the stacked states of a `SeedGroup`'s members; `StepAdapter.group_backend`;
+  `step_members`: the members' own steps in turn),
   `Capabilities` (what is optional; `Capabilities.full()` for all of it).
 - **The run**: `Plan` (the frozen description) and `RunLifecycle`, the one owner of a run
   (`with RunLifecycle(...) as run:` — restore or start and the data stream as a `Feed`,
@@ -89,7 +90,7 @@ from .spec._plan import Plan
 from .spec._policies import Precision
 from .spec._rollout import Rollout
 from .spec._schedules import check_schedule, learning_rate_at
-from .train._group_loop import GroupStepBackend
+from .train._group_loop import GroupStepBackend, step_members
 from .train._ray_train import check_ray_fit, fit_with_ray_trainer, ray_train_worker
 from .train._step_loop import StepAdapter, run_step_loop
 
@@ -146,6 +147,7 @@ __all__ = [
     "rollout_loss",
     "rollout_spec",
     "run_step_loop",
+    "step_members",
     "to_channels_first_axes",
     "to_channels_last_axes",
     "torch_rollout",

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipekit_train.core.adapter import ConfigError, GroupStepBackend
+from pipekit_train.core.adapter import ConfigError, GroupStepBackend, step_members
 
 from ._state import FlatState
 from ._step_backend import EquinoxStepBackend
@@ -108,17 +108,7 @@ class EquinoxGroup(GroupStepBackend[FlatState, Any]):
     ) -> tuple[Any, list[Mapping[str, Any]]]:
         """One step of every (active) member on its batch (`batch`: stacked per member)."""
         if not self.vectorize:
-            states = list(group)
-            out: list[Mapping[str, Any]] = []
-            for i, backend in enumerate(self._backends):
-                if active is not None and not active[i]:
-                    out.append({})
-                    continue
-                states[i], metrics = backend.train_step(
-                    group[i], {k: v[i] for k, v in batch.items()}
-                )
-                out.append(metrics)
-            return states, out
+            return step_members(self._backends, group, batch, active)
         if active is None:
             leaves, metrics = self._step(group, dict(batch))
         else:

@@ -29,6 +29,7 @@ from pipekit_train.core.adapter import (
     StepBackend,
     global_grad_norm,
     learning_rate_at,
+    step_members,
 )
 
 from ._numpy_model import decode_arrays, encode_arrays
@@ -175,15 +176,7 @@ class _NumpyGroup(GroupStepBackend[_State, list[_State]]):
     def train_step(
         self, group: list[_State], batch: Mapping[str, np.ndarray], active: Sequence[bool] | None
     ) -> tuple[list[_State], list[Mapping[str, Any]]]:
-        new = list(group)
-        metrics: list[Mapping[str, Any]] = []
-        for i, backend in enumerate(self.members):
-            if active is not None and not active[i]:
-                metrics.append({})
-                continue
-            new[i], m = backend.train_step(group[i], {k: v[i] for k, v in batch.items()})
-            metrics.append(m)
-        return new, metrics
+        return step_members(self.members, group, batch, active)
 
 
 class _NumpyBackend(StepBackend[_State]):

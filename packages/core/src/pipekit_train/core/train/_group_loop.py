@@ -29,7 +29,7 @@ from pipekit_train.core.run._lifecycle import _PREEMPT, RunLifecycle
 from pipekit_train.core.run._preemption import Preempted
 from pipekit_train.core.spec._plan import Plan
 
-__all__ = ["GroupStepBackend", "run_group_loop"]
+__all__ = ["GroupStepBackend", "run_group_loop", "step_members"]
 
 StateT = TypeVar("StateT")
 GroupT = TypeVar("GroupT")
@@ -65,6 +65,27 @@ class GroupStepBackend(abc.ABC, Generic[StateT, GroupT]):
         `active` (None: every member) marks the members that step; the others keep their
         state exactly (their lanes' results are discarded).
         """
+
+
+def step_members(
+    members: Sequence[StepBackend[Any]],
+    states: Sequence[Any],
+    batch: Mapping[str, np.ndarray],
+    active: Sequence[bool] | None,
+) -> tuple[list[Any], list[Mapping[str, Any]]]:
+    """The members' own train steps in turn: a `GroupStepBackend.train_step` whose group
+    state is the list of member states (no batching across members; each member's
+    arithmetic is its single run's). Members `active` marks False keep their state and
+    report no metrics."""
+    new = list(states)
+    metrics: list[Mapping[str, Any]] = []
+    for i, backend in enumerate(members):
+        if active is not None and not active[i]:
+            metrics.append({})
+            continue
+        new[i], m = backend.train_step(states[i], {k: v[i] for k, v in batch.items()})
+        metrics.append(m)
+    return new, metrics
 
 
 def _agreed_flags(runs: Sequence[RunLifecycle], active: Sequence[bool]) -> list[bool]:
