@@ -11,7 +11,6 @@ from pipekit_train.core import (
     ArrayDataset,
     Checkpoint,
     ConfigError,
-    NotSupportedError,
     SeedGroup,
     TrainingLoop,
 )
@@ -150,9 +149,17 @@ def test_unsupported_options_are_refused_before_any_work(tmp_path):
     assert not root.exists()
 
 
-def test_backend_without_seed_groups_is_refused():
+def test_a_backend_without_lockstep_trains_the_members_in_turn(tmp_path, singles):
     class Plain(NumpyAdapter):
         capabilities = NumpyAdapter.capabilities.__class__(online=True)
 
-    with pytest.raises(NotSupportedError, match="seed_groups=True"):
-        SeedGroup(_loop(adapter=Plain()), seeds=[0, 1])
+        def group_backend(self, plans):
+            raise AssertionError("no lockstep without Capabilities.seed_groups")
+
+    root = tmp_path / "group"
+    artifacts = SeedGroup(
+        _loop(adapter=Plain(gradient_noise=0.01), directory=root), seeds=SEEDS
+    ).run()
+    for s, artifact in zip(SEEDS, artifacts, strict=True):
+        _same(artifact, singles[s])
+        assert artifact.checkpoint_dir == str((root / f"seed-{s}").absolute())

@@ -92,8 +92,9 @@ class Capabilities:
             own arrays (`rollout_loss(reference=...)`, `rollout_spec(coarse_stepper=...)`),
             and probes them before any work (`Adapter.stepper_shape`).
         seed_groups: trains the members of a `SeedGroup` (independent runs that differ
-            only in their seed) in one compiled step (`Adapter.run_group`); each member
-            keeps its own checkpoints, validation and artifact, and equals its single run.
+            only in their seed) in lockstep, in one program (`Adapter.run_group`); each
+            member keeps its own checkpoints, validation and artifact, and equals its
+            single run. Without it a group's members train one after another.
     """
 
     native_data: bool = False
@@ -181,18 +182,16 @@ class Adapter(abc.ABC):
         """JSON description of the adapter's options (recorded in the plan)."""
 
     def run_group(self, plans: Sequence[Plan]) -> list[TrainingArtifact]:
-        """Train the member plans of a `SeedGroup` together; one artifact per plan, in order.
+        """Train the member plans of a `SeedGroup`; one artifact per plan, in order.
 
         The plans differ only in their seed, their model's seed and their checkpoint
-        location. Backends that declare `Capabilities.seed_groups` implement it (a
-        step-based one through `StepAdapter.group_backend`).
+        location. The default trains them one after another, each as its own run
+        (`run`): the artifacts and checkpoints are the single runs', a rerun resumes each
+        member from its own checkpoints, and a preempted member stops the group. Backends
+        that declare `Capabilities.seed_groups` train them in lockstep in one program
+        (a step-based one through `StepAdapter.group_backend`).
         """
-        raise self._unsupported(
-            "Training seeds in one program (SeedGroup)",
-            f"adapter={self!r}",
-            "Train each seed as its own TrainingLoop, or use a backend that declares "
-            "Capabilities(seed_groups=True) (Equinox()).",
-        )
+        return [self.run(plan) for plan in plans]
 
     def accepts_data(self, data: Any) -> bool:
         """Whether `data` is one of this backend's native loaders (default: none)."""

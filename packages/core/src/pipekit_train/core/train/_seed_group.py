@@ -9,7 +9,6 @@ from typing import Any
 from pipekit_train.core._checks import check_seed
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.artifact._artifact import TrainingArtifact
-from pipekit_train.core.contract._adapter import NotSupportedError
 from pipekit_train.core.data.datasets._dataset import is_core_dataset
 from pipekit_train.core.spec._plan import Plan
 
@@ -50,9 +49,11 @@ class SeedGroup:
     Member `s` is the run `loop` describes with its model built under `seed=s`
     (`ModelOpBase.with_seed`) and `TrainingLoop(seed=s)`: its own initial weights, data
     order and RNG streams. On a backend that declares `Capabilities.seed_groups`
-    (Equinox) the members train in lockstep through one compiled step over their stacked
-    states (`jax.vmap`), which costs far less than S runs one after another when one run
-    does not fill the machine. Each member is still a whole run of its own:
+    (Equinox) the members train in lockstep in one program: one compiled step over their
+    stacked states (`jax.vmap`; on the CPU each member's own step in turn, see
+    `Equinox(group_step=...)`), which costs far less than S runs one after another when
+    one run does not fill the device. On the other backends the members train one after
+    another, each as its own run. Each member is a whole run of its own:
 
     - its checkpoints live under `<checkpoint location>/seed-<s>` and are those of its
       single run (the same resume key: a member's directory resumes as a single run too),
@@ -63,7 +64,8 @@ class SeedGroup:
     - a killed group resumes exactly, even when it died between two members' checkpoint
       commits (the members behind catch up first).
 
-    The members stop, validate, checkpoint and are preempted at the same steps.
+    In lockstep the members stop, validate, checkpoint and are preempted at the same
+    steps.
 
     Args:
         loop: the training description (a `TrainingLoop`, whose own `seed` is not used).
@@ -74,7 +76,6 @@ class SeedGroup:
             model operator (`EquinoxModelOp`, ...); the loop has callbacks, writers, a
             native loader, sharding, gradient accumulation, fused steps or a rollout
             schedule of several lengths (not yet supported in a group).
-        NotSupportedError: the loop's backend does not declare `Capabilities.seed_groups`.
     """
 
     def __init__(self, loop: TrainingLoop, seeds: Sequence[int]):
@@ -86,13 +87,6 @@ class SeedGroup:
         self.seeds = _check_seeds(seeds)
         plan = loop.plan
         adapter = plan.adapter
-        if not adapter.capabilities.seed_groups:
-            raise NotSupportedError(
-                f"Training seeds in one program (SeedGroup) is not supported by the "
-                f"{adapter.name!r} backend. Received: adapter={adapter!r}. Train each seed "
-                "as its own TrainingLoop, or use a backend that declares "
-                "Capabilities(seed_groups=True) (Equinox())."
-            )
         self._check_plan(plan)
         model: Any = plan.model
         self.plans: tuple[Plan, ...] = tuple(

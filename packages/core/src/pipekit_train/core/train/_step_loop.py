@@ -177,7 +177,10 @@ class StepAdapter(Adapter):
         )
 
     def run_group(self, plans: Sequence[Plan]) -> list[TrainingArtifact]:
-        """Train a `SeedGroup`'s members in lockstep with core's group loop."""
+        """Train a `SeedGroup`'s members in lockstep with core's group loop (backends that
+        declare `Capabilities.seed_groups`; the others: one after another)."""
+        if not self.capabilities.seed_groups:
+            return super().run_group(plans)
         from ._group_loop import run_group_loop
 
         return run_group_loop(plans, self.group_backend(plans))
