@@ -211,7 +211,7 @@ def model_op(scenario_name: str, network: str, seed: int, backend: str) -> Any:
         # Torch()/Keras cells (issue 62, item 4) take their networks from
         # benchmarks/apebench_nets.py, written elsewhere; this is where they plug in.
         try:
-            import apebench_nets  # type: ignore[import-not-found]  # noqa: F401
+            import apebench_nets  # noqa: F401  (item 4 brings this module)
         except ImportError as exc:
             raise NotImplementedError(
                 f"--backend {backend} needs benchmarks/apebench_nets.py (the torch and Keras "
@@ -221,7 +221,11 @@ def model_op(scenario_name: str, network: str, seed: int, backend: str) -> Any:
     from pipekit_train.equinox import EquinoxModelOp
 
     return EquinoxModelOp(
-        f"{MODULE}:ape_network", seed=seed, layout="channels_first", scenario_name=scenario_name, network=network
+        f"{MODULE}:ape_network",
+        seed=seed,
+        layout="channels_first",
+        scenario_name=scenario_name,
+        network=network,
     )
 
 
@@ -349,21 +353,23 @@ def run_cell(
     _, test = scenario_data(scenario_name)
     per_seed = []
     for seed in seeds:
-        ape_first = seed % 2 == 0
-
-        def ape() -> tuple[Any, float, Any]:
-            return ape_train(scenario_name, network, config, updates, warmup, seed)
-
-        def lib() -> tuple[Any, float, Any]:
-            return library_train(
-                scenario_name, network, config, updates, warmup, [seed], backend=backend, group=group
-            )[0]
-
-        if ape_first:
+        ape = functools.partial(ape_train, scenario_name, network, config, updates, warmup, seed)
+        lib = functools.partial(
+            library_train,
+            scenario_name,
+            network,
+            config,
+            updates,
+            warmup,
+            [seed],
+            backend=backend,
+            group=group,
+        )
+        if seed % 2 == 0:  # the side that runs first alternates with the seed
             ape_net, ape_s, net0 = ape()
-            art, lib_s, op0 = lib()
+            ((art, lib_s, op0),) = lib()
         else:
-            art, lib_s, op0 = lib()
+            ((art, lib_s, op0),) = lib()
             ape_net, ape_s, net0 = ape()
         if not same_leaves(op0.model, net0):
             raise AssertionError(
