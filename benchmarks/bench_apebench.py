@@ -51,12 +51,14 @@ updates (FNO on `diff_ks`, a 300-update warm-up cosine schedule) for `one`, `sup
 `div;5`; the initial weights and the evaluation path (the library's rollout of
 APEBench's trained network against `exponax.rollout` of it) must be bit-identical.
 
-**How long.** On the 2-core CPU of this project (shared): `--quick` (the gate at 50
-updates, and `diff_ks` with the Conv net, `one`, `sup;5`, `div;5` at 200 updates, seed 0)
-about 3 minutes; the gate alone about 2 minutes; one seed of `one` at 10 000 updates
-with the Conv net about 80–100 s a side; the full run many hours (every cell, both
-sides, 22 seed-runs of four cells per network), so run the cells you need with the
-flags and `--json`.
+**How long** (measured on this project's 2-core CPU while other jobs ran, load 2.6–6.6):
+`--quick` (the gate at 50 updates, then `diff_ks` with the Conv net, `one`, `sup;5`,
+`div;5` at 200 updates, seed 0) 4.3 minutes; the gate at 300 updates about 3 minutes;
+one seed of `one` at 10 000 updates with the Conv net 125–260 s of training a side, and
+the four `diff_ks` Conv cells (3 seeds each, both sides) 65 minutes. The full run (every
+cell: 11 seeds × 2 sides per network and configuration) takes many hours on this CPU, so run
+the cells you need with the flags, with `--json` and `--markdown` (both rewritten after
+each cell, so an interrupted run keeps the cells it finished).
 """
 
 from __future__ import annotations
@@ -601,7 +603,7 @@ def _parser() -> Any:
     parser = make_parser(
         __doc__,
         quick_help="the gate at 50 updates and diff_ks / Conv / one, sup;5, div;5 at 200 "
-        "updates, seed 0 (about 3 minutes)",
+        "updates, seed 0 (about 4 minutes)",
         markdown_help="also write the cells' markdown table to PATH (rewritten after each cell)",
     )
     parser.add_argument("--scenario", nargs="+", choices=SCENARIOS, help="scenarios (default all)")
