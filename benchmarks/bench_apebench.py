@@ -34,7 +34,9 @@ Training time is the wall time of one training call on each side, compile includ
 (each side's first and only run of that seed; APEBench's trainer without its tqdm bar,
 the library with `progress=False`); the side that runs first alternates with the seed.
 APEBench's `run_raw` trains its seeds under `eqx.filter_vmap`; here its trainer runs one
-seed at a time, as the library does (`--group` is where `SeedGroup` will go).
+seed at a time, and so does the library unless `--group` trains a cell's seeds in one
+`SeedGroup`. The `Torch()` and Keras-jax cells (the same networks written in torch and
+Keras, started from the pdequinox weights) are `benchmarks/apebench_nets.py --cells`.
 
 Scenarios `diff_ks` (seeds 0–2), `diff_adv` (seeds 0–4) and `diff_burgers` (seeds
 0–2); networks `Conv;26;10;relu` and `FNO;12;8;4;gelu`; configurations `one` at 10 000
@@ -207,19 +209,9 @@ def optimizer_config(updates: int, warmup: int) -> dict[str, Any]:
     }
 
 
-def model_op(scenario_name: str, network: str, seed: int, backend: str) -> Any:
-    """The library's model operator for the seed (Equinox; other backends: item 4)."""
-    if backend != "equinox":
-        # Torch()/Keras cells (issue 62, item 4) take their networks from
-        # benchmarks/apebench_nets.py, written elsewhere; this is where they plug in.
-        try:
-            import apebench_nets  # noqa: F401  (item 4 brings this module)
-        except ImportError as exc:
-            raise NotImplementedError(
-                f"--backend {backend} needs benchmarks/apebench_nets.py (the torch and Keras "
-                "versions of the networks, issue 62 item 4), which is not here yet."
-            ) from exc
-        raise NotImplementedError(f"--backend {backend} is not wired in yet; use equinox.")
+def model_op(scenario_name: str, network: str, seed: int) -> Any:
+    """The library's model operator for the seed (Equinox; the Torch()/Keras cells are
+    `benchmarks/apebench_nets.py --cells`)."""
     from pipekit_train.equinox import EquinoxModelOp
 
     return EquinoxModelOp(
@@ -269,29 +261,22 @@ def library_train(
     warmup: int,
     seeds: Sequence[int],
     *,
-    backend: str = "equinox",
     group: bool = False,
 ) -> list[tuple[Any, float, Any]]:
     """The library's pipeline for each seed: `[(artifact, seconds, initial op), ...]`.
 
-    Member `s` is the loop with the op seeded `seed=s` and the loop seeded `seed=s`: the
-    seeds train one by one now. `group=True` is where `SeedGroup(loop, seeds=[...])`
-    (one compiled step for all seeds) will go.
+    Member `s` is the loop with the op seeded `seed=s` and the loop seeded `seed=s`: one
+    `TrainingLoop` per seed, or with `group=True` one `SeedGroup(loop, seeds=[...])` for
+    all of them (each seed's seconds are then the group's wall time over the seeds).
     """
-    from pipekit_train.core import TrainingLoop, TrajectoryWindows
+    from pipekit_train.core import SeedGroup, TrainingLoop, TrajectoryWindows
 
-    if group:
-        raise NotImplementedError(
-            "--group (all seeds in one program through pipekit_train.core.SeedGroup) is not "
-            "available yet; run without --group to train the seeds one by one."
-        )
     train, _ = scenario_data(scenario_name)
     windows = TrajectoryWindows(train, k=rollout_steps(config))
-    out = []
-    for seed in seeds:
-        op = model_op(scenario_name, network, seed, backend)
-        loop = TrainingLoop(
-            op,
+
+    def loop_of(seed: int) -> Any:
+        return TrainingLoop(
+            model_op(scenario_name, network, seed),
             windows,
             loss="mse",
             optimizer_config=optimizer_config(updates, warmup),
@@ -301,9 +286,19 @@ def library_train(
             progress=False,
             rollout=library_rollout(config, scenario_name),
         )
+
+    if group:
+        members = SeedGroup(loop_of(seeds[0]), seeds=list(seeds))
+        t0 = time.perf_counter()
+        artifacts = members.run()
+        each = (time.perf_counter() - t0) / len(seeds)
+        return [(a, each, p.model) for a, p in zip(artifacts, members.plans, strict=True)]
+    out = []
+    for seed in seeds:
+        loop = loop_of(seed)
         t0 = time.perf_counter()
         artifact = loop.run()
-        out.append((artifact, time.perf_counter() - t0, op))
+        out.append((artifact, time.perf_counter() - t0, loop.plan.model))
     return out
 
 
@@ -357,7 +352,6 @@ def run_cell(
     warmup: int,
     seeds: Sequence[int],
     *,
-    backend: str,
     group: bool,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
@@ -366,6 +360,12 @@ def run_cell(
     s = scenario(scenario_name, updates, warmup)
     _, test = scenario_data(scenario_name)
     per_seed = []
+    grouped: dict[int, Any] | None = None
+    if group:  # the library's seeds in one SeedGroup, before APEBench's seeds one by one
+        trained = library_train(
+            scenario_name, network, config, updates, warmup, list(seeds), group=True
+        )
+        grouped = dict(zip(seeds, trained, strict=True))
     for seed in seeds:
         ape = functools.partial(ape_train, scenario_name, network, config, updates, warmup, seed)
         lib = functools.partial(
@@ -376,10 +376,11 @@ def run_cell(
             updates,
             warmup,
             [seed],
-            backend=backend,
-            group=group,
         )
-        if seed % 2 == 0:  # the side that runs first alternates with the seed
+        if grouped is not None:
+            ape_net, ape_s, net0 = ape()
+            art, lib_s, op0 = grouped[seed]
+        elif seed % 2 == 0:  # the side that runs first alternates with the seed
             ape_net, ape_s, net0 = ape()
             ((art, lib_s, op0),) = lib()
         else:
@@ -547,7 +548,7 @@ def gate(
         assert np.array_equal(windows_all[:, 0], np.asarray(stacker.data_sub_trajectories)[:, 0])
         fed = np.ascontiguousarray(windows_all[order])  # one window per "trajectory", in order
         trained, ape_losses, _ = trainer(net0, shuffle_key, record_loss_every=1, spawn_tqdm=False)
-        op = model_op(scenario_name, network, seed, "equinox")
+        op = model_op(scenario_name, network, seed)
         weights_same = same_leaves(op.model, net0)
         artifact = TrainingLoop(
             op,
@@ -622,15 +623,10 @@ def _parser() -> Any:
     parser.add_argument("--no-gate", action="store_true", help="skip the exactness gate")
     parser.add_argument("--gate-updates", type=int, default=300, help="updates of the gate")
     parser.add_argument(
-        "--backend",
-        choices=("equinox", "torch", "keras"),
-        default="equinox",
-        help="the library's backend (torch and keras need benchmarks/apebench_nets.py)",
-    )
-    parser.add_argument(
         "--group",
         action="store_true",
-        help="train the library's seeds in one program with SeedGroup (not available yet)",
+        help="train the library's seeds of a cell in one SeedGroup (Equinox's group step: "
+        "vmapped on an accelerator, each member's own step in turn on the CPU)",
     )
     return parser
 
@@ -701,7 +697,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 updates,
                 warmup,
                 seeds,
-                backend=args.backend,
                 group=args.group,
                 log=log,
             )

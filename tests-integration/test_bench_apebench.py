@@ -1,7 +1,6 @@
 """`benchmarks/bench_apebench.py` without APEBench (an optional peer, never installed in
 the project's environment): it says so in one row and exits 0, so `run_all.py` runs; its
-flags choose the cells; the places where seed groups and other backends will plug in
-refuse clearly. Nothing here imports jax or apebench."""
+flags choose the cells. Nothing here imports jax or apebench."""
 
 from __future__ import annotations
 
@@ -79,14 +78,6 @@ def test_flags_choose_one_cell(bench: Any) -> None:
     quick = _cells(bench, "--quick")
     assert [c[2] for c in quick] == ["one", "sup;5", "div;5"]
     assert {(c[0], c[1], c[3], c[5]) for c in quick} == {("diff_ks", "Conv", 200, (0,))}
-
-
-def test_seed_groups_and_other_backends_are_marked_not_yet(bench: Any) -> None:
-    with pytest.raises(NotImplementedError, match="SeedGroup"):
-        bench.library_train("diff_ks", "Conv;26;10;relu", "one", 10, 2, [0, 1], group=True)
-    if not (ROOT / "benchmarks" / "apebench_nets.py").exists():  # item 4 brings it
-        with pytest.raises(NotImplementedError, match="apebench_nets.py"):
-            bench.model_op("diff_ks", "Conv;26;10;relu", 0, "torch")
 
 
 def test_the_optimizer_is_apebenchs_warmup_cosine(bench: Any) -> None:
