@@ -138,7 +138,7 @@ def test_diverted_rollout_members_equal_their_single_runs():
     }
     op = EquinoxModelOp("pipekit_train.equinox.testing:mlp", in_size=2, out_size=2, width=16)
     group = SeedGroup(TrainingLoop(op, train, val, **base), seeds=[0, 1]).run()
-    for s in (0, 1):
+    for s in (1,):  # the member whose seed is not the loop's
         single = TrainingLoop(op.with_seed(s), train, val, seed=s, **base).run()
         np.testing.assert_allclose(group[s].history["loss"], single.history["loss"], rtol=1e-4)
         np.testing.assert_allclose(
@@ -147,19 +147,18 @@ def test_diverted_rollout_members_equal_their_single_runs():
 
 
 def _odd_width(*, key, in_size: int, out_size: int):
-    # a different network for another seed: a group cannot stack it
-    width = 8 if int(jax.random.randint(key, (), 0, 2)) else 16
+    # a different network for another seed (PRNGKey(s) holds s): a group cannot stack it
+    width = 8 if int(np.asarray(key)[-1]) % 2 else 16
     return eqx.nn.MLP(in_size, out_size, width, 1, key=key)
 
 
 def test_members_with_different_networks_are_refused(tmp_path):
     train, _ = regression_task()
     op = EquinoxModelOp(_odd_width, in_size=4, out_size=1)
-    widths = {s: op.with_seed(s).model.width_size for s in range(4)}
-    seeds = [min(s for s in widths if widths[s] == 8), min(s for s in widths if widths[s] == 16)]
+    assert op.with_seed(1).model.width_size != op.with_seed(2).model.width_size
     group = SeedGroup(
         TrainingLoop(op, train, max_steps=2, progress=False, checkpoint=tmp_path / "g"),
-        seeds=seeds,
+        seeds=[1, 2],
     )
     with pytest.raises(ConfigError, match="must build the same network"):
         group.run()
@@ -169,7 +168,7 @@ def test_members_with_different_networks_are_refused(tmp_path):
 @pytest.mark.slow  # a subprocess of jax and five seeds checkpointing (~12 s)
 def test_a_killed_five_seed_group_resumes_exactly(tmp_path):
     root = tmp_path / "group"
-    seeds, steps = [0, 1, 2, 3, 4], 80
+    seeds, steps = [0, 1, 2, 3, 4], 40
     env = {**os.environ, "PYTHONPATH": str(HERE)}
     worker = subprocess.Popen(
         [sys.executable, str(HERE / "seed_group_kill_worker.py"), str(root), str(steps)],
