@@ -36,7 +36,8 @@ no adapter using it.
   `pipekit_train.core.spec`.
 - **The step's metrics**: `GRAD_NORM`, `global_grad_norm` (one definition of the
   `grad_norm` metric for every backend).
-- **Rollout training**: `RolloutSpec`, `rollout_spec`, `prepare_rollout`, `rollout_loss`,
+- **Rollout training**: `RolloutSpec`, `rollout_spec`, `rollout_spec_of` (a `Rollout`'s),
+  `prepare_rollout`, `rollout_loss`,
   `evaluates_as_rollout`, `NOISE_KEY`, `FORCING_KEY`, and the two device loops `jax_rollout` and
   `torch_rollout`.
 - **Embedding networks**: `check_deep_set_options` and `deep_set_shape_error`, the checks
@@ -75,7 +76,7 @@ from .rollout._loops import jax_rollout, torch_rollout
 from .rollout._noise import NOISE_KEY
 from .rollout._segments import prepare_rollout
 from .rollout._step import RolloutSpec
-from .rollout._train import evaluates_as_rollout, rollout_loss, rollout_spec
+from .rollout._train import evaluates_as_rollout, rollout_loss, rollout_spec, rollout_spec_of
 from .run._lifecycle import RunLifecycle
 from .run._prefetch import prefetch_depth
 from .spec._lr_scale import adjusts_learning_rate
@@ -146,6 +147,7 @@ __all__ = [
     "resolve_precision",
     "rollout_loss",
     "rollout_spec",
+    "rollout_spec_of",
     "run_step_loop",
     "step_members",
     "to_channels_first_axes",

@@ -29,7 +29,7 @@ from pipekit_train.core.adapter import (
     jax_rollout,
     prepare_rollout,
     rollout_loss,
-    rollout_spec,
+    rollout_spec_of,
 )
 
 __all__ = ["RolloutLoss", "device_rollout"]
@@ -144,14 +144,7 @@ class RolloutLoss:
     ):
         self.rollout = rollout
         self.normalizer = normalizer
-        self.spec = rollout_spec(
-            normalizer,
-            rollout.residual,
-            state_ndim,
-            inputs,
-            coarse_stepper=rollout.coarse_stepper,
-            correction=rollout.correction,
-        )
+        self.spec = rollout_spec_of(rollout, normalizer, state_ndim, inputs)
         self.loss_fn = loss_fn
         self.seed = int(seed)
         self.accumulate = int(accumulate)

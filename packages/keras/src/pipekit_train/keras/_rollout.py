@@ -66,6 +66,7 @@ from pipekit_train.core.adapter import (
     prepare_rollout,
     rollout_loss,
     rollout_spec,
+    rollout_spec_of,
     torch_rollout,
 )
 
@@ -211,14 +212,7 @@ class RolloutLoss:
     ):
         self.model = model
         self.rollout = rollout
-        self.spec = rollout_spec(
-            normalizer,
-            rollout.residual,
-            state_ndim,
-            inputs,
-            coarse_stepper=rollout.coarse_stepper,
-            correction=rollout.correction,
-        )
+        self.spec = rollout_spec_of(rollout, normalizer, state_ndim, inputs)
         # validation rolls out on the host: the coarse stepper (in the backend's arrays)
         # gets numpy arrays through the backend's tensors
         self.host_spec = self.spec

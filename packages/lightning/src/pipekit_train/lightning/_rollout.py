@@ -53,7 +53,7 @@ from pipekit_train.core.adapter import (
     RolloutSpec,
     prepare_rollout,
     rollout_loss,
-    rollout_spec,
+    rollout_spec_of,
     torch_rollout,
 )
 
@@ -149,14 +149,7 @@ class RolloutLoss:
         inputs: Any = None,
     ):
         self.rollout = rollout
-        self.spec = rollout_spec(
-            normalizer,
-            rollout.residual,
-            state_ndim,
-            inputs,
-            coarse_stepper=rollout.coarse_stepper,
-            correction=rollout.correction,
-        )
+        self.spec = rollout_spec_of(rollout, normalizer, state_ndim, inputs)
         self.loss_fn = loss_fn
         # Made once and reused by every update (torch runs the loss eagerly, so building
         # them per update was per-step host work): the statistics as tensors per (dtype,

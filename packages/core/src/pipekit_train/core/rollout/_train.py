@@ -51,6 +51,22 @@ def rollout_spec(
     )
 
 
+def rollout_spec_of(
+    rollout: Any, normalizer: Any, state_ndim: int, inputs: Any = None
+) -> RolloutSpec:
+    """The `RolloutSpec` of a run trained with `rollout` (a `Rollout`): its residual flag,
+    coarse stepper and correction, the run's normalizer, state rank and `ModelInputs`
+    (`plan.inputs`). The one place every backend's rollout loss gets its spec from."""
+    return rollout_spec(
+        normalizer,
+        rollout.residual,
+        state_ndim,
+        inputs,
+        coarse_stepper=rollout.coarse_stepper,
+        correction=rollout.correction,
+    )
+
+
 def evaluates_as_rollout(batch: Any, rollout: Any) -> bool:
     """Whether a rollout-trained run's evaluator rolls `batch` out (or applies the model once).
 
