@@ -330,7 +330,8 @@ def test_gaussian_samples_match_the_predicted_spread() -> None:
 
 def test_gaussian_head_validation() -> None:
     with pytest.raises(
-        ConfigError, match=r"`head` must be one of \['point', 'gaussian', 'mixture', 'flow'\]"
+        ConfigError,
+        match=r"`head` must be one of \['point', 'gaussian', 'mixture', 'flow', 'generative'\]",
     ):
         NeuralForward(gaussian_op(), head="laplace")
     with pytest.raises(

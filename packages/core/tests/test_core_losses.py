@@ -146,7 +146,10 @@ def test_registry_names_get_and_unknown():
     assert losses.names() == [
         "binary_cross_entropy",
         "cross_entropy",
+        "crps",
+        "energy_score",
         "flow_nll",
+        "gaussian_crps",
         "gaussian_nll",
         "huber",
         "mae",

@@ -38,7 +38,7 @@ no adapter using it.
   `grad_norm` metric for every backend).
 - **Rollout training**: `RolloutSpec`, `rollout_spec`, `rollout_spec_of` (a `Rollout`'s),
   `prepare_rollout`, `rollout_loss`,
-  `evaluates_as_rollout`, `NOISE_KEY`, `FORCING_KEY`, and the two device loops `jax_rollout` and
+  `evaluates_as_rollout`, `NOISE_KEY`, `MEMBER_NOISE_KEY`, `FORCING_KEY`, and the two device loops `jax_rollout` and
   `torch_rollout`.
 - **Embedding networks**: `check_deep_set_options` and `deep_set_shape_error`, the checks
   every backend's `deep_set` shares.
@@ -73,7 +73,7 @@ from .model._layout import LAYOUTS, check_layout, to_channels_first_axes, to_cha
 from .model._operators import ModelOpBase
 from .model._trust import model_factory
 from .rollout._loops import jax_rollout, torch_rollout
-from .rollout._noise import NOISE_KEY
+from .rollout._noise import MEMBER_NOISE_KEY, NOISE_KEY
 from .rollout._segments import prepare_rollout
 from .rollout._step import RolloutSpec
 from .rollout._train import evaluates_as_rollout, rollout_loss, rollout_spec, rollout_spec_of
@@ -99,6 +99,7 @@ __all__ = [
     "GRAD_NORM",
     "GroupStepBackend",
     "LAYOUTS",
+    "MEMBER_NOISE_KEY",
     "NOISE_KEY",
     "FORCING_KEY",
     "Adapter",

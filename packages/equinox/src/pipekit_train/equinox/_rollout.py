@@ -23,6 +23,7 @@ import numpy as np
 import equinox as eqx
 from pipekit_train.core.adapter import (
     FORCING_KEY,
+    MEMBER_NOISE_KEY,
     NOISE_KEY,
     Rollout,
     RolloutSpec,
@@ -144,7 +145,7 @@ class RolloutLoss:
     ):
         self.rollout = rollout
         self.normalizer = normalizer
-        self.spec = rollout_spec_of(rollout, normalizer, state_ndim, inputs)
+        self.spec = rollout_spec_of(rollout, normalizer, state_ndim, inputs, loss_fn)
         self.loss_fn = loss_fn
         self.seed = int(seed)
         self.accumulate = int(accumulate)
@@ -217,6 +218,7 @@ class RolloutLoss:
             reference=rollout.ref_stepper if training else None,
             cut_div_chain=rollout.cut_div_chain,
             reduction=rollout.reduction if training else "mean",
+            member_noise=batch.get(MEMBER_NOISE_KEY),
         )
 
     def train_loss(self, model_fn: Callable[[Any], Any], batch: Any, counter: Any) -> Any:

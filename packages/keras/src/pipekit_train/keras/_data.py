@@ -47,11 +47,11 @@ def fit_batches(
     With `rollout` the input noise of core's feed (`batch["noise"]`) travels in `y`
     (`_rollout.rollout_targets`): Keras hands `y` to the loss only."""
     if rollout:
-        from ._rollout import rollout_targets
+        from ._rollout import rollout_inputs, rollout_targets
 
         while True:
             batch = next(batches)
-            yield batch["x"], rollout_targets(batch)
+            yield rollout_inputs(batch), rollout_targets(batch)
     while True:
         batch = next(batches)
         yield batch["x"], batch["y"]

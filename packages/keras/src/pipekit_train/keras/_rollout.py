@@ -58,6 +58,7 @@ import numpy as np
 
 from pipekit_train.core.adapter import (
     FORCING_KEY,
+    MEMBER_NOISE_KEY,
     NOISE_KEY,
     ConfigError,
     Rollout,
@@ -75,6 +76,7 @@ __all__ = [
     "check_rollout_model",
     "device_rollout",
     "install_rollout",
+    "rollout_inputs",
     "rollout_targets",
     "stepper_shape",
 ]
@@ -173,6 +175,21 @@ def check_rollout_model(model: Any, rollout: Rollout) -> None:
         )
 
 
+def rollout_inputs(batch: Mapping[str, Any]) -> Any:
+    """The `x` that `model.fit` gets for a rollout batch: the states, with zero noise
+    channels appended for a generative model (the batch carries `"member_noise"`).
+
+    Keras's train step applies the model to `x` before the loss (whose rollout ignores
+    that output), so `x` must be a valid model input; `RolloutLoss.compute_loss` drops the
+    channels again and takes the members' noise from `y`.
+    """
+    x = batch["x"]
+    if MEMBER_NOISE_KEY not in batch:
+        return x
+    w = int(np.shape(batch[MEMBER_NOISE_KEY])[-1])
+    return np.concatenate([x, np.zeros((*np.shape(x)[:-1], w), np.asarray(x).dtype)], axis=-1)
+
+
 def rollout_targets(batch: Mapping[str, Any]) -> Any:
     """The `y` that `model.fit` gets for a rollout batch: the targets, with the noise.
 
@@ -180,7 +197,7 @@ def rollout_targets(batch: Mapping[str, Any]) -> Any:
     step's forcings (`batch["forcing"]`) a dict `{"y": targets, "noise": noise,
     "forcing": ...}` (Keras passes `y` through to `compute_loss` only).
     """
-    extras = [key for key in (NOISE_KEY, FORCING_KEY) if key in batch]
+    extras = [key for key in (NOISE_KEY, FORCING_KEY, MEMBER_NOISE_KEY) if key in batch]
     if not extras:
         return batch[TARGET_KEY]
     return {TARGET_KEY: batch[TARGET_KEY], **{key: batch[key] for key in extras}}
@@ -212,7 +229,7 @@ class RolloutLoss:
     ):
         self.model = model
         self.rollout = rollout
-        self.spec = rollout_spec_of(rollout, normalizer, state_ndim, inputs)
+        self.spec = rollout_spec_of(rollout, normalizer, state_ndim, inputs, loss_fn)
         # validation rolls out on the host: the coarse stepper (in the backend's arrays)
         # gets numpy arrays through the backend's tensors
         self.host_spec = self.spec
@@ -244,6 +261,7 @@ class RolloutLoss:
         noise: Any = None,
         forcing: Any = None,
         training: bool = False,
+        member_noise: Any = None,
     ) -> tuple[Any, Any]:
         """`(loss, predicted targets (B, k, ...))` of a `k`-step rollout on device arrays
         (`training=True`: a diverted chain compares with the reference stepper)."""
@@ -286,6 +304,7 @@ class RolloutLoss:
             reference=self.rollout.ref_stepper if training else None,
             cut_div_chain=self.rollout.cut_div_chain,
             reduction=self.rollout.reduction if training else "mean",
+            member_noise=member_noise,
         )
 
     def _checkpointed(self, model_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -325,11 +344,13 @@ class RolloutLoss:
         """`Model.compute_loss`: the rollout loss of the batch (`y_pred` is not used)."""
         import keras
 
-        target, noise, forcing = (
-            (y[TARGET_KEY], y.get(NOISE_KEY), y.get(FORCING_KEY))
+        target, noise, forcing, members = (
+            (y[TARGET_KEY], y.get(NOISE_KEY), y.get(FORCING_KEY), y.get(MEMBER_NOISE_KEY))
             if isinstance(y, Mapping)
-            else (y, None, None)
+            else (y, None, None, None)
         )
+        if members is not None:  # `rollout_inputs` appended zero noise channels for Keras
+            x = x[..., : x.shape[-1] - int(members.shape[-1])]
         model = self.model
 
         def model_fn(s: Any) -> Any:
@@ -342,7 +363,14 @@ class RolloutLoss:
         else:
             k = self.k
         loss = self.predict(
-            model_fn, x, target, k, noise if training else None, forcing, training=training
+            model_fn,
+            x,
+            target,
+            k,
+            noise if training else None,
+            forcing,
+            training=training,
+            member_noise=members,
         )[0]
         for extra in model.losses:  # regularizers, as Keras adds them to its loss
             loss = loss + keras.ops.cast(keras.ops.sum(extra), loss.dtype)
@@ -414,6 +442,9 @@ class RolloutLoss:
             loss_fn=self.loss_fn,
             constant=lambda a: np.asarray(a, x.dtype),
             forcing=None if FORCING_KEY not in batch else np.asarray(batch[FORCING_KEY]),
+            member_noise=(
+                None if MEMBER_NOISE_KEY not in batch else np.asarray(batch[MEMBER_NOISE_KEY])
+            ),
         )
         return np.asarray(pred), float(loss)
 

@@ -44,6 +44,7 @@ import lightning as L
 from pipekit_train.core.adapter import (
     FORCING_KEY,
     GRAD_NORM,
+    MEMBER_NOISE_KEY,
     Plan,
     RunLifecycle,
     evaluates_as_rollout,
@@ -346,7 +347,7 @@ class LightningHooks(L.Callback):
         if self.rollout is not None and evaluates_as_rollout(batch, self.rollout.rollout):
             # windows: the longest rollout, without noise; pairs (`state.predict`, e.g.
             # RolloutMonitor's one-step calls): one model application, below
-            keys = ("x", "y", FORCING_KEY) if FORCING_KEY in batch else ("x", "y")
+            keys = [k for k in ("x", "y", FORCING_KEY, MEMBER_NOISE_KEY) if k in batch]
             inputs = {k: as_input(batch[k], dtype, device) for k in keys}
             pred, loss = self.rollout.eval_loss(module, inputs)
             return to_host(pred), float(loss)

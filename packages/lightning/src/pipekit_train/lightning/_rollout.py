@@ -48,6 +48,7 @@ import torch.utils.checkpoint
 
 from pipekit_train.core.adapter import (
     FORCING_KEY,
+    MEMBER_NOISE_KEY,
     NOISE_KEY,
     Rollout,
     RolloutSpec,
@@ -149,7 +150,7 @@ class RolloutLoss:
         inputs: Any = None,
     ):
         self.rollout = rollout
-        self.spec = rollout_spec_of(rollout, normalizer, state_ndim, inputs)
+        self.spec = rollout_spec_of(rollout, normalizer, state_ndim, inputs, loss_fn)
         self.loss_fn = loss_fn
         # Made once and reused by every update (torch runs the loss eagerly, so building
         # them per update was per-step host work): the statistics as tensors per (dtype,
@@ -237,6 +238,7 @@ class RolloutLoss:
             reference=self.rollout.ref_stepper if training else None,
             cut_div_chain=self.rollout.cut_div_chain,
             reduction=self.rollout.reduction if training else "mean",
+            member_noise=batch.get(MEMBER_NOISE_KEY),
         )
 
     def train_loss(

@@ -27,8 +27,10 @@ from pipekit_train.core.data import (
     make_batches,
 )
 from pipekit_train.core.distributions._heads import head_for_loss, head_options_for_loss
+from pipekit_train.core.losses._ensemble import ensemble_params
 from pipekit_train.core.metrics import DEFAULT_LEAD_BOUNDS, resolve_metrics
 from pipekit_train.core.rollout._cycle import NeuralForward
+from pipekit_train.core.rollout._noise import MEMBER_NOISE_KEY, with_validation_members
 from pipekit_train.core.rollout._train import rollout_loss, rollout_spec
 from pipekit_train.core.rollout._validation import RolloutReport, rollout_validation
 from pipekit_train.core.spec._rollout import Rollout
@@ -209,6 +211,7 @@ def rollout_window_loss(
             f"held_out, k>={trained.max_steps}, targets={wanted!r})."
         )
     loss_fn = losses.get(loss)
+    ensemble = ensemble_params(loss_fn.describe()) if hasattr(loss_fn, "describe") else None
     coarse = trained.coarse_stepper
     spec = rollout_spec(
         normalizer,
@@ -217,6 +220,7 @@ def rollout_window_loss(
         data.inputs,
         coarse_stepper=None if coarse is None else _on_host(coarse),
         correction=trained.correction,
+        noise_dim=None if ensemble is None else ensemble[1],
     )
     weights = trained.step_weights(trained.max_steps)
 
@@ -236,6 +240,7 @@ def rollout_window_loss(
             forcing=None
             if FORCING_KEY not in batch
             else np.asarray(batch[FORCING_KEY], np.float64),
+            member_noise=batch.get(MEMBER_NOISE_KEY),
         )
         return pred, float(value)
 
@@ -246,9 +251,12 @@ def rollout_window_loss(
         y = y[:, None] if y.ndim == x_ndim else y  # (B, K, *state), then the first k
         return {**batch, "y": y[:, :k]}
 
-    batches = make_batches(
+    batches: Any = make_batches(
         data, int(batch_size), seed=0, shuffle=False, drop_remainder=False, num_epochs=1
     )
+    if ensemble is not None:  # a generative model: the members validation scores
+        members = (ensemble[0], trained.max_steps, ensemble[1])
+        batches = with_validation_members(batches, seed=int(plan.get("seed") or 0), members=members)
     return aggregate_batches(
         (leading(b) for b in batches),
         eval_batch,

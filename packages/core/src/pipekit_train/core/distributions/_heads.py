@@ -16,6 +16,12 @@ A *head* names how to read a trained model's raw output:
   (`_flow_math`). Its head options `{"flow_layers": L,
   "flow_bins": K, "flow_bound": B}` (and `"flow_hidden": H` for a coupled flow) say how
   to read it.
+- `"generative"`: the model maps a state *and noise* to a next state (a generative
+  emulator): its input is the (normalised) state with `noise_dim` channels of standard
+  normal noise appended on the last axis, its output a point prediction, one draw per
+  noise. Its head option `{"noise_dim": w}` says how many channels. The ensemble losses
+  (`crps`, `energy_score`) train it; a rollout draws fresh noise each step
+  (`stochastic=True`), or takes zero noise (the central member) otherwise.
 
 The head (and its options) is recorded in the model registry (`register(..., head=...,
 head_options=...)`), so a loader knows what the output means without the training code.
@@ -36,7 +42,7 @@ __all__ = [
 ]
 
 #: The known heads.
-HEADS = ("point", "gaussian", "mixture", "flow")
+HEADS = ("point", "gaussian", "mixture", "flow", "generative")
 
 
 def check_head(head: Any, *, field: str = "head") -> str:
@@ -46,7 +52,8 @@ def check_head(head: Any, *, field: str = "head") -> str:
             f"`{field}` must be one of {list(HEADS)}. Received: {field}={head!r}. Use "
             "'gaussian' for a model trained with `gaussian_nll` (mean and log-variance "
             "outputs), 'mixture' for one trained with `mixture_nll`, 'flow' for one trained "
-            "with `flow_nll`, 'point' for a plain prediction."
+            "with `flow_nll`, 'generative' for a model of (state, noise) trained with `crps` "
+            "or `energy_score`, 'point' for a plain prediction."
         )
     return head
 
@@ -66,10 +73,12 @@ def check_head_options(head: str, options: Any, *, field: str = "head_options") 
     """
     if head == "flow":
         return _flow_options(options, field)
+    if head == "generative":
+        return _generative_options(options, field)
     if head != "mixture":
         if options:
             raise ConfigError(
-                f"`{field}` is only for head='mixture' or head='flow'. Received: "
+                f"`{field}` is only for head='mixture', 'flow' or 'generative'. Received: "
                 f"{field}={options!r} with head={head!r}. Leave `{field}` out."
             )
         return None
@@ -90,6 +99,23 @@ def check_head_options(head: str, options: Any, *, field: str = "head_options") 
     out = {"n_components": options["n_components"], "covariance": options.get("covariance", "diag")}
     check_params(out)
     return out
+
+
+def _generative_options(options: Any, field: str) -> dict:
+    noise_dim = options.get("noise_dim") if isinstance(options, dict) else None
+    if (
+        not isinstance(options, dict)
+        or set(options) != {"noise_dim"}
+        or isinstance(noise_dim, bool)
+        or not isinstance(noise_dim, int)
+        or noise_dim < 1
+    ):
+        raise ConfigError(
+            f"head='generative' needs `{field}` with the noise channels the model takes. "
+            f"Received: {field}={options!r}. Pass {field}={{'noise_dim': w}} (w >= 1), as "
+            "trained by crps(noise_dim=w)."
+        )
+    return {"noise_dim": int(noise_dim)}
 
 
 def _flow_options(options: Any, field: str) -> dict:
@@ -116,25 +142,36 @@ def _flow_options(options: Any, field: str) -> dict:
 
 
 def head_for_loss(loss: Any) -> str | None:
-    """The head a loss description implies: `"gaussian"` for `gaussian_nll`, `"mixture"`
-    for `mixture_nll`, `"flow"` for `flow_nll`, else None.
+    """The head a loss description implies: `"gaussian"` for `gaussian_nll` and
+    `gaussian_crps`, `"mixture"` for `mixture_nll`, `"flow"` for `flow_nll`,
+    `"generative"` for `crps` and `energy_score`, else None.
 
     Args:
         loss: a plan's loss description (`{"name": "gaussian_nll", ...}`).
     """
     if isinstance(loss, dict):
-        heads = {"gaussian_nll": "gaussian", "mixture_nll": "mixture", "flow_nll": "flow"}
+        heads = {
+            "gaussian_nll": "gaussian",
+            "gaussian_crps": "gaussian",
+            "mixture_nll": "mixture",
+            "flow_nll": "flow",
+            "crps": "generative",
+            "energy_score": "generative",
+        }
         return heads.get(str(loss.get("name")))
     return None
 
 
 def head_options_for_loss(loss: Any) -> dict | None:
     """The head options a loss description implies (`mixture_nll`'s or `flow_nll`'s
-    parameters), or None."""
+    parameters, an ensemble loss's `noise_dim`), or None."""
     head = head_for_loss(loss)
-    if head not in ("mixture", "flow"):
+    if head not in ("mixture", "flow", "generative"):
         return None
     params = loss.get("params") or {}
+    if head == "generative":
+        noise_dim = params.get("noise_dim")
+        return None if noise_dim is None else {"noise_dim": int(noise_dim)}
     if head == "flow":
         return _flow_options(dict(params), "loss.params")
     return {

@@ -7,13 +7,18 @@ The built-in losses run unchanged on numpy, jax (inside `jax.jit` / `jax.grad`) 
 >>> losses.get("mse") is losses.mse
 True
 >>> losses.names()
-['binary_cross_entropy', 'cross_entropy', 'flow_nll', 'gaussian_nll', 'huber', 'mae', 'mixture_nll', 'mse']
+['binary_cross_entropy', 'cross_entropy', 'crps', 'energy_score', 'flow_nll', 'gaussian_crps', 'gaussian_nll', 'huber', 'mae', 'mixture_nll', 'mse']
 
 Every loss is a `Loss` with a JSON `describe()`; compose with `Loss.weighted(...)` or
 `losses.mse + 0.1 * losses.mae` (the same object), and `Loss.per_key(...)` for dict
 outputs. The mixture's and the flow's layout and log-density (`mixture_width`,
 `flow_log_prob`, ...) live beside their distributions in `pipekit_train.core.distributions`
 and are re-exported here.
+
+Proper scores of ensembles (`crps`, fair or almost fair, and `energy_score`) train a
+generative emulator through rollout training, which builds `members` predictions per
+sample; `gaussian_crps` trains a Gaussian head by its closed-form CRPS
+(`pipekit_train.core.losses._ensemble`).
 """
 
 from pipekit_train.core.distributions._flow_math import (
@@ -34,6 +39,7 @@ from ._compose import (
     names,
     register,
 )
+from ._ensemble import crps, energy_score, gaussian_crps
 from ._losses import (
     binary_cross_entropy,
     cross_entropy,
@@ -50,14 +56,17 @@ __all__ = [
     "PerKeyLoss",
     "WeightedLoss",
     "binary_cross_entropy",
+    "crps",
     "cross_entropy",
     "describe_callable",
+    "energy_score",
     "flow_inverse",
     "flow_log_prob",
     "flow_nll",
     "flow_transform",
     "flow_width",
     "from_description",
+    "gaussian_crps",
     "gaussian_nll",
     "get",
     "huber",

@@ -9,7 +9,8 @@
   segments (`SegmentedRollout`, formerly `RolloutPlan`, and `drive`: `_segments`) and the
   device loops for jax and torch (`_loops`).
 - Rollout training: the loss every backend's step minimises (`rollout_loss`, `_train`)
-  and its input noise (`rollout_noise`, `_noise`, drawn by core's feed); rollout
+  its input noise and ensemble training's member noise (`rollout_noise`,
+  `member_noise`, `_noise`, drawn by core's feed); rollout
   validation on held-out trajectories (`rollout_validation`, `_validation`).
 
 The model operator itself is `pipekit_train.core.model`'s and what its output means
@@ -18,7 +19,7 @@ The model operator itself is `pipekit_train.core.model`'s and what its output me
 
 from ._cycle import Cycle, NeuralForward
 from ._loops import jax_rollout, torch_rollout
-from ._noise import NOISE_KEY, rollout_noise
+from ._noise import MEMBER_NOISE_KEY, NOISE_KEY, member_noise, rollout_noise
 from ._posterior import PosteriorEnsemble
 from ._segments import (
     SEGMENT_BYTES,
@@ -33,6 +34,7 @@ from ._step import AffineMap, NonFiniteStateError, RolloutSpec, non_finite_error
 from ._train import check_rollout_loss, evaluates_as_rollout, rollout_loss, rollout_spec
 
 __all__ = [
+    "MEMBER_NOISE_KEY",
     "NOISE_KEY",
     "SEGMENT_BYTES",
     "AffineMap",
@@ -49,6 +51,7 @@ __all__ = [
     "drive",
     "first_bad",
     "jax_rollout",
+    "member_noise",
     "non_finite_error",
     "prepare_rollout",
     "rollout_loss",

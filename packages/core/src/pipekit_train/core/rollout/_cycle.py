@@ -128,6 +128,8 @@ class NeuralForward:
             units (`head="flow"` only; default 3.0).
         flow_hidden: the coupling conditioner's hidden units per layer (`head="flow"`
             only; default 0, element-wise layers).
+        noise_dim: the noise channels of a generative model (`head="generative"` only,
+            required there).
         state_ndim: the number of axes of one state: 1 for a vector `(d,)` (default), 3
             for a channels-last 2-D field `(H, W, C)`. An input with `state_ndim + 1` axes
             is a batch of states.
@@ -144,6 +146,14 @@ class NeuralForward:
             coarse(x) + model(x)`, with `residual=True`) or `"sequential"` (`next =
             model(coarse(x))`, or `coarse(x) + model(coarse(x))` with `residual=True`);
             see `Rollout`.
+
+    **Generative head.** With `head="generative"` (and `noise_dim=w`, as trained by
+    `losses.crps(noise_dim=w)` or `energy_score`) the model maps the normalised state with
+    `w` noise channels appended on its last axis to a point prediction: one member of
+    an ensemble per noise. `forward(state)` takes zero noise (the central member),
+    `forward(state, noise=z)` the noise `z` (`(*spatial, w)` per state, standard
+    normal draws for a member), and `rollout(..., stochastic=True, seed=s)` draws fresh
+    noise for every member at every step, on the model's device.
 
     **Solver in the loop.** With a coarse stepper every step calls it on the arrays of
     the path that runs: `forward(state)`, `Cycle`'s per-step loop and the host
@@ -189,6 +199,7 @@ class NeuralForward:
         flow_bins: int | None = None,
         flow_bound: float | None = None,
         flow_hidden: int | None = None,
+        noise_dim: int | None = None,
         inputs: Any = None,
         coarse_stepper: Any = None,
         correction: str | None = None,
@@ -256,8 +267,17 @@ class NeuralForward:
                 + ", ".join(f"{k}={v!r}" for k, v in given.items())
                 + f", head={head!r}. Pass head='flow', or leave them out."
             )
+        if (self.head == "generative") != (noise_dim is not None):
+            raise ConfigError(
+                "`noise_dim` is required with head='generative' and only there. Received: "
+                f"noise_dim={noise_dim!r}, head={head!r}. Pass head='generative', "
+                "noise_dim=w for a model of (state, w noise channels), as trained by "
+                "crps(noise_dim=w)."
+            )
         options: dict[str, Any] | None = None
-        if self.head == "mixture":
+        if self.head == "generative":
+            options = {"noise_dim": noise_dim}
+        elif self.head == "mixture":
             options = {"n_components": n_components, "covariance": covariance or "diag"}
         elif self.head == "flow":
             options = given
@@ -413,10 +433,30 @@ class NeuralForward:
 
         return np.asarray(layout.assemble(np, states, lead(static), lead(forcing)))
 
-    def _model(self, batch: np.ndarray) -> Any:
+    def _model(self, batch: np.ndarray, noise: Any = None) -> Any:
         inputs = batch
         if self.normalizer is not None:
             inputs = np.asarray(self.normalizer.apply({self.state_key: batch})[self.state_key])
+        if self.head == "generative":
+            assert self.head_options is not None
+            w = int(self.head_options["noise_dim"])
+            want = (*inputs.shape[:-1], w)
+            z = np.zeros(want, inputs.dtype) if noise is None else np.asarray(noise, inputs.dtype)
+            if z.shape != want:
+                if z.shape == want[1:]:
+                    z = np.broadcast_to(z, want)
+                else:
+                    raise ConfigError(
+                        f"`noise` must be (*spatial, noise_dim={w}) per state. Received: "
+                        f"noise.shape={np.shape(noise)} for states of shape "
+                        f"{tuple(batch.shape[1:])}."
+                    )
+            inputs = np.concatenate([inputs, z], axis=-1)
+        elif noise is not None:
+            raise ConfigError(
+                f"`noise` is for a generative model (head='generative'). Received: noise=... "
+                f"with head={self.head!r}."
+            )
         return self.model_op(inputs)
 
     def _invert(self, pred: np.ndarray) -> np.ndarray:
@@ -500,6 +540,12 @@ class NeuralForward:
             ConfigError: the forward has `head="point"` (no distribution is predicted),
                 or the model's output does not have the head's layout.
         """
+        if self.head == "generative":
+            raise ConfigError(
+                "A generative model predicts members, not a distribution in closed form. "
+                "Received: distribution() with head='generative'. Draw members with "
+                "rollout(states, n, stochastic=True, seed=s) or forward(state, noise=z)."
+            )
         if self.head == "point":
             raise ConfigError(
                 "`distribution()` needs a Gaussian, mixture or flow head. Received: head='point'. "
@@ -526,11 +572,13 @@ class NeuralForward:
         history: Any = None,
         static: Mapping[str, Any] | None = None,
         forcing: Mapping[str, Any] | None = None,
+        noise: Any = None,
     ) -> np.ndarray:
         """Advance one state `(d,)` or a batch of states `(n, d)` by one step.
 
         With a Gaussian head this is the predicted mean (`distribution(state).mean`).
-        `history`, `static` and `forcing` are for a model with `inputs` (see the class).
+        `history`, `static` and `forcing` are for a model with `inputs` (see the class);
+        `noise` for a generative head (zero noise, the central member, when None).
         """
         batch, single = self._batch(state)
         if self.coarse_stepper is not None:
@@ -544,7 +592,9 @@ class NeuralForward:
         elif self.head == "flow":
             pred = self._flow(batch, u).mean
         else:
-            pred = self._add_state(batch, self._invert(np.asarray(self._model(u))))
+            if noise is not None and single:
+                noise = np.asarray(noise)[None]
+            pred = self._add_state(batch, self._invert(np.asarray(self._model(u, noise))))
         return pred[0] if single else pred
 
     def _corrected(self, batch: np.ndarray) -> np.ndarray:
@@ -710,8 +760,11 @@ class NeuralForward:
         )
         n = x0.shape[0]
         rng = np.random.default_rng(seed)
+        w = int((self.head_options or {}).get("noise_dim", 0))
 
         def advance(x: np.ndarray) -> np.ndarray:
+            if stochastic and w:  # a generative model: fresh noise for every member
+                return np.asarray(self(x, noise=rng.standard_normal((*x.shape[:-1], w))))
             if stochastic:
                 return np.asarray(self.distribution(x).sample(rng))
             return np.asarray(self(x))

@@ -70,7 +70,7 @@ def jax_rollout(
     if cached is not None and cached[0] is spec:
         segment = cached[1]
     else:
-        probe = jax.ShapeDtypeStruct((1, *x0.shape[1:]), dtype)
+        probe = jax.ShapeDtypeStruct(spec.probe_shape((1, *x0.shape[1:])), dtype)
         out_shape = jax.eval_shape(lambda p, x: model_fn(p)(x), params, probe).shape[1:]
         step = spec.bind(
             jnp,
@@ -182,7 +182,10 @@ def torch_rollout(
     with torch.inference_mode():
         x = torch.tensor(x0, device=device).to(dtype)
         xp = array_api_compat.array_namespace(x)
-        out_shape = tuple(model_fn(x[:1]).shape[1:])
+        probe = x[:1]
+        if spec.noise_channels:  # a generative model takes its noise channels too
+            probe = torch.zeros(spec.probe_shape(tuple(probe.shape)), device=device, dtype=dtype)
+        out_shape = tuple(model_fn(probe).shape[1:])
         step = spec.bind(
             xp,
             state_shape=x0.shape[1:],

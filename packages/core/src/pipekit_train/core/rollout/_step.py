@@ -112,9 +112,12 @@ class RolloutSpec:
         normalizer: `None`, or an object with `apply(dict)`/`invert(dict)` (affine per
             feature for a device rollout; see `AffineMap`).
         residual: the model predicts the increment (`next = state + prediction`).
-        head: `"point"`, `"gaussian"` (the step uses the mean) or `"mixture"` (the
-            mixture mean).
-        head_options: the mixture's `{"n_components", "covariance"}`.
+        head: `"point"`, `"gaussian"` (the step uses the mean), `"mixture"` (the
+            mixture mean) or `"generative"` (a model of the normalised state with
+            `noise_dim` noise channels appended on the last axis: zero noise, the central
+            member, unless the step is stochastic, which draws standard normal noise).
+        head_options: the mixture's `{"n_components", "covariance"}`, the generative
+            head's `{"noise_dim"}`.
         state_key: the normalizer key of the state.
         output_key: the normalizer key of the model's (mean) output.
         state_ndim: the axes of one state (1 for vectors, 3 for `(H, W, C)` fields).
@@ -155,6 +158,13 @@ class RolloutSpec:
                 "`coarse_stepper` must be a callable fn(state) -> next state. Received: "
                 f"coarse_stepper={self.coarse_stepper!r:.80}."
             )
+        if self.head == "generative" and (self.inputs is not None or self.coarse_stepper):
+            given = "inputs=ModelInputs(...)" if self.inputs is not None else "coarse_stepper"
+            raise ConfigError(
+                "A generative model (head='generative') takes the state and its noise "
+                f"alone for now. Received: head='generative' with {given}. Train it on "
+                "windows of the state alone, without a coarse stepper."
+            )
         if self.coarse_stepper is not None and self.inputs is not None:
             raise ConfigError(
                 "A coarse stepper advances the state alone, so it does not correct a model "
@@ -166,6 +176,21 @@ class RolloutSpec:
         """The shape of one state for model inputs of `input_shape` (the input itself
         without a layout)."""
         return tuple(input_shape) if self.inputs is None else tuple(self.inputs.state_shape)
+
+    @property
+    def noise_channels(self) -> int:
+        """The noise channels a generative model takes after the state's (0 otherwise)."""
+        if self.head != "generative":
+            return 0
+        assert self.head_options is not None
+        return int(self.head_options["noise_dim"])
+
+    def probe_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of the model's input for inputs of `input_shape` (batch axis
+        included): the noise channels appended on the last axis for a generative head."""
+        w = self.noise_channels
+        shape = tuple(int(d) for d in input_shape)
+        return shape if not w else (*shape[:-1], shape[-1] + w)
 
     def input_shape(self, state_shape: tuple[int, ...]) -> tuple[int, ...]:
         """The shape of one model input for states of `state_shape` (the state itself
@@ -278,8 +303,11 @@ class RolloutSpec:
             )
 
     def noise_shapes(self, n: int, out_shape: tuple[int, ...]) -> dict[str, tuple[int, ...] | None]:
-        """The shapes of one step's random draws for `n` states: `{"normal", "uniform"}`."""
+        """The shapes of one step's random draws for `n` states: `{"normal", "uniform"}`
+        (for a generative head, the noise channels of every grid point)."""
         mean = self.mean_shape(out_shape)
+        if self.head == "generative":
+            return {"normal": (n, *mean[:-1], self.noise_channels), "uniform": None}
         k = (self.head_options or {}).get("n_components", 1)
         return {
             "normal": (n, *mean),
@@ -381,6 +409,8 @@ class RolloutSpec:
         residual, head_mean = self.residual, self.head_mean
         if self.inputs is not None:
             return self._bind_inputs(xp, to, in_mean, in_std, out_mean, out_std, stochastic)
+        if self.head == "generative":
+            return self._bind_generative(xp, in_mean, in_std, out_mean, out_std, stochastic)
         if self.coarse_stepper is not None:
             return self._bind_corrected(xp, to, in_mean, in_std, out_mean, out_std, stochastic)
 
@@ -422,6 +452,29 @@ class RolloutSpec:
             return x + pred if residual else pred
 
         return step
+
+    def _bind_generative(
+        self, xp: Any, in_mean: Any, in_std: Any, out_mean: Any, out_std: Any, stochastic: bool
+    ) -> Callable[..., Any]:
+        """The step of a generative model: `step(model_fn, x, normal, uniform)` with the
+        noise `normal` (`noise_shapes(...)["normal"]`; `uniform` is unused), or
+        `step(model_fn, x)` with zero noise (the central member) when not stochastic."""
+        residual, w = self.residual, self.noise_channels
+
+        def step(model_fn: Callable[[Any], Any], x: Any, *noise: Any) -> Any:
+            inputs = x if in_mean is None else (x - in_mean) / in_std
+            if noise:
+                z = noise[0]
+            else:  # on the inputs' device and dtype, traced or eager alike
+                z = xp.broadcast_to(xp.zeros_like(inputs[..., :1]), (*inputs.shape[:-1], w))
+            pred = model_fn(xp.concat([inputs, z], axis=-1))
+            if out_mean is not None:
+                pred = pred * out_std + out_mean
+            return x + pred if residual else pred
+
+        if stochastic:
+            return step
+        return lambda model_fn, x: step(model_fn, x)
 
     def _draws(self, xp: Any, to: Callable[[np.ndarray], Any]) -> Callable[[Any, Any, Any], Any]:
         """`sample(out, normal, uniform)` of this head, its constants made by `to`."""

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.losses._ensemble import ENSEMBLE_LOSSES, ensemble_params
 
 from ._step import RolloutSpec
 
@@ -37,10 +38,13 @@ def rollout_spec(
     *,
     coarse_stepper: Callable[[Any], Any] | None = None,
     correction: str | None = None,
+    noise_dim: int | None = None,
 ) -> RolloutSpec:
     """The `RolloutSpec` a rollout-trained model is rolled out with (`NeuralForward`'s);
     `inputs` is the run's `ModelInputs` (`plan.inputs`), None for the state alone;
-    `coarse_stepper` and `correction` the `Rollout`'s (a model that corrects a solver)."""
+    `coarse_stepper` and `correction` the `Rollout`'s (a model that corrects a solver);
+    `noise_dim` the noise channels of a generative model (an ensemble loss), else None."""
+    generative = noise_dim is not None
     return RolloutSpec(
         normalizer=normalizer,
         residual=residual,
@@ -48,15 +52,20 @@ def rollout_spec(
         inputs=inputs,
         coarse_stepper=coarse_stepper,
         correction=correction,
+        head="generative" if generative else "point",
+        head_options={"noise_dim": int(noise_dim)} if generative else None,
     )
 
 
 def rollout_spec_of(
-    rollout: Any, normalizer: Any, state_ndim: int, inputs: Any = None
+    rollout: Any, normalizer: Any, state_ndim: int, inputs: Any = None, loss: Any = None
 ) -> RolloutSpec:
     """The `RolloutSpec` of a run trained with `rollout` (a `Rollout`): its residual flag,
     coarse stepper and correction, the run's normalizer, state rank and `ModelInputs`
-    (`plan.inputs`). The one place every backend's rollout loss gets its spec from."""
+    (`plan.inputs`), and the generative head an ensemble `loss` (a `Loss`) implies. The
+    one place every backend's rollout loss gets its spec from."""
+    describe = getattr(loss, "describe", None)
+    ensemble = ensemble_params(describe()) if callable(describe) else None
     return rollout_spec(
         normalizer,
         rollout.residual,
@@ -64,6 +73,7 @@ def rollout_spec_of(
         inputs,
         coarse_stepper=rollout.coarse_stepper,
         correction=rollout.correction,
+        noise_dim=None if ensemble is None else ensemble[1],
     )
 
 
@@ -84,18 +94,23 @@ def evaluates_as_rollout(batch: Any, rollout: Any) -> bool:
 
 
 def check_rollout_loss(loss: Any) -> None:
-    """Refuse a loss the rollout training does not define yet (only `"mse"`).
+    """Refuse a loss the rollout training does not define yet: it takes `"mse"`, and the
+    ensemble losses `"crps"` and `"energy_score"` (a generative model, with `noise_dim`).
 
     Raises:
-        ConfigError: another loss.
+        ConfigError: another loss, or an ensemble loss without `noise_dim`.
     """
     name = getattr(loss, "name", None)
+    if name in ENSEMBLE_LOSSES:
+        ensemble_params(loss.describe())
+        return
     if name != "mse":
         label = name or getattr(loss, "__name__", repr(loss))
         raise ConfigError(
             "Rollout training compares predicted and true states with the mean squared "
-            f"error for now. Received: loss={label!r} with rollout=Rollout(...). Use "
-            "loss='mse', or drop `rollout`."
+            f"error, or scores an ensemble (crps, energy_score). Received: loss={label!r} "
+            "with rollout=Rollout(...). Use loss='mse' (or an ensemble loss), or drop "
+            "`rollout`."
         )
 
 
@@ -148,6 +163,7 @@ def rollout_loss(
     reference: Callable[[Any], Any] | None = None,
     cut_div_chain: bool = False,
     reduction: str = "mean",
+    member_noise: Any = None,
 ) -> tuple[Any, Any]:
     """The weighted `k`-step rollout loss of one batch, and the predicted targets.
 
@@ -180,8 +196,20 @@ def rollout_loss(
         cut_div_chain: `detach` the reference's output (no gradient through it).
         reduction: `"mean"` (the weighted mean of the per-step losses) or `"sum"` (their
             weighted sum; `Rollout.reduction`: backends pass it for training only).
+        member_noise: with a generative head (`spec.head == "generative"`, a loss such as
+            `crps(members=M, noise_dim=w)`), the members' noise `(B, M, k', *spatial, w)`
+            with `k' >= k` (the batch's `"member_noise"`, drawn by core's feed). Required
+            for that head; None otherwise.
 
     With `spec.coarse_stepper` each step is the corrected step (`RolloutSpec.bind`).
+
+    **Ensembles.** With a generative head every sample's first state is repeated for the
+    `M` members of `member_noise`; member `m` is rolled out through the `k` steps with
+    its own noise (step `i` takes `member_noise[:, m, i]`), and each step's loss scores
+    the `M` predictions together against the truth (`loss_fn(pred (B, M, *state),
+    target (B, *state))`, e.g. the CRPS). With `M = 1` (one member per sample, e.g. a
+    prediction for chosen noise) the step's loss is the mean absolute error, the CRPS of
+    one member. The predicted targets are the ensemble mean's.
 
     With a `spec.inputs` layout `x` is the model's whole first input (history, forcings,
     static inputs; `ModelInputs`), normalised as one array; each step's input is the
@@ -200,6 +228,30 @@ def rollout_loss(
         )
     to = constant or xp.asarray
     k = len(weights)
+    if spec.head == "generative":
+        if reference is not None:
+            raise ConfigError(
+                "The diverted chain compares each member with the reference stepper of its "
+                "own state, which is not one truth per sample for an ensemble score. "
+                "Received: a reference stepper with a generative model (an ensemble loss). "
+                "Use Rollout(target='trajectory') for ensemble training."
+            )
+        return _ensemble_rollout_loss(
+            xp,
+            spec=spec,
+            model_fn=model_fn,
+            x=x,
+            y=y,
+            weights=weights,
+            backprop=backprop,
+            loss_fn=loss_fn,
+            detach=detach,
+            noise=noise,
+            member_noise=member_noise,
+            to=to,
+            predictions=predictions,
+            reduction=reduction,
+        )
     if spec.inputs is not None:
         if reference is not None:
             raise ConfigError(
@@ -330,5 +382,87 @@ def _rollout_loss_with_inputs(
             u = inputs.advance(xp, u, nxt, block)
             if not isinstance(backprop, str) and (i + 1) % int(backprop) == 0:
                 u = detach(u)
+    loss = _reduce(total, weights, reduction)
+    return loss, (xp.stack(predicted, axis=1) if predictions else None)
+
+
+def _ensemble_rollout_loss(
+    xp: Any,
+    *,
+    spec: RolloutSpec,
+    model_fn: Callable[[Any], Any],
+    x: Any,
+    y: Any,
+    weights: Sequence[float],
+    backprop: str | int,
+    loss_fn: Callable[[Any, Any], Any],
+    detach: Callable[[Any], Any],
+    noise: Any,
+    member_noise: Any,
+    to: Callable[[np.ndarray], Any],
+    predictions: bool,
+    reduction: str,
+) -> tuple[Any, Any]:
+    """`rollout_loss` of a generative model: `M` members per sample (see there)."""
+    k = len(weights)
+    if member_noise is None:
+        raise ConfigError(
+            "A generative model (an ensemble loss such as `crps`) is trained and evaluated "
+            "on batches that carry its members' noise. Received: a batch without "
+            "'member_noise'. Core's feed draws it; pass batch['member_noise'] "
+            "(B, M, k, *spatial, noise_dim) when calling the loss yourself."
+        )
+    b, m = int(x.shape[0]), int(member_noise.shape[1])
+    state_shape = tuple(int(d) for d in x.shape[1:])
+    want = (b, m, *state_shape[:-1], spec.noise_channels)
+    got = tuple(int(d) for d in member_noise.shape)
+    if len(got) != len(want) + 1 or got[:2] + got[3:] != want or got[2] < k:
+        raise ConfigError(
+            f"`member_noise` must be (B, M, k, *spatial, noise_dim) = ({b}, M, >={k}, "
+            f"{', '.join(str(d) for d in want[2:])}). Received: member_noise.shape={got}."
+        )
+    if y.ndim == x.ndim:
+        y = xp.expand_dims(y, axis=1)
+    step = spec.bind(
+        xp, state_shape=state_shape, out_shape=state_shape, constant=to, stochastic=True
+    )
+    x_map, y_map = spec.maps(state_shape, state_shape)
+    phys_x, norm_x = _units(to, x_map)
+    phys_y, norm_y = _units(to, y_map)
+
+    def tile(a: Any) -> Any:  # (B, ...) -> (B * M, ...), the members of a sample adjacent
+        spread = xp.broadcast_to(xp.expand_dims(a, axis=1), (b, m, *state_shape))
+        return xp.reshape(spread, (b * m, *state_shape))
+
+    def members_of(a: Any) -> Any:  # (B * M, ...) -> (B, M, ...)
+        return xp.reshape(a, (b, m, *state_shape))
+
+    clean = phys_x(x)
+    start = clean if noise is None else phys_x(x + noise)
+    state = tile(start)
+    truth, previous = clean, start
+    total: Any = 0.0
+    predicted = []
+    for i in range(k):
+        truth = truth + phys_y(y[:, i, ...]) if spec.residual else phys_y(y[:, i, ...])
+        z = xp.reshape(member_noise[:, :, i, ...], (b * m, *want[2:]))
+        nxt = step(model_fn, state, z, None)
+        if backprop == "last" and i < k - 1:
+            nxt = detach(nxt)
+        ensemble = members_of(norm_x(nxt))
+        target = norm_x(truth)
+        if m == 1:  # the CRPS of one member: its absolute error
+            term = xp.mean(xp.abs(ensemble[:, 0, ...] - target))
+        else:
+            term = loss_fn(ensemble, target)
+        weight = float(weights[i])
+        total = total + (term if weight == 1.0 else weight * term)
+        if predictions:
+            mean = xp.mean(members_of(nxt), axis=1)
+            predicted.append(norm_y(mean - previous) if spec.residual else norm_y(mean))
+            previous = mean
+        state = nxt
+        if not isinstance(backprop, str) and (i + 1) % int(backprop) == 0 and i < k - 1:
+            state = detach(state)
     loss = _reduce(total, weights, reduction)
     return loss, (xp.stack(predicted, axis=1) if predictions else None)

@@ -36,7 +36,7 @@ from ._dispatch import Callbacks
 from ._lr_scale import LearningRateScale
 from ._metrics import MetricLog, default_fetch
 from ._progress import Progress
-from ._rollout_noise import NoisyBatches
+from ._rollout_noise import NoisyBatches, plan_members
 from ._state import RunState
 from ._validation import Validation
 
@@ -167,13 +167,17 @@ class RunContext:
         return it
 
     def _with_noise(self, it: Any, shard: tuple[int, int]) -> Any:
-        """Attach the rollout's input noise (`batch["noise"]`) when the plan asks for it."""
+        """Attach the rollout's input noise (`batch["noise"]`) and an ensemble loss's
+        member noise (`batch["member_noise"]`) when the plan asks for them."""
         rollout = self.plan.rollout
-        if rollout is None or rollout.noise_std <= 0:
+        members = plan_members(self.plan)
+        if rollout is None or (rollout.noise_std <= 0 and members is None):
             return it
         plan = self.plan
         start = self.progress.step * plan.accumulate_grad_batches
-        return NoisyBatches(it, std=rollout.noise_std, seed=plan.seed, start=start, shard=shard)
+        return NoisyBatches(
+            it, std=rollout.noise_std, seed=plan.seed, start=start, shard=shard, members=members
+        )
 
     # -- run state ---------------------------------------------------------------------
     def _annotate(self, history: History) -> None:

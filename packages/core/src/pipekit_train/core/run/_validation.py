@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._rollout_noise import plan_members, with_validation_members
+
 if TYPE_CHECKING:
     from pipekit_train.core.spec._plan import Plan
 
@@ -95,6 +97,9 @@ class Validation:
             )
         else:
             it = batches
+        members = plan_members(plan)
+        if members is not None:  # a generative model: the same members at every validation
+            it = with_validation_members(it, seed=plan.seed, members=members)
         from pipekit_train.core.artifact._evaluation import aggregate_batches
 
         metrics = aggregate_batches(it, eval_batch, plan.metrics, normalizer=plan.normalizer)

@@ -645,15 +645,16 @@ class AdapterConformance:
 
     @pytest.mark.slow
     def test_rollout_exact_resume_after_sigkill(self, tmp_path: Path) -> None:
-        """Rollout training killed mid-schedule (with noise) resumes to the same bytes
-        (`check_rollout_kill_resume`); a backend without it refuses it before any work."""
+        """Rollout training of an ensemble (the CRPS) killed mid-schedule (with input
+        and member noise) resumes to the same bytes (`check_rollout_kill_resume`); a
+        backend without rollout training refuses it before any work."""
         from pipekit_train.core.contract._adapter import NotSupportedError
 
         from ._golden_rollout import golden_rollout_task
         from ._rollout_training import ROLLOUT_RESUME_SPEC, check_rollout_kill_resume
 
-        def make() -> Any:
-            return self.make_model(2, 2, seed=0)
+        def make() -> Any:  # the state's 2 channels and 2 noise channels in
+            return self.make_model(4, 2, seed=0)
 
         supported = self.loop(max_steps=1).adapter.capabilities.rollout
         if supported and not self.rollout_resume:

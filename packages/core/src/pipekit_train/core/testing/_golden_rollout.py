@@ -12,7 +12,9 @@ a time and through a rollout of 4 (`golden_forced_task`). Two put a solver in th
 loop, given once with the array API so every backend calls it on its own arrays: the
 diverted chain against an RK4 step of the pendulum (`diverted_k4`, `pendulum_rk4`) and
 a model that corrects a semi-implicit Euler step (`correction_k4`, `pendulum_euler`,
-`correction="parallel"`). The suite records every step's loss and the final validation
+`correction="parallel"`). One trains a generative emulator as an ensemble
+(`ensemble_crps_k4`: 4 members per sample, each with 2 noise channels drawn by core's
+feed, rolled out 4 steps and scored by the fair CRPS). The suite records every step's loss and the final validation
 loss (the longest rollout); `compare_golden` checks two backends' runs.
 
 ```python
@@ -34,7 +36,7 @@ from typing import Any
 import array_api_compat
 import numpy as np
 
-from pipekit_train.core import Rollout, TrainingLoop
+from pipekit_train.core import Rollout, TrainingLoop, losses
 from pipekit_train.core.data import Trajectories, TrajectoryWindows
 
 from ._golden import GoldenBackend, GoldenCase, GoldenRun, golden_weights
@@ -105,6 +107,7 @@ GOLDEN_ROLLOUT_CASES: tuple[GoldenCase, ...] = (
     GoldenCase("forced_history2_rollout_k4", {"name": "adam", "lr": 0.01}),
     GoldenCase("diverted_k4", {"name": "adam", "lr": 0.01}),
     GoldenCase("correction_k4", {"name": "adam", "lr": 0.01}),
+    GoldenCase("ensemble_crps_k4", {"name": "adam", "lr": 0.01}),
 )
 """The rollout cases (their `Rollout` specs: `GOLDEN_ROLLOUTS`)."""
 
@@ -122,12 +125,16 @@ GOLDEN_ROLLOUTS: Mapping[str, Rollout | None] = {
     "correction_k4": Rollout(
         steps=4, residual=True, coarse_stepper=pendulum_euler, correction="parallel"
     ),
+    "ensemble_crps_k4": Rollout(steps=4, residual=True, backprop=2),
 }
 """The `Rollout` of each case in `GOLDEN_ROLLOUT_CASES`, by name."""
 
 _SIZES = (2, 16, 2)  # the MLP: a pendulum state (angle, velocity) in and its increment out
 # the forced cases' MLP: two states, the torque and the damping in; the increment out
 _FORCED_SIZES = (6, 16, 2)
+# the ensemble case's MLP: the state and 2 noise channels in, the increment out
+_ENSEMBLE_SIZES = (4, 16, 2)
+_LOSSES: Mapping[str, Any] = {"ensemble_crps_k4": losses.crps(members=4, noise_dim=2)}
 
 
 def golden_rollout_task(
@@ -216,14 +223,14 @@ def rollout_case_loop(
         if forced
         else golden_rollout_task()
     )
-    sizes = _FORCED_SIZES if forced else _SIZES
+    sizes = _FORCED_SIZES if forced else _ENSEMBLE_SIZES if case.name in _LOSSES else _SIZES
     kwargs: dict[str, Any] = {
         "model": backend.model_from_weights(golden_weights(sizes)),
         "data": train,
         "validation": val,
         "rollout": GOLDEN_ROLLOUTS[case.name],
         "normalizer": train.normalizer(),
-        "loss": "mse",
+        "loss": _LOSSES.get(case.name, "mse"),
         "optimizer_config": dict(case.optimizer_config),
         "batch_size": 16,
         "max_steps": steps,

@@ -10,7 +10,9 @@ its adapter:
 - `check_rollout_resume`: a run stopped mid-schedule with input noise and resumed from
   its checkpoint ends with the same bytes and losses as an uninterrupted one;
 - `check_rollout_kill_resume`: the same after a SIGKILL (a subprocess, as the
-  conformance suite kills its runs);
+  conformance suite kills its runs), for an ensemble trained by the CRPS
+  (`ROLLOUT_RESUME_LOSS`: members, each with noise drawn by core's feed, besides the
+  input noise: every stream of the rollout's state);
 - `check_rollout_schedule_counts_skipped_updates`: an update dropped by
   `on_nonfinite="skip"` counts on the schedule's clock, as it counts toward `max_steps`;
 - `check_rollout_monitor_under_rollout`: a `RolloutMonitor` on a run trained through
@@ -31,13 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from pipekit_train.core import Checkpoint, NeuralForward, Rollout, TrainingLoop
+from pipekit_train.core import Checkpoint, NeuralForward, Rollout, TrainingLoop, losses
 from pipekit_train.core.data import TrajectoryWindows
 
 from ._fork_server import run_python
 from ._golden_rollout import golden_rollout_task
 
 __all__ = [
+    "ROLLOUT_RESUME_LOSS",
     "ROLLOUT_RESUME_SPEC",
     "check_one_step_rollout",
     "check_rollout_kill_resume",
@@ -51,6 +54,10 @@ ROLLOUT_RESUME_SPEC = Rollout(
     steps=4, residual=True, noise_std=0.05, backprop=2, schedule={0: 1, 3: 2, 6: 4}
 )
 """The rollout of the resume checks: a curriculum, input noise and cut backpropagation."""
+
+ROLLOUT_RESUME_LOSS = losses.crps(members=3, noise_dim=2)
+"""The kill-resume check's loss: a generative model of the state and 2 noise channels
+(4 inputs, 2 outputs), 3 members per sample, scored by the fair CRPS."""
 
 #: `predict(model, batch, normalizer, residual, k) -> predicted targets (B, k, *state)`:
 #: the backend's rollout loss on a normalised numpy batch (its `predict`), as numpy.
@@ -221,7 +228,9 @@ def check_rollout_kill_resume(
 ) -> None:
     """A run killed with SIGKILL mid-schedule (with noise) resumes to the same bytes.
 
-    The run (`ROLLOUT_RESUME_SPEC`, checkpoints every 4 steps) trains in a subprocess
+    The run (`ROLLOUT_RESUME_SPEC` with `ROLLOUT_RESUME_LOSS`: `make_model` builds a model
+    of 4 inputs, the state's 2 and 2 noise channels, and 2 outputs; checkpoints every 4
+    steps) trains in a subprocess
     (`pipekit_train.core.testing._worker`) that kills itself at `kill_at`; the resumed
     run must end with the weights, losses and validation losses of a straight run.
     `preload`: the modules a fork server imports for it (`AdapterConformance.worker_preload`).
@@ -234,6 +243,7 @@ def check_rollout_kill_resume(
         "adapter": None if adapter is None else adapter.get_config(),
         "task": "rollout",
         "rollout": ROLLOUT_RESUME_SPEC.to_json(),
+        "loss": ROLLOUT_RESUME_LOSS.describe(),
         "optimizer_config": {"name": "adam", "lr": 0.01},
         "batch_size": 16,
         "max_steps": steps,
@@ -261,6 +271,7 @@ def check_rollout_kill_resume(
         "validation": val,
         "validate_every_n_steps": 4,
         "max_steps": steps,
+        "loss": ROLLOUT_RESUME_LOSS,
     }
     resumed = _loop(make_model, adapter, train, ROLLOUT_RESUME_SPEC, checkpoint=policy, **kw).run()
     straight = _loop(make_model, adapter, train, ROLLOUT_RESUME_SPEC, **kw).run()

@@ -100,6 +100,7 @@ def main(path: str) -> None:
         TrainingLoop,
     )
     from pipekit_train.core.callbacks import LambdaCallback
+    from pipekit_train.core.losses import from_description
     from pipekit_train.core.model._operators import model_op_from_config
 
     from ._tasks import TASKS, task_loss
@@ -147,7 +148,9 @@ def main(path: str) -> None:
         model=model_op_from_config(spec["model"]),
         data=train,
         validation=val,
-        loss=task_loss(spec["task"]),
+        loss=(
+            task_loss(spec["task"]) if spec.get("loss") is None else from_description(spec["loss"])
+        ),
         optimizer_config=spec["optimizer_config"],
         batch_size=spec["batch_size"],
         max_steps=spec["max_steps"],

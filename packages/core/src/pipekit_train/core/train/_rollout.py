@@ -8,6 +8,7 @@ import numpy as np
 
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.data import TrajectoryWindows
+from pipekit_train.core.losses._ensemble import ENSEMBLE_LOSSES
 from pipekit_train.core.rollout._train import check_rollout_loss
 from pipekit_train.core.spec._rollout import Rollout
 from pipekit_train.core.spec._steppers import check_stepper_shape
@@ -51,6 +52,14 @@ def check_rollout(rollout: Any, data: Any, validation: Any, loss: Any) -> Rollou
             one rollout training defines.
     """
     if rollout is None:
+        name = getattr(loss, "name", None)
+        if name in ENSEMBLE_LOSSES:
+            raise ConfigError(
+                f"`{name}` scores an ensemble of members, which rollout training builds "
+                "(each member rolled out from its own noise). Received: "
+                f"loss={name!r} with rollout=None. Pass rollout=Rollout(steps=1) for "
+                "one-step training (on TrajectoryWindows), or more steps."
+            )
         return None
     if not isinstance(rollout, Rollout):
         raise ConfigError(
@@ -62,6 +71,18 @@ def check_rollout(rollout: Any, data: Any, validation: Any, loss: Any) -> Rollou
         _check_windows("validation", validation, rollout)
     check_rollout_loss(loss)
     inputs = data.inputs
+    if getattr(loss, "name", None) in ENSEMBLE_LOSSES:
+        if not inputs.trivial or rollout.steppers:
+            given = (
+                "a reference or coarse stepper"
+                if rollout.steppers
+                else (f"windows that give the model {inputs.to_json()}")
+            )
+            raise ConfigError(
+                "A generative model (an ensemble loss) takes the state and its noise alone "
+                f"for now. Received: loss={loss.name!r} with {given}. Train it on windows "
+                "of the state alone, with Rollout(target='trajectory') and no stepper."
+            )
     if rollout.steppers and not inputs.trivial:
         fields = ", ".join(f"{name}=..." for name in rollout.steppers)
         raise ConfigError(

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.losses._ensemble import ensemble_params
 
 if TYPE_CHECKING:
     from pipekit_train.core.contract._adapter import Adapter
@@ -168,6 +169,9 @@ def check_shapes(adapter: Adapter, plan: Plan) -> None:
 
     model = plan.model
     same_shape = _same_shape_loss(plan.loss)
+    describe = getattr(plan.loss, "describe", None)
+    ensemble = ensemble_params(describe()) if callable(describe) else None
+    noise_dim = 0 if ensemble is None else ensemble[1]
     probed: dict[tuple[tuple[int, ...], np.dtype], tuple[int, ...] | None] = {}
     for name in ("data", "validation"):
         data = getattr(plan, name)
@@ -183,6 +187,8 @@ def check_shapes(adapter: Adapter, plan: Plan) -> None:
         if layout_error is not None:
             raise layout_error
         batch = (plan.batch_size, *x_shape)
+        if noise_dim:  # a generative model takes the state and its noise channels
+            batch = (*batch[:-1], batch[-1] + noise_dim)
         key = (batch, np.dtype(x.dtype))
         if key in probed:  # validation usually has the training data's shapes
             out = probed[key]
@@ -190,6 +196,8 @@ def check_shapes(adapter: Adapter, plan: Plan) -> None:
             try:
                 out = adapter.output_shape(model, batch, np.dtype(x.dtype))
             except Exception as exc:
+                if noise_dim:
+                    raise _noise_error(plan.loss, name, x_shape, noise_dim, exc) from exc
                 raise _input_error(adapter, model, name, x_shape, np.dtype(x.dtype), exc) from exc
             probed[key] = out
         if out is None:
@@ -222,6 +230,21 @@ def check_shapes(adapter: Adapter, plan: Plan) -> None:
             continue
         if out != (plan.batch_size, *y_shape):
             raise _target_error(model, plan.loss, name, out[1:], y_shape)
+
+
+def _noise_error(
+    loss: Any, name: str, x_shape: tuple[int, ...], noise_dim: int, exc: Exception
+) -> ConfigError:
+    width = x_shape[-1] if x_shape else 0
+    return ConfigError(
+        f"A generative model takes the state's {width} channels followed by noise_dim="
+        f"{noise_dim} noise channels ({width + noise_dim} in all). Received: "
+        f"loss={loss.name}(noise_dim={noise_dim}) and `{name}` states of shape {x_shape}, "
+        f"but the model fails on inputs of shape {(*x_shape[:-1], width + noise_dim)} "
+        f"({type(exc).__name__}: {str(exc)[:200]}). Build the model with "
+        f"{width + noise_dim} input channels, or set noise_dim to the model's input "
+        f"channels minus {width}."
+    )
 
 
 def _input_error(
