@@ -4,7 +4,9 @@ A callback with the `validation_metrics` hook: at each validation it rolls held-
 trajectories out for `horizon` steps with the current weights (validation's evaluator,
 so the moving average when the run keeps one) and adds the errors per lead-time window
 and field (`rollout_validation`) to the validation's metrics. Any of them can then be the
-monitored metric of best-k checkpoints, `EarlyStopping` and `ReduceLROnPlateau`.
+monitored metric of best-k checkpoints, `EarlyStopping` and `ReduceLROnPlateau`. With
+`members=M` a model with a probabilistic head is rolled out as an ensemble and judged by
+its CRPS, spread–skill and rank histograms too.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from pipekit_train.core._checks import check_seed, is_int
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.data.trajectories._inputs import ModelInputs
 from pipekit_train.core.distributions._heads import head_for_loss, head_options_for_loss
@@ -63,6 +66,21 @@ class RolloutMonitor:
     (`Rollout(coarse_stepper=..., correction=...)`) is rolled out with the corrected step,
     the stepper imported by the path the plan records and called on numpy arrays.
 
+    **Ensembles.** With `members=M` (an int >= 2) each start is rolled out as `M` members,
+    every step drawn from the distribution the model's head predicts
+    (`NeuralForward.rollout(..., stochastic=True, seed=seed)`, on the host), so it needs
+    a run whose loss trains a probabilistic head (`gaussian_nll`, `mixture_nll`,
+    `flow_nll`, ...; a point head is refused at the start of training) of the state
+    alone. The seed is the same at every validation: the same weights give the same
+    ensemble, so the scores compare across validations and a resumed run repeats them.
+    The metrics then add the ensemble's scores per lead window (`rollout_validation`'s
+    `members`): `val_rollout_crps` (fair CRPS, lower is better: the one to monitor),
+    `val_rollout_spread`, `val_rollout_ens_rmse`, `val_rollout_spread_skill` (about 1
+    when calibrated) and `val_rollout_rank_flatness` (1 for a flat rank histogram of
+    independent ranks, larger otherwise), each also `..._lead_{a}_{b}`; the nRMSE and
+    VRMSE then score the ensemble mean. The cost is `horizon` forward passes on `M`
+    times the batch. `monitor.persistence` stays the deterministic persistence baseline.
+
     Args:
         trajectories: held-out `Trajectories` (never the training split), or an array
             `(n_traj, T, *state_shape)`.
@@ -76,11 +94,15 @@ class RolloutMonitor:
         bounds: last leads of the lead-time windows.
         prefix: prepended to the metric names.
         dt: the time one lead represents.
+        members: roll each start out as an ensemble of this many members (an int >= 2;
+            None: the head's mean, one rollout per start).
+        seed: the seed of the ensemble's draws, the same at every validation.
 
     Raises:
         ConfigError: a bad argument, or a rollout that does not fit in the trajectories
             (checked here, before training, by a rollout of persistence); at the start of
-            training, a run without validation data.
+            training, a run without validation data, or `members` with a run whose loss
+            trains a point head or whose model sees more than the state.
     """
 
     def __init__(
@@ -97,9 +119,19 @@ class RolloutMonitor:
         bounds: Sequence[int] = DEFAULT_LEAD_BOUNDS,
         prefix: str = "val_rollout_",
         dt: float = 1.0,
+        members: int | None = None,
+        seed: int = 0,
     ) -> None:
         if not isinstance(residual, bool):
             raise ConfigError(f"`residual` must be a bool. Received: residual={residual!r}.")
+        if members is not None and (not is_int(members) or members < 2):
+            raise ConfigError(
+                f"`members` must be an int >= 2 (the ensemble's size). Received: "
+                f"members={members!r}. Leave it out (None) to roll out the head's mean, or "
+                "pass e.g. members=8."
+            )
+        self.seed = check_seed(seed)
+        self.members = None if members is None else int(members)
         if not isinstance(prefix, str) or not prefix:
             raise ConfigError(
                 f"`prefix` must be a non-empty string. Received: prefix={prefix!r}. "
@@ -136,6 +168,22 @@ class RolloutMonitor:
             )
         loss = state.plan.get("loss")
         self._head = (head_for_loss(loss) or "point", head_options_for_loss(loss))
+        if self.members is None:
+            return
+        if self._head[0] == "point":
+            raise ConfigError(
+                "RolloutMonitor(members=...) rolls out an ensemble drawn from the head's "
+                f"predicted distribution, but the run's loss trains a point head. Received: "
+                f"members={self.members}, loss={loss!r:.80}. Train a probabilistic head "
+                "(e.g. loss='gaussian_nll'), or leave members out."
+            )
+        if state.plan.get("inputs") is not None:
+            raise ConfigError(
+                "RolloutMonitor(members=...) rolls an ensemble out with "
+                "NeuralForward.rollout, which takes the state alone. Received: "
+                f"members={self.members} for a model that sees history, forcings or static "
+                "inputs. Leave members out."
+            )
 
     def validation_metrics(self, state: Any) -> Mapping[str, float]:
         """Roll the trajectories out with the current weights; return the errors."""
@@ -163,9 +211,15 @@ class RolloutMonitor:
             **_correction(state.plan.get("rollout")),
         )
         self.last_report = rollout_validation(
-            forward, self.trajectories, self.horizon, **self._options
+            forward,
+            self.trajectories,
+            self.horizon,
+            **self._options,
+            members=self.members,
+            seed=self.seed,
         )
         return self.last_report.metrics
 
     def __repr__(self) -> str:
-        return f"RolloutMonitor(horizon={self.horizon}, residual={self.residual})"
+        members = "" if self.members is None else f", members={self.members}, seed={self.seed}"
+        return f"RolloutMonitor(horizon={self.horizon}, residual={self.residual}{members})"

@@ -11,8 +11,21 @@ Rollout metrics (The Well's nRMSE and VRMSE per field, a binned isotropic spectr
 error, per lead time and per lead-time window, the valid prediction time) are functions
 here too: `nrmse`, `vrmse`, `spectral_error`, `rollout_errors`, `lead_windows`,
 `window_means`, `summarize`, `valid_prediction_time`.
+
+Ensemble scores (host numpy): `crps_ensemble` (fair or standard), `crps_gaussian`,
+`spread_skill`, `ensemble_ranks`, `rank_histogram`, `rank_flatness`, and all of them per
+lead time, `ensemble_lead_metrics`.
 """
 
+from ._ensemble import (
+    crps_ensemble,
+    crps_gaussian,
+    ensemble_lead_metrics,
+    ensemble_ranks,
+    rank_flatness,
+    rank_histogram,
+    spread_skill,
+)
 from ._field_errors import nrmse, vrmse
 from ._lead_time import (
     DEFAULT_LEAD_BOUNDS,
@@ -38,6 +51,13 @@ from ._spectral import spectral_bins, spectral_error, wavenumbers
 
 __all__ = [
     "DEFAULT_LEAD_BOUNDS",
+    "crps_ensemble",
+    "crps_gaussian",
+    "ensemble_lead_metrics",
+    "ensemble_ranks",
+    "rank_flatness",
+    "rank_histogram",
+    "spread_skill",
     "lead_windows",
     "nrmse",
     "rollout_errors",

@@ -8,6 +8,12 @@ spectral error on a 1-D or 2-D grid), per lead time and per lead-time window
 (`pipekit_train.core.metrics`). `RolloutReport.metrics` holds them as scalars with
 monitorable names (`"val_rollout_nrmse"`, `"val_rollout_nrmse_lead_1_10"`, ...);
 `RolloutReport.figure()` draws the error against lead time per field.
+
+With `members=M` a `NeuralForward` with a probabilistic head rolls each start out as an
+ensemble of `M` members (`forward.rollout(..., stochastic=True, seed=seed)`); the report
+then adds the ensemble's CRPS, spread, ensemble-mean RMSE, spread–skill ratio and rank
+histograms per lead (`metrics.ensemble_lead_metrics`), and `RolloutReport.ensemble_figure()`
+draws them.
 """
 
 from __future__ import annotations
@@ -15,14 +21,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from pipekit_train.core._checks import is_int, positive_int
+from pipekit_train.core._checks import check_seed, is_int, positive_int
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core._imports import optional_import
 from pipekit_train.core.data.trajectories._trajectories import Trajectories
+from pipekit_train.core.metrics._ensemble import ensemble_lead_metrics
 from pipekit_train.core.metrics._field_errors import nrmse, vrmse
 from pipekit_train.core.metrics._lead_time import (
     DEFAULT_LEAD_BOUNDS,
@@ -31,6 +38,9 @@ from pipekit_train.core.metrics._lead_time import (
     summarize,
     valid_prediction_time,
 )
+
+from ._cycle import NeuralForward
+from ._step import NonFiniteStateError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -51,10 +61,16 @@ class RolloutReport:
         windows: the lead-time windows of `metrics`.
         channels: the channel names.
         dt: the time one lead represents.
-        predictions: the rollouts `(n, H, *state_shape)` (`n` = trajectories × starts).
+        predictions: the rollouts `(n, H, *state_shape)` (`n` = trajectories × starts);
+            with an ensemble, its mean over the members.
         targets: the true states at the same leads.
         spatial_ndim: the grid axes of a state (as for `metrics.nrmse`).
         per_channel: whether the errors are per channel (as for `metrics.nrmse`).
+        ensemble: with `members=M`, the members' rollouts `(n, H, M, *state_shape)`;
+            else empty.
+        ensemble_errors: with `members=M`, `metrics.ensemble_lead_metrics` of the
+            ensemble: `"crps"`, `"spread"`, `"ens_rmse"`, `"spread_skill"` `(H, C)`,
+            `"rank_histogram"` `(H, M + 1)`, `"rank_flatness"` `(H, 1)`; else empty.
     """
 
     errors: dict[str, np.ndarray]
@@ -66,11 +82,18 @@ class RolloutReport:
     targets: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
     spatial_ndim: int = 0
     per_channel: bool = False
+    ensemble: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    ensemble_errors: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     @property
     def horizon(self) -> int:
         """The number of leads."""
         return int(next(iter(self.errors.values())).shape[0])
+
+    @property
+    def members(self) -> int | None:
+        """The ensemble's members `M`, or None for a rollout of one member per start."""
+        return int(self.ensemble.shape[2]) if self.ensemble_errors else None
 
     def valid_prediction_time(
         self, threshold: float = 0.5, metric: str = "nrmse", *, mean: bool = True
@@ -151,6 +174,141 @@ class RolloutReport:
             fig.savefig(os.fspath(path), format="png")
         return fig
 
+    def ensemble_figure(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        leads: Sequence[int] | None = None,
+        title: str | None = None,
+    ) -> Figure:
+        """Spread–skill against lead time and rank histograms, as a matplotlib `Figure` (Agg).
+
+        Left: the ensemble's spread and the RMSE of its mean against lead (averaged over
+        channels; a calibrated ensemble has them about equal, the spread times
+        `sqrt((M + 1) / M)`, as `spread_skill` counts it). Right: the rank histograms at
+        a few leads as frequencies, with the flat line `1 / (M + 1)`.
+
+        Args:
+            path: also save it there as PNG (needs the `plot` extra, like every figure).
+            leads: the leads whose rank histograms are drawn (1-based; default the first,
+                the middle and the last).
+            title: the figure title (default: the members and the horizon).
+
+        Raises:
+            ConfigError: a report without an ensemble (`members=` not given), or a lead
+                outside `1..H`.
+        """
+        if self.members is None:
+            raise ConfigError(
+                "`ensemble_figure()` draws an ensemble's scores, but this report has one "
+                "member per start. Received: members=None. Pass members=M (M >= 2) to "
+                "rollout_validation or RolloutMonitor."
+            )
+        h = self.horizon
+        chosen = sorted({1, (h + 1) // 2, h}) if leads is None else list(leads)
+        if not chosen or any(not is_int(k) or not 1 <= k <= h for k in chosen):
+            raise ConfigError(
+                f"`leads` must be leads in 1..{h}. Received: leads={leads!r}. "
+                f"Use e.g. leads=(1, {h})."
+            )
+        optional_import("matplotlib", extra="plot", package="pipekit-train-core")
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        m = int(self.members)
+        scores = self.ensemble_errors
+        times = np.arange(1, h + 1) * self.dt
+        factor = np.sqrt((m + 1) / m)
+        fig = Figure(figsize=(11, 4.2), dpi=100)
+        FigureCanvasAgg(fig)
+        left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+        left.plot(times, scores["ens_rmse"].mean(axis=1), color="C3", lw=2, label="RMSE of mean")
+        left.plot(
+            times,
+            factor * scores["spread"].mean(axis=1),
+            color="C0",
+            lw=2,
+            label=f"spread × √((M+1)/M), M={m}",
+        )
+        for first, _ in self.windows[1:]:
+            left.axvline((first - 0.5) * self.dt, color="0.7", lw=0.8, ls=":")
+        unit = "emulator steps" if self.dt == 1.0 else "time"
+        left.set(xlabel=f"lead ({unit})", ylabel="state units", title="spread and skill")
+        left.grid(True, alpha=0.3)
+        left.legend(fontsize=8)
+        ranks = np.arange(m + 1)
+        for k in chosen:
+            counts = scores["rank_histogram"][k - 1].astype(np.float64)
+            total = counts.sum()
+            freq = counts / total if total > 0 else np.full(m + 1, np.nan)
+            right.step(ranks, freq, where="mid", lw=1.5, label=f"lead {k}")
+        right.axhline(1.0 / (m + 1), color="k", lw=1, ls="--", label="flat")
+        right.set(
+            xlabel=f"rank of the truth among {m} members",
+            ylabel="frequency",
+            title="rank histograms",
+        )
+        right.grid(True, alpha=0.3)
+        right.legend(fontsize=8)
+        fig.suptitle(title or f"ensemble of {m} members, {h} steps")
+        if path is not None:
+            fig.savefig(os.fspath(path), format="png")
+        return fig
+
+
+def _check_members(forward: Any, members: Any, seed: Any) -> int | None:
+    """`members` as an int >= 2 (or None), after checking the forward can make an ensemble."""
+    check_seed(seed)
+    if members is None:
+        return None
+    if not is_int(members) or members < 2:
+        raise ConfigError(
+            f"`members` must be an int >= 2 (the ensemble's size). Received: members={members!r}. "
+            "Leave it out (None) for one deterministic rollout per start, or pass e.g. members=8."
+        )
+    if not isinstance(forward, NeuralForward):
+        raise ConfigError(
+            "An ensemble rollout (members=) samples each step from the model's predicted "
+            f"distribution, which needs a NeuralForward. Received: forward={forward!r:.80} "
+            f"with members={members}. Wrap the model as NeuralForward(model_op, normalizer, "
+            "head=...), or leave members out."
+        )
+    if forward.head == "point":
+        raise ConfigError(
+            "An ensemble rollout (members=) samples each step from the model's predicted "
+            f"distribution, but a point head predicts none. Received: members={members} with "
+            "head='point'. Train a probabilistic head (e.g. loss='gaussian_nll') and pass its "
+            "head to NeuralForward, or leave members out."
+        )
+    if forward.inputs is not None:
+        raise ConfigError(
+            "An ensemble rollout (members=) runs `NeuralForward.rollout`, which takes the "
+            f"state alone. Received: members={members} with a model that sees history, "
+            "forcings or static inputs (NeuralForward(inputs=...)). Leave members out."
+        )
+    return int(members)
+
+
+def _ensemble_rollout(
+    forward: NeuralForward, x0: np.ndarray, horizon: int, members: int, seed: int
+) -> np.ndarray:
+    """`members` stochastic rollouts of each start: `(n, H, M, *state)`, NaN past a divergence.
+
+    A rollout that becomes non-finite at step `k` is run again for `k - 1` steps with the
+    same seed (the same draws), so the leads before `k` keep their values.
+    """
+    n = x0.shape[0]
+    batch = np.repeat(x0, members, axis=0)  # start i's members at rows i*M .. i*M + M - 1
+    out = np.full((horizon, n * members, *x0.shape[1:]), np.nan)
+    try:
+        out[:] = forward.rollout(batch, horizon, stochastic=True, seed=seed)[1:]
+    except NonFiniteStateError as error:
+        good = 0 if error.step is None else int(error.step) - 1
+        if good > 0:
+            out[:good] = forward.rollout(batch, good, stochastic=True, seed=seed)[1:]
+    out = out.reshape(horizon, n, members, *x0.shape[1:])
+    return np.moveaxis(out, 0, 1)
+
 
 def _starts(starts: Any, length: int, span: int) -> list[int]:
     values = [starts] if is_int(starts) else list(starts)
@@ -183,6 +341,8 @@ def rollout_validation(
     bounds: Sequence[int] = DEFAULT_LEAD_BOUNDS,
     prefix: str = "val_rollout_",
     dt: float = 1.0,
+    members: int | None = None,
+    seed: int = 0,
 ) -> RolloutReport:
     """Roll held-out trajectories out for `horizon` steps and score them per lead and field.
 
@@ -210,18 +370,34 @@ def rollout_validation(
         bounds: last leads of the lead-time windows (`metrics.lead_windows`).
         prefix: prepended to the metric names.
         dt: the time one lead represents (for the figure and the valid prediction time).
+        members: roll each start out as an ensemble of this many members (an int >= 2;
+            None: one deterministic rollout). Needs a `NeuralForward` with a probabilistic
+            head (Gaussian, mixture, flow, ...) of the state alone: the ensemble is
+            `forward.rollout(starts repeated M times, horizon, stochastic=True,
+            seed=seed)`, each step drawn from the predicted distribution. The report
+            then adds the ensemble scores per lead and window
+            (`metrics.ensemble_lead_metrics`): `f"{prefix}crps"`, `..._spread`,
+            `..._ens_rmse`, `..._spread_skill` (per field too on a grid) and
+            `..._rank_flatness`, each also `..._lead_{a}_{b}`; nRMSE and VRMSE (and the
+            spectral error, the valid prediction time) then score the ensemble mean.
+            A member that diverges makes every score `inf` from its lead on.
+        seed: the seed of the ensemble's draws (and of the rank ties): the same seed gives
+            the same ensemble for the same weights.
 
     Returns:
         A `RolloutReport`.
 
     Raises:
         ConfigError: a bad argument, a rollout that does not fit in the trajectories,
-            or a forward operator that changes the state's shape.
+            a forward operator that changes the state's shape, or `members` with a
+            forward that cannot sample (not a `NeuralForward`, a point head, a model with
+            inputs beyond the state).
     """
     if not callable(forward):
         raise ConfigError(
             f"`forward` must be a callable state -> next state. Received: forward={forward!r}."
         )
+    members = _check_members(forward, members, seed)
     if not isinstance(trajectories, Trajectories):
         if not isinstance(trajectories, np.ndarray):
             raise ConfigError(
@@ -255,7 +431,13 @@ def rollout_validation(
     states = states[:, back:]
     x = states[:, 0]
     preds = np.empty((len(items), horizon, *x.shape[1:]), dtype=np.float64)
-    for h in range(horizon):
+    ensemble = np.zeros(0)
+    if members is not None:
+        # a NeuralForward (checked by _check_members), whose rollout checks the shapes
+        ensemble = _ensemble_rollout(cast(NeuralForward, forward), x, horizon, members, seed)
+        with np.errstate(all="ignore"):
+            preds[:] = ensemble.mean(axis=2)
+    for h in range(horizon if members is None else 0):
         if layout is None:
             x = np.asarray(forward(x))
         else:
@@ -291,6 +473,24 @@ def rollout_validation(
             f"`channels` must name each of the {c} channels. Received: channels={names!r}."
         )
     flat = summarize(errors, windows, channels=names, prefix=prefix)
+    scores: dict[str, np.ndarray] = {}
+    if members is not None:
+        scores = ensemble_lead_metrics(
+            ensemble, targets, member_axis=2, per_channel=per_channel, seed=seed
+        )
+        per_field = {k: scores[k] for k in ("crps", "spread", "ens_rmse", "spread_skill")}
+        flat.update(summarize(per_field, windows, channels=names, prefix=prefix))
+        flat.update(summarize({"rank_flatness": scores["rank_flatness"]}, windows, prefix=prefix))
     return RolloutReport(
-        errors, flat, windows, names, float(dt), preds, targets, spatial_ndim, per_channel
+        errors,
+        flat,
+        windows,
+        names,
+        float(dt),
+        preds,
+        targets,
+        spatial_ndim,
+        per_channel,
+        ensemble,
+        scores,
     )
