@@ -28,7 +28,8 @@ class EarlyStopping:
     With `restore_best=True` the run's artifact holds the weights of its best checkpoint,
     as Keras's `restore_best_weights` does: it is `TrainingLoop(restore_best=True)`
     spelled here (see there), so the run needs `checkpoint=Checkpoint(..., keep_best=1)`
-    ranking by this callback's `monitor` and `mode`.
+    ranking by this callback's `monitor` and `mode`. The best step is the checkpoint's
+    (the best value, whatever `min_delta`), the one `artifact.best_step` names.
 
     Args:
         monitor: the metric to watch, as named in `state.metrics` (validation metrics

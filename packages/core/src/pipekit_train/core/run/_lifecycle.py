@@ -657,8 +657,9 @@ class RunLifecycle:
             warnings.warn(
                 f"restore_best=True, but the checkpoint of the best step {best} "
                 f"(`{validation.monitor}`={validation.best_metric}) could not be restored: "
-                f"the artifact holds the last weights (step {step}). Keep the best step "
-                "with Checkpoint(keep_best=1) from the run's start.",
+                f"the artifact holds the last weights (step {step}). An earlier run without "
+                "restore_best does not save the best step when it validates it; a torn "
+                "checkpoint was warned about above.",
                 stacklevel=2,
             )
             return state
