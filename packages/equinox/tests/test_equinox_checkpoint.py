@@ -140,3 +140,15 @@ def test_async_save_snapshots_before_the_next_step_donates(tmp_path: Path, where
         if where == "memory":
             fs, root = policy.filesystem()
             fs.rm(root, recursive=True)
+
+
+def test_restore_best_holds_the_best_checkpoint(tmp_path: Path) -> None:
+    """`restore_best=True`: the artifact's weights are the best Orbax checkpoint's, byte
+    for byte (core's shared check)."""
+    from pipekit_train.core.testing import check_restore_best
+    from pipekit_train.equinox import EquinoxModelOp
+
+    def model() -> EquinoxModelOp:
+        return EquinoxModelOp("pipekit_train.equinox.testing:linear", in_size=4, out_size=1, seed=0)
+
+    check_restore_best(model, Equinox(), tmp_path)

@@ -210,3 +210,13 @@ def test_online_trainer_with_resume(tmp_path: Path) -> None:
     resumed.run(batches[20:])
     resumed.close()
     assert resumed.model.serialize_weights() == reference.model.serialize_weights()
+
+
+# -- restore_best ------------------------------------------------------------------------
+def test_restore_best_holds_the_best_checkpoint(tmp_path: Path) -> None:
+    """`restore_best=True`: the best checkpoint is loaded back into the live variables
+    after `fit`, and the artifact's weights are its bytes (core's shared check; on torch
+    in the backend matrix's pass)."""
+    from pipekit_train.core.testing import check_restore_best
+
+    check_restore_best(lambda: KerasModelOp(LINEAR, in_size=4, out_size=1), Keras(), tmp_path)

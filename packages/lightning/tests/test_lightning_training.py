@@ -248,3 +248,14 @@ def test_trainer_banners_and_the_litlogger_tip_are_dropped(regression: Any) -> N
     assert not [m for m in seen if "litlogger" in m]
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     assert not rank_zero.filters  # the filter lives only while the adapter runs
+
+
+def test_restore_best_holds_the_best_checkpoint(tmp_path: Path) -> None:
+    """`restore_best=True`: after `Trainer.fit` the best checkpoint is loaded back into
+    the network, and the artifact's weights are its bytes (core's shared check)."""
+    from pipekit_train.core.testing import check_restore_best
+
+    def model() -> TorchModelOp:
+        return TorchModelOp("pipekit_train.lightning.testing:linear", in_size=4, out_size=1)
+
+    check_restore_best(model, Lightning(accelerator="cpu"), tmp_path)

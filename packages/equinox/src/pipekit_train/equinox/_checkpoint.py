@@ -459,6 +459,20 @@ class OrbaxCheckpointer:
 
         return self.store.restore_latest(load, stacklevel=2)
 
+    def restore_step(self, step: int, template: Any) -> Restored | None:
+        """Restore step `step` (e.g. the best one) into `template`'s structure and
+        shardings, or None, with a warning, when it is missing, torn or void."""
+        self.wait()
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("pipekit_train.equinox:restore_step")
+        abstract = self._template_tree(template)
+
+        def load(at: int) -> Restored:
+            with self.store.checked_folder(at) as folder:
+                return self._restore_step(folder.parent, at, abstract, template)
+
+        return self.store.restore_step(step, load, stacklevel=2)
+
     def _restore_step(
         self, root: Path, step: int, abstract: Mapping[str, Any], template: Any
     ) -> Restored:

@@ -232,5 +232,6 @@ class FitSession:
                         callbacks=[FitCallback(self, run)],
                     )
             run.flush_metrics()  # fetches (and checks) the last steps' losses
-            op, raw = output_model_ops(plan.model, state)
+            # with restore_best: the best checkpoint, loaded into the live variables
+            op, raw = output_model_ops(plan.model, run.final_state(state))
             return run.finish(op, raw_model=raw)

@@ -270,6 +270,11 @@ class Lightning(Adapter):
                 "a DataLoader as `data=` instead."
             )
 
+    def reports_own_validation_metrics(self, plan: Plan) -> bool:
+        """Your own `LightningModule` (or a `LightningDataModule`'s loaders) may log `val*`
+        metrics from Lightning's validation loop: their names are known only at run time."""
+        return is_lightning_module(plan.model) or is_datamodule(plan.data)
+
     def validate_online(self, plan: Plan) -> None:
         """Checks for `OnlineTrainer` (plain-torch steps)."""
         model = plan.model
@@ -434,6 +439,9 @@ class Lightning(Adapter):
                         trainer.fit(module, datamodule=plan.data)
                     else:
                         trainer.fit(module, train_dataloaders=plan.data if native else batches)
+                # with restore_best: the best checkpoint, loaded into `net` (and the
+                # optimizers' moving average) as a resume loads it
+                run.final_state(bridge.state)
                 net.train(False)
                 # with optimizer_config["ema"]: the artifact's model holds the average
                 averaged = averaged_copy(net, bridge.state.optimizers)

@@ -43,6 +43,9 @@ class TrainingArtifact:
         normalizer: a normalizer that travels with the model to the registry, if any.
         raw_model: the operator with the weights as trained (not averaged). The same
             object as `model` unless the run kept an EMA (`optimizer_config["ema"]`).
+        weights_step: the step whose weights `model` holds: `steps` (the last one), or,
+            for a run with `restore_best=True`, the step of the best checkpoint by the
+            monitored metric (usually `best_step`). None on construction means `steps`.
     """
 
     model: Any
@@ -65,10 +68,13 @@ class TrainingArtifact:
     normalizer: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
     raw_model: Any = None
+    weights_step: int | None = None
 
     def __post_init__(self) -> None:
         if self.raw_model is None:
             self.raw_model = self.model
+        if self.weights_step is None:
+            self.weights_step = self.steps
 
     @staticmethod
     def hash_weights(model: Any) -> str:
@@ -85,6 +91,7 @@ class TrainingArtifact:
             "steps": self.steps,
             "best_metric": self.best_metric,
             "best_step": self.best_step,
+            "weights_step": self.weights_step,
             "weights_sha256": self.weights_sha256,
             "wall_time_s": self.wall_time_s,
         }

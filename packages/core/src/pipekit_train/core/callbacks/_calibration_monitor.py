@@ -95,6 +95,8 @@ class CalibrationMonitor:
         self.theta: np.ndarray = t
         self.every_n_steps: int = int(every_n_steps)
         self.prefix: str = prefix
+        #: the metric names it adds to the run: `<prefix>*` (see `Callback.produces`)
+        self.produces: tuple[str, ...] = (f"{prefix}*",)
         self._options: dict[str, Any] = {
             "num_samples": num_samples,
             "seed": seed,

@@ -25,17 +25,30 @@ class EarlyStopping:
     Its progress (`best`, `wait`, ...) is in `state_dict()`, so a resumed run stops
     exactly where an uninterrupted one would.
 
+    With `restore_best=True` the run's artifact holds the weights of its best checkpoint,
+    as Keras's `restore_best_weights` does: it is `TrainingLoop(restore_best=True)`
+    spelled here (see there), so the run needs `checkpoint=Checkpoint(..., keep_best=1)`
+    ranking by this callback's `monitor` and `mode`. The best step is the checkpoint's
+    (the best value, whatever `min_delta`), the one `artifact.best_step` names.
+
     Args:
         monitor: the metric to watch, as named in `state.metrics` (validation metrics
             carry a `val_` prefix).
         patience: validations without improvement tolerated before stopping.
         mode: `"min"` (lower is better) or `"max"`.
         min_delta: the smallest change that counts as an improvement (>= 0).
+        restore_best: end the run with the best checkpoint's weights (by `monitor`).
 
     Raises:
-        ConfigError: a bad argument here, or (at validation time) a `monitor` that the
-            validation did not produce; the message lists the available keys.
+        ConfigError: a bad argument here; at `TrainingLoop` construction a `monitor` no
+            part of the run produces, or `restore_best=True` without a checkpoint that
+            keeps the best by the same `monitor` and `mode`; at validation time a
+            `monitor` that the validation did not produce (the message lists the
+            available keys).
     """
+
+    produces: tuple[str, ...] = ()
+    """The metric names it adds to the run (none; see `Callback.produces`)."""
 
     def __init__(
         self,
@@ -43,6 +56,7 @@ class EarlyStopping:
         patience: int = 5,
         mode: str = "min",
         min_delta: float = 0.0,
+        restore_best: bool = False,
     ) -> None:
         if not isinstance(monitor, str) or not monitor:
             raise ConfigError(
@@ -69,7 +83,12 @@ class EarlyStopping:
                 f"`min_delta` must be a finite number >= 0. Received: min_delta={min_delta!r}. "
                 "Pass e.g. min_delta=0.0."
             )
+        if not isinstance(restore_best, bool):
+            raise ConfigError(
+                f"`restore_best` must be True or False. Received: restore_best={restore_best!r}."
+            )
         self.monitor: str = monitor
+        self.restore_best: bool = restore_best
         self.patience: int = int(patience)
         self.mode: str = mode
         self.min_delta: float = float(min_delta)
@@ -138,5 +157,6 @@ class EarlyStopping:
     def __repr__(self) -> str:
         return (
             f"EarlyStopping(monitor={self.monitor!r}, patience={self.patience}, "
-            f"mode={self.mode!r}, min_delta={self.min_delta})"
+            f"mode={self.mode!r}, min_delta={self.min_delta}"
+            f"{', restore_best=True' if self.restore_best else ''})"
         )

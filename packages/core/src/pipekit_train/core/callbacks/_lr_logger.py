@@ -34,6 +34,8 @@ class LearningRateLogger:
             raise ConfigError(f"`name` must be a non-empty string. Received: name={name!r}.")
         self.every_n_steps: int = int(every_n_steps)
         self.name: str = name
+        #: the metric names it adds to the run (see `Callback.produces`)
+        self.produces: tuple[str, ...] = (name,)
 
     def on_step_end(self, state: Any) -> None:
         """Log the learning rate on every `every_n_steps`-th step."""

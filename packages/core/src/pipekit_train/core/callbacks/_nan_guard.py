@@ -71,6 +71,9 @@ class NaNGuard:
         NonFiniteLossError: the monitored value is not finite.
     """
 
+    produces: tuple[str, ...] = ()
+    """The metric names it adds to the run (none; see `Callback.produces`)."""
+
     def __init__(self, monitor: str = "loss", check_every_n_steps: int = 1) -> None:
         if not isinstance(monitor, str) or not monitor:
             raise ConfigError(

@@ -74,6 +74,9 @@ class ReduceLROnPlateau:
             learning rate (a framework-native optimizer object).
     """
 
+    produces: tuple[str, ...] = ()
+    """The metric names it adds to the run (none; see `Callback.produces`)."""
+
     adjusts_learning_rate: ClassVar[bool] = True
     """Tells core to build the backend's step with the learning-rate scale."""
 

@@ -41,6 +41,9 @@ class ProgressBar:
         ImportError: `backend="rich"` without rich installed (names the extra).
     """
 
+    produces: tuple[str, ...] = ()
+    """The metric names it adds to the run (none; see `Callback.produces`)."""
+
     def __init__(
         self,
         backend: str = "auto",

@@ -90,6 +90,16 @@ class Callback(Protocol):
 
     A callback that must resume exactly may also implement `state_dict() -> dict` (JSON)
     and `load_state_dict(d)`; the runtime stores them with each checkpoint.
+
+    A callback may also declare `produces`: a tuple of the metric names it adds to the
+    run (with `validation_metrics`, as recorded: with their `val_` prefix; through
+    `state.log`), where a name may be an `fnmatch` pattern (`"val_rollout_*"`). The
+    monitored names (`EarlyStopping`, `ReduceLROnPlateau`, `Checkpoint(monitor=...)`)
+    are then checked when the `TrainingLoop` is built: a `val_` name must be
+    `val_loss`, `val_<metric>` of `metrics=`, or one a callback declares. A callback
+    that implements `validation_metrics` or `on_validation_end` and declares nothing
+    may produce any name, so such a run's `val_` monitors are checked at the first
+    validation instead. Core's callbacks all declare theirs.
     """
 
     def on_train_start(self, state: RunStateView) -> None:

@@ -141,6 +141,10 @@ class RolloutMonitor:
         self.horizon = horizon
         self.residual = residual
         self.spatial_ndim = spatial_ndim
+        # the names it adds to validation, as recorded (`val_` is added where missing)
+        self.produces: tuple[str, ...] = (
+            f"{prefix}*" if prefix.startswith("val_") else f"val_{prefix}*",
+        )
         self._options: dict[str, Any] = {
             "starts": starts,
             "step": step,

@@ -64,6 +64,11 @@ class Checkpointer(Protocol):
         """Restore the newest complete step (skipping torn ones with a warning), or None."""
         ...
 
+    def restore_step(self, step: int, template: Any) -> Restored | None:
+        """Restore the committed step `step` into `template` (as `restore_latest` restores
+        the newest), or None, with a warning, when it is missing, torn or void."""
+        ...
+
     def poll(self) -> None:
         """Raise the error of a failed background save, if any; never blocks."""
         ...
@@ -227,3 +232,9 @@ class DirectoryCheckpointer:
         """Restore the newest intact step, warning about each torn step skipped."""
         self.wait()
         return self.store.restore_latest(lambda step: self._load(step, template), stacklevel=2)
+
+    def restore_step(self, step: int, template: Any) -> Restored | None:
+        """Restore step `step` (e.g. the best one), or None, with a warning, when it is
+        missing, torn or void."""
+        self.wait()
+        return self.store.restore_step(step, lambda s: self._load(s, template), stacklevel=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from math import isfinite
 from pathlib import Path
 from typing import Any, Literal
 
@@ -189,12 +190,20 @@ class Checkpoint:
         return step % self.every_n_steps == 0 or (final and self.save_on_end)
 
     def retained(self, steps: Iterable[int], scores: Mapping[int, float | None]) -> set[int]:
-        """The steps to keep: the `max_to_keep` latest plus the `keep_best` best by `monitor`."""
+        """The steps to keep: the `max_to_keep` latest plus the `keep_best` best by `monitor`.
+
+        A step's score is the latest value of `monitor` when it was saved, so the steps
+        saved after a validation and before the next one carry that validation's value:
+        among equal scores the earliest step ranks first (the one that measured it, the
+        step `artifact.best_step` names). Steps without a finite score are not ranked.
+        """
         ordered = sorted(set(steps))
         keep = set(ordered if self.max_to_keep is None else ordered[-self.max_to_keep :])
         if self.keep_best:
-            scored = [(s, scores[s]) for s in ordered if scores.get(s) is not None]
+            scored = [
+                (s, float(v)) for s in ordered if (v := scores.get(s)) is not None and isfinite(v)
+            ]
             sign = 1.0 if self.mode == "min" else -1.0
-            scored.sort(key=lambda item: (sign * float(item[1]), -item[0]))  # type: ignore[arg-type]  # `scored` holds only non-None scores
+            scored.sort(key=lambda item: (sign * item[1], item[0]))
             keep.update(s for s, _ in scored[: self.keep_best])
         return keep

@@ -492,28 +492,54 @@ class CheckpointStore(ABC):
         self._read_fencing = None  # read the location's fences afresh
         fencing = self.fencing()
         for step in reversed(self.steps()):
-            why = self.void_reason(step, fencing)
-            if why is not None:
-                warnings.warn(
-                    f"Skipping checkpoint {self.step_location(step)} (step {step}): {why}.",
-                    FencedStepWarning,
-                    stacklevel=stacklevel + 1,
-                )
-                self._drop_void({step: why})
-                continue
-            try:
-                out = load(step)
-            except (TornStepError, OSError, ValueError, KeyError) as exc:
-                warnings.warn(
-                    f"Skipping torn checkpoint at {self.step_location(step)} (step {step}): "
-                    f"{exc}. Falling back to the previous checkpoint.",
-                    TornCheckpointWarning,
-                    stacklevel=stacklevel + 1,
-                )
-                continue
-            self._latest = step
-            return out
+            loaded = self._try_load(
+                step, load, fencing, "Falling back to the previous checkpoint.", stacklevel + 1
+            )
+            if loaded is not None:
+                self._latest = step
+                return loaded[0]
         return None
+
+    def restore_step(self, step: int, load: Callable[[int], T], *, stacklevel: int = 2) -> T | None:
+        """`load(step)` of the committed step `step`, or None when it is missing, torn or
+        void (each warned about as in `restore_latest`).
+
+        Other errors of `load` propagate.
+        """
+        self._read_fencing = None
+        if int(step) not in self.steps():
+            warnings.warn(
+                f"There is no checkpoint of step {int(step)} at {self.location}.",
+                TornCheckpointWarning,
+                stacklevel=stacklevel + 1,
+            )
+            return None
+        loaded = self._try_load(int(step), load, self.fencing(), "", stacklevel + 1)
+        return None if loaded is None else loaded[0]
+
+    def _try_load(
+        self, step: int, load: Callable[[int], T], fencing: Fencing, then: str, stacklevel: int
+    ) -> tuple[T] | None:
+        """`(load(step),)`, or None after warning that the step is void or torn."""
+        why = self.void_reason(step, fencing)
+        if why is not None:
+            warnings.warn(
+                f"Skipping checkpoint {self.step_location(step)} (step {step}): {why}.",
+                FencedStepWarning,
+                stacklevel=stacklevel + 1,
+            )
+            self._drop_void({step: why})
+            return None
+        try:
+            return (load(step),)
+        except (TornStepError, OSError, ValueError, KeyError) as exc:
+            warnings.warn(
+                f"Skipping torn checkpoint at {self.step_location(step)} (step {step}): "
+                f"{exc}. {then}".rstrip(),
+                TornCheckpointWarning,
+                stacklevel=stacklevel + 1,
+            )
+            return None
 
 
 class LocalStore(CheckpointStore):

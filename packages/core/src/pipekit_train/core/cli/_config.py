@@ -143,7 +143,7 @@ _POSITIVE_INTS = (
     "accumulate_grad_batches",
     "max_consecutive_skips",
 )
-_BOOLS = ("shuffle", "drop_remainder", "log_grad_norm")
+_BOOLS = ("shuffle", "drop_remainder", "log_grad_norm", "restore_best")
 _MODEL_KEYS = ("factory", "kwargs", "seed")
 _DATA_KEYS = ("factory", "kwargs", "split", "split_seed")
 _VALIDATION_KEYS = ("factory", "kwargs")

@@ -173,6 +173,16 @@ class Adapter(abc.ABC):
         """Backend checks for `OnlineTrainer` (after core's capability checks; default: none)."""
         return None
 
+    def reports_own_validation_metrics(self, plan: Plan) -> bool:
+        """Whether the backend's own validation (a framework loop over the user's code)
+        may add `val_` metrics core cannot name before the run.
+
+        Then the monitored `val_` names are checked at the first validation, not when the
+        `TrainingLoop` is built (`pipekit_train.core.train`). The default is False: the
+        validation reports `val_loss`, the plan's metrics and the callbacks' names.
+        """
+        return False
+
     @abc.abstractmethod
     def run(self, plan: Plan) -> TrainingArtifact:
         """Train according to the plan and return the artifact."""

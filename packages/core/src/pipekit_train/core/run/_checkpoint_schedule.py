@@ -67,13 +67,18 @@ class CheckpointSchedule:
                 k = min(k, every - step % every)
         return max(1, k)
 
-    def due(self) -> bool:
-        """Whether a checkpoint is due after the current step."""
+    def due(self, *, best: bool = False) -> bool:
+        """Whether a checkpoint is due after the current step.
+
+        Args:
+            best: the validation of this step improved the monitored metric and the plan
+                restores the best checkpoint at the end (`restore_best`): save it now.
+        """
         ck = self._plan.checkpoint
         if ck is None:
             return False
         step = self._progress.step
-        due = ck.due(step, final=self._progress.done) or self.owed
+        due = ck.due(step, final=self._progress.done) or self.owed or best
         if not due or self._plan.on_nonfinite != "skip":
             return due
         # under "skip", never checkpoint right after a skipped step: postpone to the next

@@ -241,9 +241,17 @@ class RunContext:
         self.callbacks.dispatch("on_train_start")
 
     def finish(
-        self, model: Any, *, extra: Mapping[str, Any] | None = None, raw_model: Any = None
+        self,
+        model: Any,
+        *,
+        extra: Mapping[str, Any] | None = None,
+        raw_model: Any = None,
+        weights_step: int | None = None,
     ) -> TrainingArtifact:
-        """Flush, assemble the artifact, dispatch `on_train_end`, close the writers."""
+        """Flush, assemble the artifact, dispatch `on_train_end`, close the writers.
+
+        `weights_step`: the step whose weights `model` holds (default: the last step).
+        """
         metrics, progress, plan = self.metrics, self.progress, self.plan
         metrics.flush()
         wall = time.perf_counter() - self._t_start
@@ -270,6 +278,7 @@ class RunContext:
             normalizer=plan.normalizer,
             extra=dict(extra or {}),
             raw_model=raw_model,
+            weights_step=progress.step if weights_step is None else int(weights_step),
         )
         try:
             self.callbacks.dispatch("on_train_end", artifact)

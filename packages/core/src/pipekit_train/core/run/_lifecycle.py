@@ -19,10 +19,13 @@ rest, in the same order everywhere:
 - **the end of each optimizer update** (`end_of_update`): record the steps, surface a
   failed background save, read the signal flag and the clocks, agree with the other
   processes, validate and checkpoint when due (a preemption or the time budget forces
-  a checkpoint), and say whether the run is done. Validation chooses core or native
+  a checkpoint, and so does a validation that improved the monitored metric of a run
+  with `restore_best`), and say whether the run is done. Validation chooses core or native
   batches and runs the adapter's batch evaluator inside the adapter's scope;
   a checkpoint composes its metadata (run state, the position after the last batch
   trained on), has the engine save the adapter's state and records it;
+- **the weights of the result** (`final_state`): the last state, or with
+  `restore_best` the best checkpoint's, restored by the engine as a resume restores;
 - **finish** (`finish`): wait until every save is durable (in a multi-process run every
   process waits for the chief's, so none starts a next run from an older checkpoint),
   restore the handlers, then
@@ -178,6 +181,7 @@ class RunLifecycle:
         self._saved_step: int | None = None
         self._preempted_by: str | None = None
         self._preempted = False
+        self._weights_step: int | None = None  # set by `final_state`
 
     # -- the session ----------------------------------------------------------------------
     def __enter__(self) -> RunLifecycle:
@@ -491,11 +495,25 @@ class RunLifecycle:
         elif flags[_OVER_TIME] and progress.stop_reason is None:
             progress.request_stop("max_time")
             forced = True
-        if ctx.validation.due(at_end=not preempting):
+        validated = ctx.validation.due(at_end=not preempting)
+        if validated:
             self.validate()
-        if self.checkpointer is not None and (ctx.checkpoints.due() or forced or flags[_MINUTES]):
+        best = validated and self._improved_now()
+        if self.checkpointer is not None and (
+            ctx.checkpoints.due(best=best) or forced or flags[_MINUTES]
+        ):
             self.save()
         return progress.done
+
+    def _improved_now(self) -> bool:
+        """With `restore_best`: whether this step's validation improved the monitored
+        metric, so its weights are saved now (every process agrees)."""
+        if not self.plan.restore_best or self.checkpointer is None:
+            return False
+        improved = self.ctx.validation.best_step == self.ctx.progress.step
+        if self._agree is not None:
+            (improved,) = self._agree([improved])
+        return bool(improved)
 
     # -- validation and checkpoints -----------------------------------------------------
     def validate(self) -> None:
@@ -603,10 +621,59 @@ class RunLifecycle:
             self._signals.restore()
             self._raise_preempted()
 
+    def final_state(self, state: Any) -> Any:
+        """The state whose weights the artifact holds; the adapter builds `finish`'s model
+        from it.
+
+        Without `plan.restore_best` (or after a preemption) it is `state`. With it, the
+        checkpoint of the step whose validation gave the best monitored value
+        (`Checkpoint.monitor`, the step `artifact.best_step` names; the run saved it when
+        the value improved) is restored into `state` through the checkpoint engine, as a
+        resume restores (an engine that loads into live objects, Keras's and the torch
+        backends', loads it there), and its state is returned. When that step is the last
+        one `state` is returned as it is; when no validation gave a finite value, or the
+        checkpoint cannot be restored (missing or torn: warned), the last weights stay,
+        with a warning. The step whose weights the artifact holds is recorded as
+        `TrainingArtifact.weights_step`.
+        """
+        step = self.ctx.progress.step
+        self._weights_step = step
+        if not self.plan.restore_best or self._preempted or self.checkpointer is None:
+            return state
+        validation = self.ctx.validation
+        best = validation.best_step
+        if best is None:
+            warnings.warn(
+                f"restore_best=True, but no validation gave a finite `{validation.monitor}`: "
+                f"the artifact holds the last weights (step {step}).",
+                stacklevel=2,
+            )
+            return state
+        if best == step:
+            return state
+        self._wait_for_saves()
+        restored = self.checkpointer.restore_step(best, state)
+        if restored is None:
+            warnings.warn(
+                f"restore_best=True, but the checkpoint of the best step {best} "
+                f"(`{validation.monitor}`={validation.best_metric}) could not be restored: "
+                f"the artifact holds the last weights (step {step}). An earlier run without "
+                "restore_best does not save the best step when it validates it; a torn "
+                "checkpoint was warned about above.",
+                stacklevel=2,
+            )
+            return state
+        self._weights_step = best
+        return restored.state
+
     def finish(
         self, model: Any, *, extra: Mapping[str, Any] | None = None, raw_model: Any = None
     ) -> TrainingArtifact:
-        """Wait for durable saves, restore the handlers; raise `Preempted` or return the artifact."""
+        """Wait for durable saves, restore the handlers; raise `Preempted` or return the artifact.
+
+        `model` (and `raw_model`) are built from `final_state(state)`, which chooses the
+        weights (the last ones, or the best checkpoint's with `restore_best`).
+        """
         ckpt = self.checkpointer
         if not self._began:
             self.begin()
@@ -615,7 +682,19 @@ class RunLifecycle:
         self._signals.restore()
         if self._preempted:
             self._raise_preempted()
-        artifact = self.ctx.finish(model, extra=extra, raw_model=raw_model)
+        weights_step = self._weights_step
+        if weights_step is None:
+            weights_step = self.ctx.progress.step
+            if self.plan.restore_best:
+                warnings.warn(
+                    "restore_best=True, but the adapter built the artifact without asking "
+                    "RunLifecycle.final_state for the weights: it holds the last ones "
+                    f"(step {weights_step}). An adapter bug.",
+                    stacklevel=2,
+                )
+        artifact = self.ctx.finish(
+            model, extra=extra, raw_model=raw_model, weights_step=weights_step
+        )
         if ckpt is not None:
             ckpt.close()
         self._release()

@@ -105,6 +105,9 @@ class Plan:
         callbacks: objects implementing any subset of the `Callback` hooks (dispatch is
             by `getattr`).
         rollout: training through the rollout (`Rollout`), or None for one-step training.
+        restore_best: the artifact holds the weights of the best checkpoint by
+            `checkpoint.monitor` (`TrainingLoop(restore_best=True)`, or an
+            `EarlyStopping(restore_best=True)` among the callbacks), not the last ones.
     """
 
     model: ModelOp | object
@@ -142,6 +145,7 @@ class Plan:
     #: the model input's layout (`ModelInputs`) when the data's windows carry history,
     #: forcings or static inputs; None for a model of the state alone
     inputs: Any = None
+    restore_best: bool = False
 
     @property
     def backend(self) -> str:
@@ -203,6 +207,7 @@ class Plan:
             "max_time": self.max_time,
             "log_grad_norm": self.log_grad_norm,
             "rollout": None if self.rollout is None else self.rollout.to_json(),
+            "restore_best": self.restore_best,
             **({} if self.inputs is None else {"inputs": self.inputs.to_json()}),
         }
         return json.loads(json.dumps(plan, default=repr))

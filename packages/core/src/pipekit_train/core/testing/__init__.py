@@ -10,6 +10,9 @@
   full disk.
 - `RayProbe`: the callback of the Ray Train restart tests (records each worker's run,
   SIGKILLs one worker once).
+- `check_restore_best`, `restore_best_loop`, `checkpoint_weights`, `ScoreReporter`: the
+  check every backend's `restore_best=True` passes (the artifact holds the best
+  checkpoint's weights byte for byte).
 - `check_device_rollout`, `host_rollout`: the checks every backend's device rollout
   (`model_op.rollout`) passes against the host loop; `check_corrected_rollout` the same
   for a model that corrects a coarse stepper.
@@ -95,6 +98,15 @@ from ._lease import plant_lease
 from ._numpy_adapter import NumpyAdapter
 from ._numpy_model import LinearModel, NumpyLinearOp, decode_arrays, encode_arrays, linear
 from ._ray_probe import RayProbe
+from ._restore_best import (
+    RESTORE_BEST_SCORES,
+    RESTORE_BEST_STEP,
+    RESTORE_BEST_STEPS,
+    ScoreReporter,
+    check_restore_best,
+    checkpoint_weights,
+    restore_best_loop,
+)
 from ._rollout import (
     ROLLOUT_HEADS,
     check_corrected_rollout,
@@ -138,6 +150,9 @@ __all__ = [
     "PLATEAU_CASES",
     "PLATEAU_STEPS",
     "PLATEAU_VALIDATE_EVERY",
+    "RESTORE_BEST_SCORES",
+    "RESTORE_BEST_STEP",
+    "RESTORE_BEST_STEPS",
     "ROLLOUT_HEADS",
     "ROLLOUT_RESUME_SPEC",
     "AdapterConformance",
@@ -151,6 +166,7 @@ __all__ = [
     "NumpyLinearOp",
     "PlateauRun",
     "RayProbe",
+    "ScoreReporter",
     "SmallFilesystemUnavailable",
     "check_calibration_monitor",
     "DEEP_SET_SIZES",
@@ -159,6 +175,7 @@ __all__ = [
     "check_corrected_rollout",
     "check_device_rollout",
     "check_one_step_rollout",
+    "check_restore_best",
     "check_rollout_kill_resume",
     "check_rollout_monitor_under_rollout",
     "check_rollout_monitor",
@@ -168,6 +185,7 @@ __all__ = [
     "check_stochastic_rollout",
     "compare_golden",
     "compare_golden_flow",
+    "checkpoint_weights",
     "compare_plateau",
     "conv_forward",
     "conv_sizes",
@@ -197,6 +215,7 @@ __all__ = [
     "plant_lease",
     "plateau_loop",
     "regression_task",
+    "restore_best_loop",
     "rollout_case_loop",
     "run_golden",
     "run_golden_field",

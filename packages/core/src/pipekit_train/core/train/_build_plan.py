@@ -29,6 +29,7 @@ from pipekit_train.core.spec._plan import Plan, steps_per_epoch
 from pipekit_train.core.spec._policies import NonFinitePolicy, nonfinite_policy
 from pipekit_train.core.spec._signals import resolve_max_time, resolve_signals
 
+from ._monitors import check_monitors, check_restore_best
 from ._rollout import check_rollout, check_steppers, model_inputs
 
 __all__ = [
@@ -211,6 +212,7 @@ def build_plan(
     max_time: float | str | datetime.timedelta | None,
     log_grad_norm: bool,
     rollout: Any = None,
+    restore_best: bool = False,
 ) -> Plan:
     """Validate a `TrainingLoop` description (its arguments, documented there) into a `Plan`.
 
@@ -312,6 +314,7 @@ def build_plan(
             f"`Checkpoint.keep_best` ranks by {checkpoint.monitor!r}, which needs validation data. "
             "Received: validation=None."
         )
+    restore_best = check_restore_best(restore_best, checkpoint, callbacks)
     spe = steps_per_epoch(data, batch_size, drop_remainder, accumulate_grad_batches)
     total = max_steps
     if max_epochs is not None:
@@ -356,6 +359,7 @@ def build_plan(
         log_grad_norm=log_grad_norm,
         rollout=rollout,
         inputs=inputs,
+        restore_best=restore_best,
     )
 
 
@@ -445,7 +449,8 @@ def check_plan(adapter: Adapter, plan: Plan) -> None:
 
     Raises:
         NotSupportedError: the plan asks for something the backend does not offer.
-        ConfigError: data the backend cannot read.
+        ConfigError: data the backend cannot read; a monitored `val_` metric no part of
+            the run produces (`check_monitors`).
     """
     caps = adapter.capabilities
     _check_own_options(adapter)
@@ -530,6 +535,7 @@ def check_plan(adapter: Adapter, plan: Plan) -> None:
                 f"backend. Received: {field}={type(data).__name__}."
             )
         adapter.check_native_data(field, data, plan)
+    check_monitors(adapter, plan)
 
 
 def check_online(adapter: Adapter, plan: Plan) -> None:

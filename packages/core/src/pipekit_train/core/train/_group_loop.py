@@ -169,7 +169,7 @@ def run_group_loop(plans: Sequence[Plan], group: GroupStepBackend[Any, Any]) -> 
         artifacts: list[TrainingArtifact | None] = [None] * n
         preempted: Preempted | None = None
         for i in reversed(range(n)):  # handlers come off in the reverse order they went on
-            state = view(i)
+            state = runs[i].final_state(view(i))
             try:
                 artifacts[i] = runs[i].finish(
                     members[i].model_op(state), raw_model=members[i].raw_model_op(state)

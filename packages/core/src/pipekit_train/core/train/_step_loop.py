@@ -87,9 +87,8 @@ def run_step_loop(plan: Plan, backend: StepBackend[Any]) -> TrainingArtifact:
             close = getattr(take, "close", None)
             if close is not None:
                 close()
-        return run.finish(
-            backend.model_op(holder["state"]), raw_model=backend.raw_model_op(holder["state"])
-        )
+        final = run.final_state(holder["state"])  # the best checkpoint's, with restore_best
+        return run.finish(backend.model_op(final), raw_model=backend.raw_model_op(final))
 
 
 _DEVICE_STACK_BYTES = 8 << 20

@@ -88,6 +88,16 @@ class TrainingLoop:
             noise, schedule, residual); `data` must then be `TrajectoryWindows` covering
             its longest length. Equinox, Lightning() and Torch() for now. None: one-step
             training.
+        restore_best: end the run with the weights of its best checkpoint, not the last
+            ones (as Keras's `restore_best_weights` and Lightning's `ckpt_path="best"`),
+            on every backend. "Best" is by the checkpoint's `monitor` and `mode`, which
+            must be a validation metric, and `checkpoint` must keep the best
+            (`Checkpoint(keep_best=1, monitor="val_loss")`). The run saves a checkpoint
+            at every validation that improves the metric (besides its schedule); at the
+            end the checkpoint of the best step (`artifact.best_step`) is restored as a
+            resume restores, so `artifact.model` holds its weights bit for bit, and
+            `artifact.weights_step` names the step. A resumed run keeps the best step
+            of the runs before it. `EarlyStopping(restore_best=True)` asks for the same.
     """
 
     def __init__(
@@ -122,6 +132,7 @@ class TrainingLoop:
         max_time: float | str | datetime.timedelta | None = None,
         log_grad_norm: bool = False,
         rollout: Rollout | None = None,
+        restore_best: bool = False,
     ):
         self.plan = build_plan(
             model,
@@ -153,10 +164,11 @@ class TrainingLoop:
             max_time=max_time,
             log_grad_norm=log_grad_norm,
             rollout=rollout,
+            restore_best=restore_best,
         )
         adapter = self.plan.adapter
         adapter.validate(self.plan)  # the backend's own checks first
-        check_plan(adapter, self.plan)  # then what it declares it can do
+        check_plan(adapter, self.plan)  # then what it declares it can do, and the monitors
         check_shapes(adapter, self.plan)  # probe the model with the data's shapes
 
     @property
