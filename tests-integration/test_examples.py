@@ -6,6 +6,7 @@ from pathlib import Path
 
 import amortized
 import chaotic_emulator
+import crps_ensemble
 import direct
 import numpy as np
 import pytest
@@ -224,3 +225,38 @@ def test_spread_skill_example(tmp_path: Path) -> None:
     assert np.isfinite(result["da_rmse"])
     assert result["perfect_da_rmse"] < 0.5 * result["free_da_rmse"]
     assert (tmp_path / "equinox" / "spread_skill.png").stat().st_size > 30_000
+
+
+def test_crps_ensemble_example_scores_three_emulators(tmp_path: Path) -> None:
+    """A few updates of each emulator on Equinox: every method is scored at every lead,
+    the ensembles' spread–skill ratios are positive, the deterministic one has none."""
+    result = crps_ensemble.main(
+        [
+            "--seeds",
+            "0",
+            "--steps",
+            "20",
+            "--trajectories",
+            "12",
+            "--length",
+            "40",
+            "--width",
+            "16",
+            "--cases",
+            "4",
+            "--members",
+            "3",
+            "--crps-steps",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    mean = result["mean"]
+    assert set(mean) == {"deterministic", "gaussian", "crps"}
+    for method, scores in mean.items():
+        assert len(scores["crps"]) == len(crps_ensemble.LEADS), method
+        assert np.all(np.isfinite(scores["crps"])) and np.all(np.isfinite(scores["rmse"]))
+    assert all(v > 0 for v in mean["crps"]["spread_skill"])
+    assert mean["deterministic"]["spread_skill"] == [0.0] * len(crps_ensemble.LEADS)
+    assert (tmp_path / "equinox" / "crps_ensemble.json").exists()

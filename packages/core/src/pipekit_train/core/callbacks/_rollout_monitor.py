@@ -22,6 +22,7 @@ from pipekit_train.core.data.trajectories._inputs import ModelInputs
 from pipekit_train.core.distributions._heads import head_for_loss, head_options_for_loss
 from pipekit_train.core.metrics import DEFAULT_LEAD_BOUNDS
 from pipekit_train.core.rollout._cycle import NeuralForward
+from pipekit_train.core.rollout._noise import MEMBER_NOISE_KEY
 from pipekit_train.core.rollout._validation import RolloutReport, rollout_validation
 from pipekit_train.core.spec._rollout import Rollout
 
@@ -196,10 +197,16 @@ class RolloutMonitor:
         inputs = state.plan.get("inputs")
         layout = None if inputs is None else ModelInputs.from_json(inputs)
 
+        noise_dim = int((options or {}).get("noise_dim", 0)) if head == "generative" else 0
+
         def model(x_norm: np.ndarray) -> np.ndarray:
             x_in = np.asarray(x_norm, dtype=np.float32)
+            extra: dict[str, np.ndarray] = {}
+            if noise_dim:  # a generative model: one member per row, with the noise given
+                x_in, z = x_in[..., :-noise_dim], x_in[..., -noise_dim:]
+                extra[MEMBER_NOISE_KEY] = z[:, None, None]
             y = x_in if layout is None else x_in[..., layout.state_channels]
-            pred = np.asarray(state.predict({"x": x_in, "y": np.zeros_like(y)}))
+            pred = np.asarray(state.predict({"x": x_in, "y": np.zeros_like(y), **extra}))
             # a run trained through a one-step rollout evaluates pairs as a rollout of
             # length 1: its predicted targets `(B, 1, ...)` are the model's output
             return pred[:, 0] if pred.ndim == x_in.ndim + 1 else pred

@@ -25,6 +25,7 @@ import numpy as np
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.losses._ensemble import ENSEMBLE_LOSSES, ensemble_params
 
+from ._noise import MEMBER_NOISE_KEY
 from ._step import RolloutSpec
 
 __all__ = ["check_rollout_loss", "evaluates_as_rollout", "rollout_loss", "rollout_spec"]
@@ -44,7 +45,6 @@ def rollout_spec(
     `inputs` is the run's `ModelInputs` (`plan.inputs`), None for the state alone;
     `coarse_stepper` and `correction` the `Rollout`'s (a model that corrects a solver);
     `noise_dim` the noise channels of a generative model (an ensemble loss), else None."""
-    generative = noise_dim is not None
     return RolloutSpec(
         normalizer=normalizer,
         residual=residual,
@@ -52,8 +52,8 @@ def rollout_spec(
         inputs=inputs,
         coarse_stepper=coarse_stepper,
         correction=correction,
-        head="generative" if generative else "point",
-        head_options={"noise_dim": int(noise_dim)} if generative else None,
+        head="point" if noise_dim is None else "generative",
+        head_options=None if noise_dim is None else {"noise_dim": int(noise_dim)},
     )
 
 
@@ -83,14 +83,18 @@ def evaluates_as_rollout(batch: Any, rollout: Any) -> bool:
     Windows (targets `(B, K, *state)`: one axis more than `x`) are evaluated as the
     longest rollout, as validation does; pairs (`(B, *state)` targets: the one-step calls
     of `state.predict`, e.g. `RolloutMonitor`'s) as one model application. With a
-    rollout of length 1 the two are the same, and pairs go through the rollout too.
+    rollout of length 1 the two are the same, and pairs go through the rollout too. A
+    batch with member noise (a generative model's) goes through the rollout always
+    (one step for pairs).
 
     Args:
         batch: the batch's arrays (anything with `ndim`) under `"x"` and `"y"`.
         rollout: the run's `Rollout`.
     """
     windows = batch["y"].ndim == batch["x"].ndim + 1
-    return bool(windows or rollout.max_steps == 1)
+    # a generative model's batch (its members' noise given) is always the rollout's: its
+    # loss makes the members, one step for pairs
+    return bool(windows or rollout.max_steps == 1 or MEMBER_NOISE_KEY in batch)
 
 
 def check_rollout_loss(loss: Any) -> None:
@@ -404,6 +408,8 @@ def _ensemble_rollout_loss(
     reduction: str,
 ) -> tuple[Any, Any]:
     """`rollout_loss` of a generative model: `M` members per sample (see there)."""
+    if y.ndim == x.ndim:  # pairs (a one-step prediction, e.g. `state.predict`'s): one step
+        weights = weights[:1]
     k = len(weights)
     if member_noise is None:
         raise ConfigError(

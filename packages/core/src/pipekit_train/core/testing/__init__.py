@@ -116,6 +116,7 @@ from ._rollout import (
     host_rollout,
 )
 from ._rollout_training import (
+    ROLLOUT_RESUME_LOSS,
     ROLLOUT_RESUME_SPEC,
     check_one_step_rollout,
     check_rollout_kill_resume,
@@ -154,6 +155,7 @@ __all__ = [
     "RESTORE_BEST_STEP",
     "RESTORE_BEST_STEPS",
     "ROLLOUT_HEADS",
+    "ROLLOUT_RESUME_LOSS",
     "ROLLOUT_RESUME_SPEC",
     "AdapterConformance",
     "GoldenBackend",

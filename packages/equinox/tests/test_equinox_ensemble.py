@@ -1,0 +1,97 @@
+"""Ensembles trained by the CRPS on Equinox: the validation's members, the refusal of a
+model without the noise channels, the device rollout and the registry handoff."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipekit_train.core import (
+    ConfigError,
+    LocalModelRegistry,
+    NeuralForward,
+    Rollout,
+    RolloutMonitor,
+    TrainingLoop,
+    losses,
+)
+from pipekit_train.core.testing import golden_rollout_task
+from pipekit_train.equinox import Equinox, EquinoxModelOp
+
+CRPS = losses.crps(members=3, noise_dim=2)
+
+
+def _loop(in_size: int = 4, **overrides) -> TrainingLoop:
+    train, val = golden_rollout_task()
+    kwargs = dict(
+        model=EquinoxModelOp(
+            "pipekit_train.equinox.testing:mlp", in_size=in_size, out_size=2, width=16, seed=0
+        ),
+        data=train,
+        validation=val,
+        normalizer=train.normalizer(),
+        rollout=Rollout(steps=2, residual=True),
+        loss=CRPS,
+        optimizer_config={"name": "adam", "lr": 0.01},
+        batch_size=16,
+        max_steps=12,
+        validate_every_n_steps=6,
+        seed=1,
+        adapter=Equinox(),
+        progress=False,
+    )
+    kwargs.update(overrides)
+    return TrainingLoop(**kwargs)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory):
+    _, val = golden_rollout_task()
+    monitor = RolloutMonitor(val.trajectories, 6, residual=True, members=4, seed=2)
+    artifact = _loop(callbacks=[monitor]).run()
+    return artifact, monitor, val
+
+
+def test_validation_scores_the_same_members_as_evaluate(trained) -> None:
+    """Both draw the validation members from the run's seed and the batch index."""
+    artifact, _, val = trained
+    again = artifact.evaluate(val)["loss"]
+    assert again == pytest.approx(artifact.final_metrics["val_loss"], rel=1e-5)
+    losses_seen = artifact.history["loss"]
+    assert np.all(np.isfinite(losses_seen)) and losses_seen[-1] < losses_seen[0]
+
+
+def test_rollout_monitor_scores_the_generative_ensemble(trained) -> None:
+    artifact, monitor, _ = trained
+    metrics = artifact.final_metrics
+    for name in ("val_rollout_crps", "val_rollout_spread_skill", "val_rollout_ens_rmse"):
+        assert np.isfinite(metrics[name]) and metrics[name] > 0, name
+    assert monitor.last_report is not None and monitor.last_report.members == 4
+
+
+def test_device_rollout_draws_members_and_the_registry_keeps_the_head(trained, tmp_path) -> None:
+    artifact, _, val = trained
+    registry = LocalModelRegistry(tmp_path / "registry")
+    artifact.register(registry, "crps-pendulum")
+    record, op = registry.load_record_and_model("crps-pendulum")
+    assert record.head == "generative" and record.head_options == {"noise_dim": 2}
+    forward = NeuralForward.from_record(record, op, residual=True)
+    assert forward.on_device
+    x0 = np.repeat(np.asarray(val.get_batch(np.array([0]))["x"], np.float32), 8, axis=0)
+    a = forward.rollout(x0, 6, stochastic=True, seed=5)
+    assert np.array_equal(a, forward.rollout(x0, 6, stochastic=True, seed=5))
+    assert float(a[-1].std(axis=0).max()) > 0  # the members differ
+    central = forward.rollout(x0[:1], 6)  # zero noise: the host's central member
+    host = [x0[:1]]
+    for _ in range(6):
+        host.append(forward(host[-1]))
+    np.testing.assert_allclose(central, np.stack(host), rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_without_the_noise_channels_is_refused_before_any_work(tmp_path) -> None:
+    from pipekit_train.core import Checkpoint
+
+    with pytest.raises(ConfigError, match="noise_dim=2 noise channels") as info:
+        _loop(in_size=2, checkpoint=Checkpoint(tmp_path / "ck"))
+    assert "4 input channels" in str(info.value)
+    assert not (tmp_path / "ck").exists()
