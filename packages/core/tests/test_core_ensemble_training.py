@@ -272,3 +272,31 @@ def test_an_ensemble_loss_needs_a_rollout_and_the_state_alone() -> None:
         TrainingLoop(**kw)
     with pytest.raises(ConfigError, match="needs the width of the noise"):
         TrainingLoop(**{**kw, "loss": "crps", "rollout": Rollout(steps=4, residual=True)})
+
+
+def test_a_stochastic_cycle_draws_members_and_repeats_with_its_seed() -> None:
+    """`Cycle(stochastic=True)` on the host: generative members with fresh noise each step
+    (a hook in between), the same seed the same run; refused for a plain callable or a
+    point head."""
+    from pipekit_train.core import Cycle
+
+    weights = _mlp(3, (4, 8, 2))
+    forward = NeuralForward(
+        lambda u: _apply(weights, u), residual=True, head="generative", noise_dim=2
+    )
+    x0 = np.zeros((6, 2))
+    seen = []
+
+    def hook(step: int, state: np.ndarray) -> None:
+        seen.append(step)
+
+    run = Cycle(forward, 5, hook=hook, stochastic=True, seed=4).run(x0)
+    again = Cycle(forward, 5, hook=hook, stochastic=True, seed=4).run(x0)
+    assert np.array_equal(run, again) and seen == [1, 2, 3, 4, 5] * 2
+    assert float(run[-1].std(axis=0).min()) > 0  # the members spread
+    central = Cycle(forward, 5).run(x0)
+    assert float(central[-1].std(axis=0).max()) < 1e-12  # zero noise: one member repeated
+    with pytest.raises(ConfigError, match="must be a NeuralForward"):
+        Cycle(lambda s: s, 3, stochastic=True)
+    with pytest.raises(ConfigError, match="needs a Gaussian or mixture head"):
+        Cycle(NeuralForward(lambda u: u), 3, stochastic=True)

@@ -8,6 +8,7 @@ import pytest
 
 from pipekit_train.core import (
     ConfigError,
+    Cycle,
     LocalModelRegistry,
     NeuralForward,
     Rollout,
@@ -86,6 +87,14 @@ def test_device_rollout_draws_members_and_the_registry_keeps_the_head(trained, t
     for _ in range(6):
         host.append(forward(host[-1]))
     np.testing.assert_allclose(central, np.stack(host), rtol=1e-5, atol=1e-6)
+    # a stochastic Cycle with hooks: on the device between them; its first segment is
+    # the rollout with the same seed, the next segments draw anew
+    cycle = Cycle(forward, 6, hook=lambda step, s: None, hook_steps=3, stochastic=True, seed=5)
+    assert cycle.on_device
+    run = cycle.run(x0)
+    np.testing.assert_array_equal(run[:4], a[:4])
+    assert not np.allclose(run[4:], a[4:])
+    np.testing.assert_array_equal(run, cycle.run(x0))
 
 
 def test_a_model_without_the_noise_channels_is_refused_before_any_work(tmp_path) -> None:

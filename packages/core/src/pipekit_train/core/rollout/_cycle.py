@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core._checks import check_seed
 from pipekit_train.core._imports import object_path
 from pipekit_train.core.data._normalizer import normalizer_to_dict
 from pipekit_train.core.distributions._flow import Flow, flow_from_output
@@ -683,7 +684,8 @@ class NeuralForward:
 
         **Stochastic ensembles.** With `stochastic=True` (Gaussian and mixture heads) each
         step draws every member's next state from its predicted distribution, so the
-        ensemble's spread is the model's own uncertainty. The draws come from the
+        ensemble's spread is the model's own uncertainty; a generative head draws fresh
+        noise for every member at every step. The draws come from the
         backend's generator seeded with `seed` (jax: `fold_in(key(seed), step)`; torch: a
         seeded `torch.Generator`; the host path: `np.random.default_rng(seed)` with
         `distribution(state).sample`): the same seed repeats the rollout exactly on the
@@ -852,6 +854,15 @@ class Cycle:
             Passed to `forward` as `forcing=` at each step.
         static: the static inputs of a parametric model, `{key: value}` (a leading `n` axis
             for a batch), passed to `forward` as `static=` at each step.
+        stochastic: a stochastic ensemble (a `NeuralForward` with a Gaussian, mixture or
+            generative head): every step draws each member's next state (from the
+            predicted distribution, or with fresh noise for a generative model) instead of
+            taking the mean (the central member). The device path draws as
+            `forward.rollout(..., stochastic=True)` does, each segment between hook steps
+            with its own seed derived from `seed` and its first step (the first segment
+            with `seed` itself); the host path from `np.random.default_rng(seed)`. The same
+            seed repeats a run on the same path and backend.
+        seed: the seed of the draws (a non-negative int).
 
     With a `NeuralForward` whose model sees history (`inputs.history = h > 1`), `run`
     takes the `h - 1` states before the initial one (`run(state, history=...)`) and keeps
@@ -885,11 +896,27 @@ class Cycle:
         hook_steps: Any = None,
         forcings: Mapping[str, Any] | Callable[[int], Mapping[str, Any]] | None = None,
         static: Mapping[str, Any] | None = None,
+        stochastic: bool = False,
+        seed: int = 0,
     ):
         if not callable(forward):
             raise ConfigError(
                 f"`forward` must be a callable state -> next state. Received: forward={forward!r}."
             )
+        if not isinstance(stochastic, bool):
+            raise ConfigError(
+                f"`stochastic` must be True or False. Received: stochastic={stochastic!r}."
+            )
+        if stochastic:
+            if not isinstance(forward, NeuralForward):
+                raise ConfigError(
+                    "A stochastic Cycle draws members from a trained model's head, so "
+                    "`forward` must be a NeuralForward. Received: stochastic=True with "
+                    f"forward={type(forward).__name__}. Pass NeuralForward(..., head=...)."
+                )
+            forward.rollout_spec().check_stochastic()
+        self.stochastic = stochastic
+        self.seed = check_seed(seed)
         if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or n_steps < 1:
             raise ConfigError(f"`n_steps` must be a positive int. Received: n_steps={n_steps!r}.")
         if hook is not None and not callable(hook):
@@ -1023,6 +1050,7 @@ class Cycle:
         if self.on_device and past is None:
             return self._run_on_device(trajectory, batched)
         hook_at = None if self.hook_steps is None else set(self.hook_steps)
+        rng = np.random.default_rng(self.seed) if self.stochastic else None
         current = trajectory[0].copy()  # never hand the caller's array to `forward`
         for step in range(1, self.n_steps + 1):
             kwargs: dict[str, Any] = {}
@@ -1034,7 +1062,7 @@ class Cycle:
             forcing = self._forcing_at(step - 1)
             if forcing is not None:
                 kwargs["forcing"] = forcing
-            nxt = np.asarray(self.forward(current, **kwargs))
+            nxt = np.asarray(self._advance(current, kwargs, rng))
             nxt = self._check(nxt, x0.shape, step, "forward", batched)
             if self.hook is not None and (hook_at is None or step in hook_at):
                 nxt = self._call_hook(step, nxt, x0.shape, batched)
@@ -1043,6 +1071,17 @@ class Cycle:
                 past = [*past[1:], current] if past else []
             current = trajectory[step].copy()  # the forward may not alias the trajectory
         return trajectory
+
+    def _advance(self, state: np.ndarray, kwargs: dict[str, Any], rng: Any) -> Any:
+        """One host step: the forward, or a draw of a stochastic ensemble's members."""
+        if rng is None:
+            return self.forward(state, **kwargs)
+        forward = self.forward
+        assert isinstance(forward, NeuralForward)
+        w = int((forward.head_options or {}).get("noise_dim", 0))
+        if forward.head == "generative":
+            return forward(state, noise=rng.standard_normal((*np.shape(state)[:-1], w)))
+        return forward.distribution(state, **kwargs).sample(rng)
 
     def _history(self, history: Any, x0: np.ndarray) -> list[np.ndarray] | None:
         """The states before `x0` as a list, oldest first (None: the forward takes none)."""
@@ -1075,8 +1114,14 @@ class Cycle:
         start = 0
         for stop in dict.fromkeys(stops):  # the last hook step may be n_steps itself
             if stop > start:
+                draws: dict[str, Any] = {}
+                if self.stochastic:  # each segment its own draws; the first: `seed`'s
+                    seed = self.seed
+                    if start:
+                        seed = int(np.random.SeedSequence([self.seed, start]).generate_state(1)[0])
+                    draws = {"stochastic": True, "seed": seed}
                 try:
-                    segment = forward.rollout(trajectory[start], stop - start, keep="all")
+                    segment = forward.rollout(trajectory[start], stop - start, keep="all", **draws)
                 except NonFiniteStateError as exc:
                     member = exc.member if batched else None
                     raise non_finite_error(start + (exc.step or 1), "forward", member) from None
@@ -1115,7 +1160,7 @@ class Cycle:
 
     def get_config(self) -> dict[str, Any]:
         """JSON description: `n_steps` and descriptions of `forward` and `hook` (and
-        `hook_steps` when given)."""
+        `hook_steps`, `stochastic` and `seed` when given)."""
         config = {
             "type": object_path(type(self)),
             "n_steps": self.n_steps,
@@ -1124,6 +1169,8 @@ class Cycle:
         }
         if self.hook_steps is not None:
             config["hook_steps"] = list(self.hook_steps)
+        if self.stochastic:
+            config["stochastic"], config["seed"] = True, self.seed
         return config
 
     def __repr__(self) -> str:
