@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from pipekit_train.core._errors import ConfigError
 from pipekit_train.core._checks import check_seed
+from pipekit_train.core._errors import ConfigError
 from pipekit_train.core._imports import object_path
 from pipekit_train.core.data._normalizer import normalizer_to_dict
 from pipekit_train.core.distributions._flow import Flow, flow_from_output
