@@ -300,3 +300,28 @@ def test_a_stochastic_cycle_draws_members_and_repeats_with_its_seed() -> None:
         Cycle(lambda s: s, 3, stochastic=True)
     with pytest.raises(ConfigError, match="needs a Gaussian or mixture head"):
         Cycle(NeuralForward(lambda u: u), 3, stochastic=True)
+
+
+@pytest.mark.parametrize("covariance", ["diag", "full"])
+def test_mixture_crps_is_the_crps_of_draws_from_the_mixture(covariance: str) -> None:
+    """The closed form against the fair CRPS of many draws from the same mixture (its
+    marginals per value), and one component with the diagonal is `gaussian_crps`."""
+    from pipekit_train.core.distributions import Mixture
+    from pipekit_train.core.distributions._mixture import mixture_from_output
+    from pipekit_train.core.losses import mixture_width
+    from pipekit_train.core.metrics import crps_ensemble
+
+    rng = np.random.default_rng(7)
+    k, d = 3, 2
+    pred = rng.normal(0.0, 0.7, (4, mixture_width(k, d, covariance)))
+    y = rng.normal(0.0, 1.0, (4, d))
+    raw = mixture_from_output(pred, n_components=k, covariance=covariance)
+    draws = Mixture(raw.weights, raw.means, raw.scale_tril).sample(rng, 40_000)  # (S, 4, d)
+    sampled = float(np.mean(crps_ensemble(draws, y, member_axis=0)))  # the sorted form
+    closed = losses.mixture_crps(n_components=k, covariance=covariance)(pred, y)
+    assert closed == pytest.approx(sampled, rel=0.01)
+    one = np.concatenate([[0.0], pred[0, 1:3], pred[0, 3:5]])[None]  # K=1: mean, log-scale
+    gauss = np.concatenate([one[:, 1:3], 2 * one[:, 3:5]], axis=-1)  # log-variance = 2 log-scale
+    assert losses.mixture_crps(one, y[:1]) == pytest.approx(
+        losses.gaussian_crps(gauss, y[:1]), rel=1e-12
+    )

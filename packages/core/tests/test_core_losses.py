@@ -153,6 +153,7 @@ def test_registry_names_get_and_unknown():
         "gaussian_nll",
         "huber",
         "mae",
+        "mixture_crps",
         "mixture_nll",
         "mse",
     ]

@@ -68,6 +68,9 @@ def test_rollout_monitor_scores_the_generative_ensemble(trained) -> None:
     for name in ("val_rollout_crps", "val_rollout_spread_skill", "val_rollout_ens_rmse"):
         assert np.isfinite(metrics[name]) and metrics[name] > 0, name
     assert monitor.last_report is not None and monitor.last_report.members == 4
+    # the artifact's own rollout of the same ensemble (the last weights: the same step)
+    again = artifact.rollout(monitor.trajectories, 6, members=4, seed=2, prefix="val_rollout_")
+    assert again.metrics["val_rollout_crps"] == pytest.approx(metrics["val_rollout_crps"], rel=1e-4)
 
 
 def test_device_rollout_draws_members_and_the_registry_keeps_the_head(trained, tmp_path) -> None:

@@ -212,6 +212,8 @@ class TrainingArtifact:
         bounds: Sequence[int] = DEFAULT_LEAD_BOUNDS,
         prefix: str = "rollout_",
         dt: float = 1.0,
+        members: int | None = None,
+        seed: int = 0,
     ) -> Any:
         """Roll held-out trajectories out with the trained emulator and score them.
 
@@ -241,6 +243,11 @@ class TrainingArtifact:
             bounds: last leads of the lead-time windows.
             prefix: prepended to the metric names.
             dt: the time one lead represents (the figure and the valid prediction time).
+            members: roll each start out as an ensemble of this many members, drawn
+                each step (Gaussian, mixture and generative heads; `rollout_validation`'s
+                `members`): the report adds the CRPS, spread–skill and rank histograms.
+                None: the head's mean (the central member of a generative model).
+            seed: the seed of the members' draws.
 
         Returns:
             A `pipekit_train.core.RolloutReport`.
@@ -262,6 +269,8 @@ class TrainingArtifact:
             bounds=bounds,
             prefix=prefix,
             dt=dt,
+            members=members,
+            seed=seed,
         )
 
     def posterior(self, *, state_ndim: int = 1) -> Any:

@@ -106,6 +106,8 @@ def artifact_rollout(
     bounds: Sequence[int] = DEFAULT_LEAD_BOUNDS,
     prefix: str = "rollout_",
     dt: float = 1.0,
+    members: int | None = None,
+    seed: int = 0,
 ) -> RolloutReport:
     """`TrainingArtifact.rollout` (its arguments are documented there)."""
     step = 1
@@ -169,6 +171,8 @@ def artifact_rollout(
         bounds=bounds,
         prefix=prefix,
         dt=dt,
+        members=members,
+        seed=seed,
     )
 
 

@@ -143,7 +143,7 @@ def _flow_options(options: Any, field: str) -> dict:
 
 def head_for_loss(loss: Any) -> str | None:
     """The head a loss description implies: `"gaussian"` for `gaussian_nll` and
-    `gaussian_crps`, `"mixture"` for `mixture_nll`, `"flow"` for `flow_nll`,
+    `gaussian_crps`, `"mixture"` for `mixture_nll` and `mixture_crps`, `"flow"` for `flow_nll`,
     `"generative"` for `crps` and `energy_score`, else None.
 
     Args:
@@ -154,6 +154,7 @@ def head_for_loss(loss: Any) -> str | None:
             "gaussian_nll": "gaussian",
             "gaussian_crps": "gaussian",
             "mixture_nll": "mixture",
+            "mixture_crps": "mixture",
             "flow_nll": "flow",
             "crps": "generative",
             "energy_score": "generative",

@@ -119,7 +119,7 @@ def check_layout(pred: Any, target: Any, n_components: int, covariance: str) -> 
     if pred.ndim < 1 or target.ndim != pred.ndim:
         raise ConfigError(
             "`pred` and `target` need the same number of axes for `mixture_nll`, the last "
-            "holding the mixture parameters and the target values. Received: pred.shape={_shape(pred)}, "
+            f"holding the mixture parameters and the target values. Received: pred.shape={_shape(pred)}, "
             f"target.shape={_shape(target)}. Give the target a trailing axis, e.g. (n, 1)."
         )
     d = int(target.shape[-1])

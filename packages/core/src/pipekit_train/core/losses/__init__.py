@@ -7,7 +7,7 @@ The built-in losses run unchanged on numpy, jax (inside `jax.jit` / `jax.grad`) 
 >>> losses.get("mse") is losses.mse
 True
 >>> losses.names()
-['binary_cross_entropy', 'cross_entropy', 'crps', 'energy_score', 'flow_nll', 'gaussian_crps', 'gaussian_nll', 'huber', 'mae', 'mixture_nll', 'mse']
+['binary_cross_entropy', 'cross_entropy', 'crps', 'energy_score', 'flow_nll', 'gaussian_crps', 'gaussian_nll', 'huber', 'mae', 'mixture_crps', 'mixture_nll', 'mse']
 
 Every loss is a `Loss` with a JSON `describe()`; compose with `Loss.weighted(...)` or
 `losses.mse + 0.1 * losses.mae` (the same object), and `Loss.per_key(...)` for dict
@@ -17,8 +17,8 @@ and are re-exported here.
 
 Proper scores of ensembles (`crps`, fair or almost fair, and `energy_score`) train a
 generative emulator through rollout training, which builds `members` predictions per
-sample; `gaussian_crps` trains a Gaussian head by its closed-form CRPS
-(`pipekit_train.core.losses._ensemble`).
+sample; `gaussian_crps` and `mixture_crps` train a Gaussian or a mixture head by its
+closed-form CRPS (`pipekit_train.core.losses._ensemble`).
 """
 
 from pipekit_train.core.distributions._flow_math import (
@@ -39,7 +39,7 @@ from ._compose import (
     names,
     register,
 )
-from ._ensemble import crps, energy_score, gaussian_crps
+from ._ensemble import crps, energy_score, gaussian_crps, mixture_crps
 from ._losses import (
     binary_cross_entropy,
     cross_entropy,
@@ -71,6 +71,7 @@ __all__ = [
     "get",
     "huber",
     "mae",
+    "mixture_crps",
     "mixture_log_prob",
     "mixture_nll",
     "mixture_width",

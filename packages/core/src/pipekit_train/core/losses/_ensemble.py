@@ -23,6 +23,12 @@ the `M` predictions are scored together. See `pipekit_train.core.Rollout`.
   The array API has no `erf`; it is computed with Abramowitz & Stegun's 7.1.26
   (absolute error below 1.5e-7), the same arithmetic on every backend. It trains a
   Gaussian head by the CRPS instead of the likelihood (it needs no members).
+- `mixture_crps`: the CRPS of a mixture head's prediction (the layout `mixture_nll`
+  trains), per value and averaged, in closed form: each value's marginal is a univariate
+  mixture of Gaussians (the same weights; with `covariance="full"` the variances are the
+  rows' squared Cholesky norms), whose CRPS is
+  `sum_k w_k A(y - mu_k, s_k²) - 1/2 sum_kl w_k w_l A(mu_k - mu_l, s_k² + s_l²)`,
+  `A(m, v) = 2 sqrt(v) phi(m / sqrt(v)) + m erf(m / sqrt(2 v))` (Grimit et al. 2006).
 
 The spread term sums each unordered pair of members once, `M - 1` array operations of
 `O(M)` each: members are few (4 to 16). The diagonal (`|x_i - x_i|`) is left out rather
@@ -41,6 +47,7 @@ from typing import Any
 import array_api_compat
 
 from pipekit_train.core._errors import ConfigError
+from pipekit_train.core.distributions import _mixture_math as mixture
 
 from ._compose import Loss, register
 
@@ -52,6 +59,7 @@ __all__ = [
     "ensemble_params",
     "erf",
     "gaussian_crps",
+    "mixture_crps",
 ]
 
 #: The losses that score `members` predictions per sample (`pred` is `(B, M, ...)`).
@@ -180,6 +188,51 @@ def _gaussian_crps(pred: Any, target: Any) -> Any:
     return xp.mean(score)
 
 
+def _normal_a(xp: Any, m: Any, variance: Any) -> Any:
+    """`E|X|` for `X ~ N(m, variance)`: `2 s phi(m / s) + m erf(m / (s sqrt 2))`."""
+    sd = xp.sqrt(variance)
+    z = m / sd
+    return 2.0 * sd * _INV_SQRT_2PI * xp.exp(-0.5 * z * z) + m * erf(xp, z * _INV_SQRT_2)
+
+
+def _mixture_crps(
+    pred: Any, target: Any, *, n_components: int = 1, covariance: str = "diag"
+) -> Any:
+    """The closed-form CRPS of a mixture head per value, averaged (see the module)."""
+    try:
+        xp = array_api_compat.array_namespace(pred)
+    except TypeError as exc:
+        raise ConfigError(
+            "`pred` must be an array (numpy, jax or torch) for `mixture_crps`. Received: "
+            f"pred of type {type(pred).__name__}."
+        ) from exc
+    try:
+        array_api_compat.array_namespace(pred, target)
+    except TypeError:
+        target = xp.asarray(target, device=array_api_compat.device(pred))
+    d = mixture.check_layout(pred, target, n_components, covariance)
+    if target.dtype != pred.dtype:
+        target = xp.astype(target, pred.dtype)
+    logits, means, log_scales, lower = mixture.split(xp, pred, n_components, d, covariance)
+    weights = xp.exp(mixture.log_softmax(xp, logits))  # (..., K)
+    variance = xp.exp(2.0 * log_scales)  # (..., K, d): the marginal variances
+    if lower is not None:  # value i's variance: the squared norm of the Cholesky row i
+        rows = [variance[..., 0]]
+        for i in range(1, d):
+            row = variance[..., i]
+            for j in range(i):
+                row = row + lower[..., i * (i - 1) // 2 + j] ** 2
+            rows.append(row)
+        variance = xp.stack(rows, axis=-1)
+    w = xp.expand_dims(weights, axis=-1)  # (..., K, 1)
+    skill = xp.sum(w * _normal_a(xp, xp.expand_dims(target, axis=-2) - means, variance), axis=-2)
+    pair_w = xp.expand_dims(w, axis=-3) * xp.expand_dims(w, axis=-2)  # (..., K, K, 1)
+    pair_m = xp.expand_dims(means, axis=-3) - xp.expand_dims(means, axis=-2)
+    pair_v = xp.expand_dims(variance, axis=-3) + xp.expand_dims(variance, axis=-2)
+    spread = xp.sum(pair_w * _normal_a(xp, pair_m, pair_v), axis=(-3, -2))
+    return xp.mean(skill - 0.5 * spread)
+
+
 def _positive_int(name: str, field: str, value: Any, minimum: int, fix: str) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ConfigError(
@@ -265,3 +318,14 @@ energy_score: Loss = register(
 
 gaussian_crps: Loss = register("gaussian_crps", _gaussian_crps)
 """The closed-form CRPS of a Gaussian head (mean and log-variance outputs)."""
+
+mixture_crps: Loss = register(
+    "mixture_crps",
+    Loss(
+        _mixture_crps,
+        params={"n_components": 1, "covariance": "diag"},
+        check=mixture.check_params,
+    ),
+)
+"""The closed-form CRPS of a mixture head (the `mixture_nll` layout), per value;
+`mixture_crps(n_components=5)` or `covariance="full"`."""

@@ -292,10 +292,11 @@ def _input_error(
 
 
 def _mixture_params(loss: Any) -> dict[str, Any] | None:
-    """`mixture_nll`'s parameters when `loss` is that built-in loss, else None."""
-    from pipekit_train.core.losses import Loss, mixture_nll
+    """`mixture_nll`'s (or `mixture_crps`'s) parameters when `loss` is that built-in loss,
+    else None."""
+    from pipekit_train.core.losses import Loss, mixture_crps, mixture_nll
 
-    if isinstance(loss, Loss) and loss.fn is mixture_nll.fn:
+    if isinstance(loss, Loss) and loss.fn in (mixture_nll.fn, mixture_crps.fn):
         return loss.params
     return None
 
