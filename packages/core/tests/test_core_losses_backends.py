@@ -21,6 +21,8 @@ GAUSS_T = T[:, :2]
 MIX_T = T[:, :2]  # 3 components over 2 values: widths 15 (diagonal) and 18 (full)
 MIX_DIAG = (0.5 * RNG.normal(size=(8, 15))).astype(np.float32)
 MIX_FULL = (0.5 * RNG.normal(size=(8, 18))).astype(np.float32)
+ENS = RNG.normal(size=(8, 4, 3)).astype(np.float32)  # 4 members per sample
+ENS_T = RNG.normal(size=(8, 3)).astype(np.float32)
 FLOW_OPTS = {"flow_layers": 2, "flow_bins": 4, "flow_bound": 2.0}
 FLOW_T = (1.5 * T[:, :2]).astype(np.float32)  # some values beyond the splines' bound
 FLOW = (0.5 * RNG.normal(size=(8, losses.flow_width(2, 2, 4)))).astype(np.float32)
@@ -89,6 +91,18 @@ CASES = [
         _torch_mixture(3, True),
     ),
     ("flow_nll", losses.flow_nll(**FLOW_OPTS), FLOW, FLOW_T, None),
+    ("crps", losses.crps(members=4, noise_dim=1), ENS, ENS_T, None),
+    ("crps_almost_fair", losses.crps(members=4, noise_dim=1, alpha=0.95), ENS, ENS_T, None),
+    ("energy_score", losses.energy_score(members=4, noise_dim=1), ENS, ENS_T, None),
+    ("gaussian_crps", losses.gaussian_crps, P, GAUSS_T, None),
+    ("mixture_crps", losses.mixture_crps(n_components=3), MIX_DIAG, MIX_T, None),
+    (
+        "mixture_crps_full",
+        losses.mixture_crps(n_components=3, covariance="full"),
+        MIX_FULL,
+        MIX_T,
+        None,
+    ),
     # the flow's other layouts trace and compile for seconds each: the full run has them
     # (the coupled flow's own value check, `test_coupled_flow_same_on_numpy_jax_and_torch`,
     # stays in the fast tier)
