@@ -325,3 +325,38 @@ def test_mixture_crps_is_the_crps_of_draws_from_the_mixture(covariance: str) -> 
     assert losses.mixture_crps(one, y[:1]) == pytest.approx(
         losses.gaussian_crps(gauss, y[:1]), rel=1e-12
     )
+
+
+def test_fields_take_noise_channels_at_every_grid_point() -> None:
+    """On `(H, W, C)` fields the noise is `w` channels per grid point: the k-step loss of a
+    per-pixel model equals the loop written out, member by member."""
+    rng = np.random.default_rng(8)
+    b, m, k, w = 3, 2, 2, 1
+    x = rng.standard_normal((b, 4, 5, 2))
+    y = rng.standard_normal((b, k, 4, 5, 2))
+    z = rng.standard_normal((b, m, k, 4, 5, w))
+    mix = rng.standard_normal((2 + w, 2))
+
+    def model(u: np.ndarray) -> np.ndarray:  # a 1x1 convolution
+        return np.tanh(u @ mix)
+
+    spec = rollout_spec(None, False, 3, noise_dim=w)
+    assert spec.noise_shapes(6, (4, 5, 2)) == {"normal": (6, 4, 5, 1), "uniform": None}
+    loss, pred = rollout_loss(
+        np,
+        spec=spec,
+        model_fn=model,
+        x=x,
+        y=y,
+        weights=[1.0, 1.0],
+        backprop="full",
+        loss_fn=losses.crps(members=m, noise_dim=w),
+        member_noise=z,
+    )
+    total, states = 0.0, np.repeat(x[:, None], m, axis=1)
+    for i in range(k):
+        states = model(np.concatenate([states, z[:, :, i]], axis=-1))
+        flat = states.reshape(b, m, -1)
+        total += _pairwise_crps(flat, y[:, i].reshape(b, -1), "fair")
+        np.testing.assert_allclose(pred[:, i], states.mean(axis=1), rtol=1e-12)
+    assert float(loss) == pytest.approx(total / k, rel=1e-12)

@@ -107,3 +107,39 @@ def test_a_model_without_the_noise_channels_is_refused_before_any_work(tmp_path)
         _loop(in_size=2, checkpoint=Checkpoint(tmp_path / "ck"))
     assert "4 input channels" in str(info.value)
     assert not (tmp_path / "ck").exists()
+
+
+def test_a_field_emulator_trains_with_noise_channels_at_every_grid_point() -> None:
+    """(H, W, C) fields: a periodic conv net of the state's 2 channels and 1 noise channel
+    per grid point; validation and the device rollout of members run on the fields."""
+    rng = np.random.default_rng(0)
+    traj = np.cumsum(rng.normal(size=(4, 12, 8, 8, 2)) * 0.1, axis=1).astype(np.float32)
+    from pipekit_train.core.data import TrajectoryWindows
+
+    train = TrajectoryWindows(traj[:3], k=2, targets="increments")
+    artifact = TrainingLoop(
+        model=EquinoxModelOp(
+            "pipekit_train.equinox.testing:conv_net", in_channels=3, out_channels=2, width=8
+        ),
+        data=train,
+        validation=TrajectoryWindows(traj[3:], k=2, targets="increments"),
+        normalizer=train.normalizer(),
+        rollout=Rollout(steps=2, residual=True),
+        loss=losses.crps(members=3, noise_dim=1),
+        batch_size=8,
+        max_steps=4,
+        validate_every_n_steps=4,
+        adapter=Equinox(),
+        progress=False,
+    ).run()
+    assert np.isfinite(artifact.final_metrics["val_loss"])
+    forward = NeuralForward(
+        artifact.model,
+        normalizer=artifact.normalizer,
+        residual=True,
+        head="generative",
+        noise_dim=1,
+        state_ndim=3,
+    )
+    members = forward.rollout(np.repeat(traj[3:, 0], 4, axis=0), 3, stochastic=True, seed=1)
+    assert members.shape == (4, 4, 8, 8, 2) and float(members[-1].std(axis=0).mean()) > 0
