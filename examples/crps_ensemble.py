@@ -2,6 +2,7 @@
 
     uv run examples/crps_ensemble.py                                  # equinox, seeds 0 1 2
     uv run examples/crps_ensemble.py --backend lightning --seeds 0 --steps 2000
+    uv run examples/crps_ensemble.py --problem ks      # a chaotic field, Equinox only
 
 Lorenz-96 (`lorenz96.py`: 20 variables, F = 8, one emulator step = 0.05 time units,
 one Lyapunov time about 13 steps) → trajectory windows of increments, split by
@@ -23,6 +24,13 @@ metrics (`pipekit_train.core.metrics`): the fair CRPS, the ensemble-mean RMSE an
 spread–skill ratio `sqrt((M + 1)/M) * spread / RMSE` (1 is calibrated, below 1 too
 narrow). The table is the mean over `--seeds` (each seed: its own initial weights,
 data order and noise). Writes `crps_ensemble.json` under `--out`.
+
+`--problem ks` trains the same three on a chaotic field instead (`ks.py`: the
+Kuramoto–Sivashinsky equation, 64 grid points, `L = 22`, one emulator step = 1 time
+unit, one Lyapunov time about 23 steps): periodic 1-D conv nets
+(`pipekit_train.equinox.testing:channels_first_conv`, channels-first, trained on the
+channels-last fields through `layout="channels_last"`), the noise `--noise-dim` channels
+at every grid point; Equinox only (the other backends' test factories are 2-D).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ks
 import lorenz96
 import numpy as np
 import toymodels
@@ -42,7 +51,8 @@ from pipekit_train.core import Rollout, TrainingLoop, losses
 from pipekit_train.core.data import TrajectoryWindows, split_trajectories
 from pipekit_train.core.metrics import crps_ensemble, spread_skill
 
-LEADS = (1, 13, 26, 50)  # steps; 13 steps ≈ one Lyapunov time
+LEADS = (1, 13, 26, 50)  # steps; 13 steps ≈ one Lyapunov time of Lorenz-96
+KS_LEADS = (1, 12, 23, 46)  # steps; 23 steps ≈ one Lyapunov time of Kuramoto–Sivashinsky
 METHODS = ("deterministic", "gaussian", "crps")
 
 
@@ -59,7 +69,8 @@ def train(method: str, args: argparse.Namespace, seed: int, trajectories: np.nda
     """Train one emulator; return `(artifact, forward)`."""
     from pipekit_train.core import NeuralForward
 
-    n = lorenz96.N
+    field = args.problem == "ks"
+    n = 1 if field else lorenz96.N  # the channels of a state
     k = args.crps_steps if method == "crps" else 1
     windows = TrajectoryWindows(trajectories, k=k, targets="increments")
     data, validation = split_trajectories(windows, (0.9, 0.1), seed=0)
@@ -73,10 +84,26 @@ def train(method: str, args: argparse.Namespace, seed: int, trajectories: np.nda
         "gaussian": "gaussian_nll",
         "crps": losses.crps(members=args.train_members, noise_dim=args.noise_dim),
     }[method]
-    artifact = TrainingLoop(
-        model=toymodels.model_op(
+    if field:
+        from pipekit_train.equinox import EquinoxModelOp
+
+        model = EquinoxModelOp(
+            "pipekit_train.equinox.testing:channels_first_conv",
+            num_spatial_dims=1,
+            in_channels=sizes[0],
+            out_channels=sizes[1],
+            width=args.width,
+            depth=3,
+            kernel_size=5,
+            layout="channels_last",
+            seed=seed,
+        )
+    else:
+        model = toymodels.model_op(
             args.backend, in_size=sizes[0], out_size=sizes[1], width=args.width, seed=seed
-        ),
+        )
+    artifact = TrainingLoop(
+        model=model,
         data=data,
         validation=validation,
         normalizer=data.normalizer(),
@@ -92,11 +119,19 @@ def train(method: str, args: argparse.Namespace, seed: int, trajectories: np.nda
     head = {"deterministic": {}, "gaussian": {"head": "gaussian"}}.get(
         method, {"head": "generative", "noise_dim": args.noise_dim}
     )
-    forward = NeuralForward(artifact.model, normalizer=artifact.normalizer, residual=True, **head)
+    forward = NeuralForward(
+        artifact.model,
+        normalizer=artifact.normalizer,
+        residual=True,
+        state_ndim=2 if field else 1,
+        **head,
+    )
     return artifact, forward
 
 
-def score(forward: Any, method: str, truth: np.ndarray, members: int, seed: int) -> dict:
+def score(
+    forward: Any, method: str, truth: np.ndarray, members: int, seed: int, leads: tuple
+) -> dict:
     """Per lead: the ensemble's fair CRPS, ensemble-mean RMSE and spread–skill ratio.
 
     `truth` is `(cases, H + 1, d)`; the deterministic emulator's one rollout stands for
@@ -109,10 +144,10 @@ def score(forward: Any, method: str, truth: np.ndarray, members: int, seed: int)
     else:
         starts = np.repeat(truth[:, 0], members, axis=0)  # the members of a case adjacent
         run = np.asarray(forward.rollout(starts, horizon, stochastic=True, seed=seed), np.float64)
-        ensemble = run.reshape(horizon + 1, cases, members, -1)
+        ensemble = run.reshape(horizon + 1, cases, members, *truth.shape[2:])
     target = np.moveaxis(truth, 0, 1).astype(np.float64)  # (H + 1, cases, d)
     out: dict[str, list[float]] = {"crps": [], "rmse": [], "spread_skill": []}
-    for lead in LEADS:
+    for lead in leads:
         e, t = ensemble[lead], target[lead]  # (cases, M, d), (cases, d)
         if method == "deterministic":
             out["crps"].append(float(np.abs(e[:, 0] - t).mean()))
@@ -129,6 +164,7 @@ def score(forward: Any, method: str, truth: np.ndarray, members: int, seed: int)
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="equinox", choices=["equinox", "lightning", "keras"])
+    parser.add_argument("--problem", default="lorenz96", choices=["lorenz96", "ks"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--steps", type=int, default=4000, help="training updates")
@@ -144,18 +180,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--horizon", type=int, default=50)
     parser.add_argument("--out", default=str(Path(__file__).parent / "out" / "crps_ensemble"))
     args = parser.parse_args(argv)
-    out = Path(args.out) / args.backend
+    if args.problem == "ks" and args.backend != "equinox":
+        parser.error(f"--problem ks runs on equinox only. Received: --backend {args.backend}.")
+    out = Path(args.out) / (args.backend if args.problem == "lorenz96" else f"ks-{args.backend}")
     out.mkdir(parents=True, exist_ok=True)
 
-    trajectories = lorenz96.trajectories(args.trajectories, args.length, seed=0)
-    truth = lorenz96.trajectories(args.cases, args.horizon, seed=1)  # (cases, H + 1, d)
+    simulator = ks if args.problem == "ks" else lorenz96
+    leads = tuple(lead for lead in (KS_LEADS if args.problem == "ks" else LEADS))
+    leads = tuple(lead for lead in leads if lead <= args.horizon)
+    trajectories = simulator.trajectories(args.trajectories, args.length, seed=0)
+    truth = simulator.trajectories(args.cases, args.horizon, seed=1)  # (cases, H + 1, *state)
     results: dict[str, Any] = {m: [] for m in args.methods}
     for seed in args.seeds:
         for method in args.methods:
             start = time.perf_counter()
             artifact, forward = train(method, args, seed, trajectories)
             seconds = time.perf_counter() - start
-            scores = score(forward, method, truth, args.members, seed)
+            scores = score(forward, method, truth, args.members, seed, leads)
             scores["train_s"] = seconds
             results[method].append(scores)
             ss = " ".join(f"{v:.2f}" for v in scores["spread_skill"])
@@ -169,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
 
     print(
-        f"\n{args.backend}, mean over seeds {args.seeds}, {args.steps} updates of batch "
+        f"\n{args.problem}, {args.backend}, mean over seeds {args.seeds}, {args.steps} updates of batch "
         f"{args.batch_size}, {args.cases} held-out starts x {args.members} members:"
     )
     print("| method | lead | CRPS | ensemble-mean RMSE | spread / RMSE | training s |")
@@ -178,13 +219,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for method, runs in results.items():
         mean = {key: np.mean([r[key] for r in runs], axis=0) for key in runs[0]}
         table[method] = {key: np.asarray(v).tolist() for key, v in mean.items()}
-        for i, lead in enumerate(LEADS):
+        for i, lead in enumerate(leads):
             ratio = "–" if method == "deterministic" else f"{mean['spread_skill'][i]:.2f}"
             print(
                 f"| {method} | {lead} | {mean['crps'][i]:.4f} | {mean['rmse'][i]:.4f} | "
                 f"{ratio} | {float(mean['train_s']):.0f} |"
             )
-    summary = {"args": vars(args), "leads": LEADS, "runs": results, "mean": table}
+    summary = {"args": vars(args), "leads": leads, "runs": results, "mean": table}
     (out / "crps_ensemble.json").write_text(json.dumps(summary, indent=1))
     return summary
 

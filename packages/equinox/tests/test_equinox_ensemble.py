@@ -110,16 +110,21 @@ def test_a_model_without_the_noise_channels_is_refused_before_any_work(tmp_path)
 
 
 def test_a_field_emulator_trains_with_noise_channels_at_every_grid_point() -> None:
-    """(H, W, C) fields: a periodic conv net of the state's 2 channels and 1 noise channel
-    per grid point; validation and the device rollout of members run on the fields."""
+    """(N, C) fields: a periodic channels-first conv net (`layout="channels_last"`) of the
+    state's 2 channels and 1 noise channel per grid point; validation and the device
+    rollout of members run on the fields."""
     rng = np.random.default_rng(0)
-    traj = np.cumsum(rng.normal(size=(4, 12, 8, 8, 2)) * 0.1, axis=1).astype(np.float32)
+    traj = np.cumsum(rng.normal(size=(4, 12, 16, 2)) * 0.1, axis=1).astype(np.float32)
     from pipekit_train.core.data import TrajectoryWindows
 
     train = TrajectoryWindows(traj[:3], k=2, targets="increments")
     artifact = TrainingLoop(
         model=EquinoxModelOp(
-            "pipekit_train.equinox.testing:conv_net", in_channels=3, out_channels=2, width=8
+            "pipekit_train.equinox.testing:channels_first_conv",
+            num_spatial_dims=1,
+            in_channels=3,
+            out_channels=2,
+            layout="channels_last",
         ),
         data=train,
         validation=TrajectoryWindows(traj[3:], k=2, targets="increments"),
@@ -139,7 +144,26 @@ def test_a_field_emulator_trains_with_noise_channels_at_every_grid_point() -> No
         residual=True,
         head="generative",
         noise_dim=1,
-        state_ndim=3,
+        state_ndim=2,
     )
     members = forward.rollout(np.repeat(traj[3:, 0], 4, axis=0), 3, stochastic=True, seed=1)
-    assert members.shape == (4, 4, 8, 8, 2) and float(members[-1].std(axis=0).mean()) > 0
+    assert members.shape == (4, 4, 16, 2) and float(members[-1].std(axis=0).mean()) > 0
+    # the noise channels count in the model's layout check: a model of the state alone
+    # (2 input channels) is refused, naming the noise
+    with pytest.raises(ConfigError, match="noise_dim=1 noise channels"):
+        TrainingLoop(
+            model=EquinoxModelOp(
+                "pipekit_train.equinox.testing:channels_first_conv",
+                num_spatial_dims=1,
+                in_channels=2,
+                out_channels=2,
+                layout="channels_last",
+            ),
+            data=train,
+            rollout=Rollout(steps=2, residual=True),
+            loss=losses.crps(members=3, noise_dim=1),
+            max_steps=1,
+            batch_size=8,
+            adapter=Equinox(),
+            progress=False,
+        )

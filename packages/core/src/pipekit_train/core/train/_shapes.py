@@ -183,8 +183,12 @@ def check_shapes(adapter: Adapter, plan: Plan) -> None:
         x, y = spec
         x_shape = tuple(int(d) for d in x.shape)
         y_shape = tuple(int(d) for d in y.shape)
-        layout_error = _layout_error(model, name, x_shape)
+        # a generative model takes the state's channels and its noise channels
+        layout_shape = (*x_shape[:-1], x_shape[-1] + noise_dim) if noise_dim else x_shape
+        layout_error = _layout_error(model, name, layout_shape)
         if layout_error is not None:
+            if noise_dim:
+                raise _noise_error(plan.loss, name, x_shape, noise_dim, layout_error)
             raise layout_error
         batch = (plan.batch_size, *x_shape)
         if noise_dim:  # a generative model takes the state and its noise channels
