@@ -90,10 +90,9 @@ class _Groups:
         for _ in range(rounds):
             label = self._nearest(z)
             count = np.bincount(label, minlength=k)
-            sums = np.zeros((k, d))
-            sums = np.stack([np.bincount(label, weights=z[:, i], minlength=k) for i in range(d)], 1)
+            sums = np.stack([np.bincount(label, weights=z[:, i], minlength=k) for i in range(d)])
             self.centres = np.where(
-                count[:, None] > 0, sums / np.maximum(count, 1)[:, None], self.centres
+                count[:, None] > 0, sums.T / np.maximum(count, 1)[:, None], self.centres
             )
         label = self._nearest(z)
         self.labels = label
@@ -128,7 +127,10 @@ class _Groups:
         sol = _per_group(self.inv, diff, group) / scale
         return -0.5 * np.sum(sol**2, axis=-1) - self.logdet[group]
 
-    def walk(self, theta: np.ndarray, group: np.ndarray, noise: np.ndarray, scale: float):
+    def walk(
+        self, theta: np.ndarray, group: np.ndarray, noise: np.ndarray, scale: float
+    ) -> np.ndarray:
+        """Random-walk proposals: `θ + scale · L_group · noise`."""
         return theta + scale * _per_group(self.chol, noise, group)
 
     def mixture_log_q(self, theta: np.ndarray, scale: float) -> np.ndarray:
@@ -139,6 +141,7 @@ class _Groups:
         return top + np.log(np.sum(np.exp(terms - top), axis=0))
 
     def mixture_draw(self, rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
+        """`n` draws of the groups' mixture (covariances scaled by `scale²`)."""
         group = rng.choice(len(self.means), size=n, p=np.exp(self.log_share))
         noise = rng.standard_normal((n, self.means.shape[1]))
         return self.means[group] + scale * _per_group(self.chol, noise, group)
