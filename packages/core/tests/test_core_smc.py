@@ -74,6 +74,36 @@ def test_the_likelihood_sees_n_rows_inside_the_support_every_call() -> None:
     assert np.all(np.abs(draws) <= 1.0) and np.mean(draws[:, 0] > 0.5) > 0.5
 
 
+def test_both_kernels_match_the_posterior_and_count_their_calls() -> None:
+    """`kernel="walk"` (the sampler's old defaults) and the default mixture kernel both
+    find the conjugate posterior; `info["calls"]` is the likelihood calls made, and the
+    mixture kernel makes about a tenth of the walk's."""
+    a, sigma, x_o = np.eye(2), 0.3, np.array([0.5, -0.5])
+    counts = {}
+    for kernel, options in [
+        ("walk", {"ess": 0.9, "moves": 20, "final_moves": 40, "clusters": 8}),
+        ("mixture", {}),
+    ]:
+        seen: list[int] = []
+
+        def log_lik(theta: np.ndarray, seen: list[int] = seen) -> np.ndarray:
+            seen.append(len(theta))
+            return _linear_gaussian(x_o, a, sigma)(theta)
+
+        info: dict = {}
+        prior = BoxPrior([-5, -5], [5, 5])
+        draws = smc_sample(log_lik, prior, 1000, seed=0, kernel=kernel, info=info, **options)
+        assert np.all(np.abs(draws.mean(axis=0) - x_o) < 0.1 * sigma)
+        assert np.all(np.abs(draws.std(axis=0) - sigma) < 0.1 * sigma)
+        assert (
+            info["calls"]
+            == len(seen)
+            == 1 + info["stages"] * options.get("moves", 4) + (options.get("final_moves", 8))
+        )
+        counts[kernel] = len(seen)
+    assert counts["mixture"] * 5 < counts["walk"]
+
+
 def test_smc_flags_too_narrow_draws() -> None:
     """The check of the conjugate test can fail: draws shrunk about their mean do not pass."""
     a, sigma, x_o = np.eye(2), 0.3, np.array([0.5, -0.5])
@@ -140,6 +170,10 @@ class _ShortPrior(BoxPrior):
         (lambda: smc_sample(_flat, BoxPrior([0, 0], [1, 1]), 5), "Received: n=5"),
         (lambda: smc_sample(_flat, BoxPrior([0], [1]), 100, ess=1.0), "Received: ess=1.0"),
         (lambda: smc_sample(_flat, BoxPrior([0], [1]), 100, moves=0), "Received: moves=0"),
+        (
+            lambda: smc_sample(_flat, BoxPrior([0], [1]), 100, kernel="hmc"),
+            "Received: kernel='hmc'",
+        ),
         (lambda: smc_sample(_flat, object(), 100), "`prior` must have"),
         (lambda: smc_sample(_flat, _ShortPrior([0], [1]), 100), "must return (100, d)"),
         (lambda: smc_sample("f", BoxPrior([0], [1]), 100), "`log_likelihood` must be"),
