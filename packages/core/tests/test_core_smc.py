@@ -75,9 +75,9 @@ def test_the_likelihood_sees_n_rows_inside_the_support_every_call() -> None:
 
 
 def test_both_kernels_match_the_posterior_and_count_their_calls() -> None:
-    """`kernel="walk"` (the sampler's old defaults) and the default mixture kernel both
-    find the conjugate posterior; `info["calls"]` is the likelihood calls made, and the
-    mixture kernel makes about a tenth of the walk's."""
+    """The default `kernel="walk"` and `kernel="mixture"` both find the conjugate
+    posterior; `info["calls"]` is the likelihood calls made, and the mixture kernel (with
+    its own defaults) makes about a tenth of the walk's."""
     a, sigma, x_o = np.eye(2), 0.3, np.array([0.5, -0.5])
     counts = {}
     for kernel, options in [

@@ -11,24 +11,24 @@ start as prior draws and follow the path `prior · L^β`, `β` from 0 to 1:
 2. the particles are resampled by those weights (systematic resampling);
 3. each makes `moves` Metropolis steps targeting `prior · L^β`. The particles are split
    into `clusters` groups by k-means (standardised), once per stage. With the default
-   `kernel="mixture"` the steps take turns: an *independence* step proposes a fresh
-   draw from the groups' Gaussian mixture (each group's mean and covariance, weighted by
-   its share of the particles; the Metropolis ratio holds the mixture's density at both
-   points), which renews a particle in one accepted step and can carry it to another
-   mode; a *random-walk* step proposes a normal around the particle with its group's
+   `kernel="walk"` each step proposes a normal around the particle with its group's
    covariance, scaled by a factor adapted between stages towards an acceptance of 0.25
    (the ratio holds the proposal densities of both directions, since the covariance
-   depends on the particle's group). `kernel="walk"` makes only random-walk steps.
+   depends on the particle's group). With `kernel="mixture"` the steps take turns: an
+   *independence* step proposes a fresh draw from the groups' Gaussian mixture (each
+   group's mean and covariance, weighted by its share of the particles; the Metropolis
+   ratio holds the mixture's density at both points), which renews a particle in one
+   accepted step and can carry it to another mode, and a random-walk step as above.
 
 After `β = 1`, `final_moves` more steps spread the resampled copies. Since particles
 start from the prior, every mode of the posterior is populated without a starting point.
 Cost: `stages × moves + final_moves + 1` likelihood calls on `n` particles (the stages
-grow with how much the data shrink the prior: 6–7 at the default `ess=0.5` on sbibm's
-slcp observations 1–5, 33–37 calls). The independence steps accept about half their
-proposals on slcp (32 groups), against a quarter for the random walk, so far fewer
-steps are needed than with the walk alone, whose old defaults (`kernel="walk",
-ess=0.9, moves=20, final_moves=40, clusters=8`, about 420 calls on slcp) remain
-available. Every call has `n` rows, all inside the prior's support (a proposal outside
+grow with how much the data shrink the prior). The walk's defaults (`ess=0.9, moves=20,
+final_moves=40, clusters=8`) make about 420 calls on sbibm's slcp observations 1–5; the
+mixture kernel's (`ess=0.5, moves=4, final_moves=8, clusters=32`: its independence steps
+accept about half their proposals on slcp, the walk's a quarter) make 33–37, at a C2ST
+of 0.510 against the walk's 0.505 (`benchmarks/bench_smc.py`). `KERNEL_DEFAULTS` holds
+them; an option given explicitly overrides the kernel's. Every call has `n` rows, all inside the prior's support (a proposal outside
 is rejected without its likelihood: its row is scored at the particle's current point
 and dropped), so a jax or Keras likelihood network compiles once per run.
 """
@@ -51,6 +51,12 @@ TARGET_ACCEPTANCE = 0.25
 INDEPENDENT_SCALE = 1.0
 #: The Metropolis kernels `smc_sample` takes.
 KERNELS = ("mixture", "walk")
+
+#: Each kernel's default `ess`, `moves`, `final_moves` and `clusters`.
+KERNEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "walk": {"ess": 0.9, "moves": 20, "final_moves": 40, "clusters": 8},
+    "mixture": {"ess": 0.5, "moves": 4, "final_moves": 8, "clusters": 32},
+}
 
 
 def _systematic(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -279,11 +285,11 @@ def smc_sample(
     n: int,
     *,
     seed: int = 0,
-    ess: float = 0.5,
-    moves: int = 4,
-    final_moves: int = 8,
-    clusters: int = 32,
-    kernel: str = "mixture",
+    ess: float | None = None,
+    moves: int | None = None,
+    final_moves: int | None = None,
+    clusters: int | None = None,
+    kernel: str = "walk",
     info: dict[str, Any] | None = None,
 ) -> np.ndarray:
     """`n` draws of the posterior `prior(θ) · exp(log_likelihood(θ))` (see the module doc).
@@ -303,17 +309,22 @@ def smc_sample(
         seed: seeds every random choice (the same seed, the same draws).
         ess: the share of the effective sample size each tempering step keeps, in (0, 1):
             closer to 1 is more steps, each a smaller change (more accurate, slower).
-        moves: Metropolis steps per tempering step (one likelihood call each).
-        final_moves: Metropolis steps at `β = 1`.
+            None: the kernel's default (`KERNEL_DEFAULTS`: 0.9 for `"walk"`, 0.5 for
+            `"mixture"`).
+        moves: Metropolis steps per tempering step (one likelihood call each); None: the
+            kernel's default (20, 4).
+        final_moves: Metropolis steps at `β = 1`; None: the kernel's default (40, 8).
         clusters: k-means groups of the particles, whose covariances shape the
             proposals (and, with `kernel="mixture"`, whose Gaussian mixture is the
             independence proposal: more groups fit a curved or funnel-shaped posterior
-            better).
-        kernel: `"mixture"`: independence steps from the groups' Gaussian mixture and
-            random-walk steps by turns (they jump between modes and renew a particle in one
-            accepted step); `"walk"`: random-walk steps only. The sampler before the
-            mixture kernel was `kernel="walk", ess=0.9, moves=20, final_moves=40,
-            clusters=8` (ten times the likelihood calls).
+            better); None: the kernel's default (8, 32).
+        kernel: `"walk"` (the default): random-walk steps only, the sampler whose draws
+            the SBI guide's NLE tables measure. `"mixture"`: independence steps from the
+            groups' Gaussian mixture and random-walk steps by turns (they jump between
+            modes and renew a particle in one accepted step); with its defaults about a
+            twelfth of the walk's likelihood calls, at a slightly larger C2ST on slcp
+            (0.510 against 0.505 over observations 1–5, 0.531 at the worst;
+            `benchmarks/bench_smc.py`).
         info: a dict filled with `stages` (tempering steps), `betas`, `calls` (likelihood
             calls, each on `n` rows) and `acceptance` (the last step's rate), when given.
 
@@ -329,17 +340,22 @@ def smc_sample(
             f"log_likelihood={log_likelihood!r}."
         )
     check_prior(prior)
+    if kernel not in KERNELS:
+        raise ConfigError(
+            f"`kernel` must be one of {list(KERNELS)}. Received: kernel={kernel!r}. Use "
+            '"walk" (the default) or "mixture" (independence and random-walk steps).'
+        )
+    defaults = KERNEL_DEFAULTS[kernel]
+    ess = defaults["ess"] if ess is None else ess
+    moves = defaults["moves"] if moves is None else moves
+    final_moves = defaults["final_moves"] if final_moves is None else final_moves
+    clusters = defaults["clusters"] if clusters is None else clusters
     if isinstance(ess, bool) or not isinstance(ess, float | int) or not 0.0 < ess < 1.0:
         raise ConfigError(f"`ess` must be a number in (0, 1). Received: ess={ess!r}.")
     moves, clusters = positive_int("moves", moves), positive_int("clusters", clusters)
     if not is_int(final_moves) or final_moves < 0:
         raise ConfigError(
             f"`final_moves` must be an int >= 0. Received: final_moves={final_moves!r}."
-        )
-    if kernel not in KERNELS:
-        raise ConfigError(
-            f"`kernel` must be one of {list(KERNELS)}. Received: kernel={kernel!r}. Use "
-            '"mixture" (the default) or "walk" (random-walk steps only).'
         )
     n = positive_int("n", n)
     rng = np.random.default_rng([check_seed(seed), 0x534D43])
