@@ -44,12 +44,11 @@ import math
 import numbers
 from typing import Any
 
-import array_api_compat
-
 from pipekit_train.core._errors import ConfigError
 from pipekit_train.core.distributions import _mixture_math as mixture
 
 from ._compose import Loss, register
+from ._losses import _namespace
 
 __all__ = [
     "ENSEMBLE_LOSSES",
@@ -83,17 +82,7 @@ def erf(xp: Any, x: Any) -> Any:
 
 
 def _members(name: str, pred: Any, target: Any) -> tuple[Any, Any, Any, int]:
-    try:
-        xp = array_api_compat.array_namespace(pred)
-    except TypeError as exc:
-        raise ConfigError(
-            f"`pred` must be an array (numpy, jax or torch) for `{name}`. Received: pred of "
-            f"type {type(pred).__name__}."
-        ) from exc
-    try:
-        array_api_compat.array_namespace(pred, target)
-    except TypeError:
-        target = xp.asarray(target, device=array_api_compat.device(pred))
+    xp, pred, target = _namespace(pred, target)
     pshape = tuple(int(d) for d in pred.shape)
     tshape = tuple(int(d) for d in target.shape)
     if len(pshape) != len(tshape) + 1 or pshape[:1] + pshape[2:] != tshape:
@@ -154,13 +143,7 @@ def _energy_score(pred: Any, target: Any, *, members: int = 4, noise_dim: Any = 
 def _gaussian_crps(pred: Any, target: Any) -> Any:
     """The closed-form CRPS of a Gaussian head (`pred[..., :k]` mean, `pred[..., k:]`
     log-variance), per value and averaged (see the module)."""
-    try:
-        xp = array_api_compat.array_namespace(pred)
-    except TypeError as exc:
-        raise ConfigError(
-            "`pred` must be an array (numpy, jax or torch) for `gaussian_crps`. Received: "
-            f"pred of type {type(pred).__name__}."
-        ) from exc
+    xp, pred, target = _namespace(pred, target)
     width = int(pred.shape[-1]) if pred.ndim else 0
     if pred.ndim < 1 or width % 2:
         raise ConfigError(
@@ -168,10 +151,6 @@ def _gaussian_crps(pred: Any, target: Any) -> Any:
             f"the mean, its second half the log-variance. Received: pred.shape="
             f"{tuple(int(d) for d in pred.shape)}. Give the model 2*k outputs for k targets."
         )
-    try:
-        array_api_compat.array_namespace(pred, target)
-    except TypeError:
-        target = xp.asarray(target, device=array_api_compat.device(pred))
     mean, log_var = pred[..., : width // 2], pred[..., width // 2 :]
     if tuple(mean.shape) != tuple(target.shape):
         raise ConfigError(
@@ -199,17 +178,7 @@ def _mixture_crps(
     pred: Any, target: Any, *, n_components: int = 1, covariance: str = "diag"
 ) -> Any:
     """The closed-form CRPS of a mixture head per value, averaged (see the module)."""
-    try:
-        xp = array_api_compat.array_namespace(pred)
-    except TypeError as exc:
-        raise ConfigError(
-            "`pred` must be an array (numpy, jax or torch) for `mixture_crps`. Received: "
-            f"pred of type {type(pred).__name__}."
-        ) from exc
-    try:
-        array_api_compat.array_namespace(pred, target)
-    except TypeError:
-        target = xp.asarray(target, device=array_api_compat.device(pred))
+    xp, pred, target = _namespace(pred, target)
     d = mixture.check_layout(pred, target, n_components, covariance)
     if target.dtype != pred.dtype:
         target = xp.astype(target, pred.dtype)
