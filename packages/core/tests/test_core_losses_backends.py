@@ -92,10 +92,8 @@ CASES = [
     ),
     ("flow_nll", losses.flow_nll(**FLOW_OPTS), FLOW, FLOW_T, None),
     ("crps", losses.crps(members=4, noise_dim=1), ENS, ENS_T, None),
-    ("crps_almost_fair", losses.crps(members=4, noise_dim=1, alpha=0.95), ENS, ENS_T, None),
     ("energy_score", losses.energy_score(members=4, noise_dim=1), ENS, ENS_T, None),
     ("gaussian_crps", losses.gaussian_crps, P, GAUSS_T, None),
-    ("mixture_crps", losses.mixture_crps(n_components=3), MIX_DIAG, MIX_T, None),
     (
         "mixture_crps_full",
         losses.mixture_crps(n_components=3, covariance="full"),
