@@ -612,6 +612,17 @@ class NeuralForward:
         )
         return coarse + pred if self.residual else pred
 
+    def draw(self, state: Any, rng: np.random.Generator, **inputs: Any) -> Any:
+        """One stochastic step of a batch of members on the host: a draw from the predicted
+        distribution (Gaussian, mixture and flow heads), or the step with fresh standard
+        normal noise for every member (a generative head). `inputs`: `history`, `static`,
+        `forcing` for a model with `inputs`."""
+        if self.head == "generative":
+            assert self.head_options is not None
+            w = int(self.head_options["noise_dim"])
+            return self(state, noise=rng.standard_normal((*np.shape(state)[:-1], w)))
+        return self.distribution(state, **inputs).sample(rng)
+
     # -- multi-step rollouts ---------------------------------------------------------------
     def rollout_spec(self) -> RolloutSpec:
         """The `RolloutSpec` of this forward (normalizer, residual, head, keys), the per-step
@@ -762,14 +773,9 @@ class NeuralForward:
         )
         n = x0.shape[0]
         rng = np.random.default_rng(seed)
-        w = int((self.head_options or {}).get("noise_dim", 0))
 
         def advance(x: np.ndarray) -> np.ndarray:
-            if stochastic and w:  # a generative model: fresh noise for every member
-                return np.asarray(self(x, noise=rng.standard_normal((*x.shape[:-1], w))))
-            if stochastic:
-                return np.asarray(self.distribution(x).sample(rng))
-            return np.asarray(self(x))
+            return np.asarray(self.draw(x, rng) if stochastic else self(x))
 
         def run(x: np.ndarray, first: int, length: int, stride: int) -> Any:
             stored = []
@@ -1076,12 +1082,8 @@ class Cycle:
         """One host step: the forward, or a draw of a stochastic ensemble's members."""
         if rng is None:
             return self.forward(state, **kwargs)
-        forward = self.forward
-        assert isinstance(forward, NeuralForward)
-        w = int((forward.head_options or {}).get("noise_dim", 0))
-        if forward.head == "generative":
-            return forward(state, noise=rng.standard_normal((*np.shape(state)[:-1], w)))
-        return forward.distribution(state, **kwargs).sample(rng)
+        assert isinstance(self.forward, NeuralForward)
+        return self.forward.draw(state, rng, **kwargs)
 
     def _history(self, history: Any, x0: np.ndarray) -> list[np.ndarray] | None:
         """The states before `x0` as a list, oldest first (None: the forward takes none)."""
